@@ -1,0 +1,52 @@
+# followups: `make help` lists the targets.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install dev test check lint format typecheck imports unit bench bench-release bench-stop clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "followups needs Python 3.11 or newer")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install the project with its dev tools
+
+dev: $(STAMP) ## run the product on the embedded default (PostgreSQL via pgserver, API on 127.0.0.1:8000)
+	$(BIN)/followups dev $(ARGS)
+
+lint: $(STAMP) ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP) ## ruff format and fix
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: $(STAMP) ## mypy (strict on libs, services, followups)
+	$(BIN)/mypy
+
+imports: $(STAMP) ## import-linter contracts (no service imports another)
+	$(BIN)/lint-imports
+
+check: lint typecheck imports ## every static check
+
+unit: $(STAMP) ## pytest only
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test: check unit ## every check and every test (what CI runs)
+
+bench: bench-release ## every benchmark
+
+bench-release: $(STAMP) ## release throughput, lag and claim-cost benchmark
+	$(BIN)/python -m benchmarks.release $(ARGS)
+
+clean: ## remove the virtual environment and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

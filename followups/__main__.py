@@ -1,0 +1,3 @@
+from followups.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""The ``followups`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from followups.runner import SERVICES, serve_metrics, start_services, wait_for_shutdown
+from libs.common.broker import create_broker
+from libs.common.clock import SYSTEM_CLOCK
+from libs.common.db import create_pool
+from libs.common.logs import configure_logging
+from libs.common.migrate import migrate
+from libs.common.outbox import AmqpPublisher
+from libs.common.projects import create_project
+from libs.common.runtime import Runtime
+from libs.common.settings import Settings, SettingsError
+
+log = logging.getLogger("followups")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="followups",
+        description="Follow-up sequences and automation rules for conversational channels.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("migrate", help="apply the database migrations (idempotent)")
+    api = commands.add_parser("api", help="run the REST API")
+    api.add_argument("--host", help="address to listen on (default: API_HOST)")
+    api.add_argument("--port", type=int, help="port to listen on (default: API_PORT)")
+    worker = commands.add_parser("worker", help="run one service's worker: its queue and its loops")
+    worker.add_argument("service", choices=sorted(SERVICES))
+    dev = commands.add_parser("dev", help="run everything in one process on an embedded PostgreSQL")
+    dev.add_argument(
+        "--demo", action="store_true", help="also create a demo sequence and enroll demo contacts"
+    )
+    dev.add_argument("--data-dir", default=".followups", help="folder for the embedded database (reused)")
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", type=int, default=8000)
+    create = commands.add_parser("create-project", help="create a project and print its id and an API key")
+    create.add_argument("name")
+    create.add_argument("--timezone", default="UTC", help="the project's IANA time zone")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"followups: configuration error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log)
+    if args.command == "dev":
+        from followups.dev import run_dev
+
+        return run_dev(settings, data_dir=args.data_dir, host=args.host, port=args.port, demo=args.demo)
+    if args.command == "migrate":
+        applied = migrate(settings.database.url)
+        print(f"{len(applied)} migration(s) applied")
+        return 0
+    if args.command == "create-project":
+        pool = create_pool(settings.database)
+        with pool, pool.connection() as conn:
+            project = create_project(conn, args.name, timezone=args.timezone)
+        print(f"project_id: {project.project_id}\napi_key: {project.api_key}")
+        return 0
+    if not settings.broker.amqp_url:
+        print(
+            "followups: configuration error: AMQP_URL is required (use `followups dev` without RabbitMQ)",
+            file=sys.stderr,
+        )
+        return 2
+    runtime = Runtime(
+        settings=settings,
+        pool=create_pool(settings.database, name=f"followups-{args.command}"),
+        broker=create_broker(settings.broker),
+        clock=SYSTEM_CLOCK,
+    )
+    if args.command == "api":
+        return _run_api(runtime, host=args.host or settings.api.host, port=args.port or settings.api.port)
+    return _run_worker(runtime, args.service)
+
+
+def _run_api(runtime: Runtime, *, host: str, port: int) -> int:
+    import uvicorn
+
+    from services.api.app import create_app
+
+    uvicorn.run(create_app(runtime), host=host, port=port, log_config=None)
+    runtime.pool.close()
+    return 0
+
+
+def _run_worker(runtime: Runtime, service: str) -> int:
+    settings = runtime.settings
+    assert settings.broker.amqp_url
+    publisher = AmqpPublisher(settings.broker.amqp_url, settings.broker.events_exchange)
+    serve_metrics(settings.worker.metrics_port)
+    running = start_services(runtime, [service], publisher)
+    try:
+        wait_for_shutdown()
+    finally:
+        log.info("stopping", extra={"service": service})
+        running.stop()
+        publisher.close()
+        runtime.pool.close()
+    return 0

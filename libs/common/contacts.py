@@ -1,0 +1,191 @@
+"""Contacts: create, upsert by E.164 phone number, read, update attributes, tags and time zone."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from psycopg import Connection
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+
+from libs.common import validation
+from libs.common.db import map_errors
+from libs.common.errors import AlreadyExists, InvalidInput, NotFound
+from libs.common.sql import load_queries
+
+QUERIES = load_queries("libs.common", "contacts.sql")
+
+#: Most attributes one contact may carry, and most tags.
+MAX_ATTRIBUTES = 100
+MAX_TAGS = 100
+
+
+class _Input(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ContactFields(_Input):
+    """A contact's fields other than its phone number (the body of an upsert by phone)."""
+
+    name: str | None = None
+    timezone: str | None = None
+    attributes: dict[str, Any] = msgspec.field(default_factory=dict)
+    tags: list[str] = msgspec.field(default_factory=list)
+
+
+class ContactCreate(ContactFields, kw_only=True):
+    phone: str
+
+
+class ContactUpdate(_Input):
+    """A partial update: absent fields are kept; an attribute set to null is removed."""
+
+    name: str | msgspec.UnsetType | None = msgspec.UNSET
+    timezone: str | msgspec.UnsetType | None = msgspec.UNSET
+    attributes: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+class TagsChange(_Input):
+    tags: list[str]
+
+
+class Contact(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    phone: str | None
+    name: str | None
+    timezone: str | None
+    attributes: dict[str, Any]
+    tags: list[str]
+    opted_out_at: datetime | None
+    consent: str
+    created_at: datetime
+    updated_at: datetime
+
+
+_CONSTRAINTS = {
+    "contacts_project_phone_key": lambda: AlreadyExists("a contact with this phone exists", field="phone")
+}
+
+
+def _tags(values: list[str]) -> list[str]:
+    cleaned = sorted({validation.tag(v) for v in values})
+    if len(cleaned) > MAX_TAGS:
+        raise InvalidInput(f"a contact carries at most {MAX_TAGS} tags", field="tags")
+    return cleaned
+
+
+def _attributes(values: dict[str, Any]) -> dict[str, Any]:
+    if len(values) > MAX_ATTRIBUTES:
+        raise InvalidInput(f"a contact carries at most {MAX_ATTRIBUTES} attributes", field="attributes")
+    for key in values:
+        if not 1 <= len(key) <= 64:
+            raise InvalidInput("attribute names are 1 to 64 characters", field=f"attributes.{key}")
+    return values
+
+
+def _validated(phone: str, data: ContactFields) -> dict[str, Any]:
+    return {
+        "phone": validation.phone(phone),
+        "name": data.name,
+        "timezone": validation.timezone(data.timezone) if data.timezone else None,
+        "attributes": Jsonb(_attributes(data.attributes)),
+        "tags": _tags(data.tags),
+    }
+
+
+def create_contact(conn: Connection[Any], project_id: uuid.UUID, data: ContactCreate) -> Contact:
+    params = _validated(data.phone, data) | {"project_id": project_id}
+    with map_errors(_CONSTRAINTS), conn.cursor(row_factory=class_row(Contact)) as cur:
+        contact = cur.execute(QUERIES["insert_contact"], params).fetchone()
+    assert contact is not None
+    return contact
+
+
+def upsert_contact(
+    conn: Connection[Any], project_id: uuid.UUID, phone: str, data: ContactFields
+) -> tuple[Contact, bool]:
+    """Create the contact with this phone, or update the given fields of the existing one.
+
+    Returns the contact and whether it was created. Attributes are merged; tags are added.
+    """
+    params = _validated(phone, data) | {"project_id": project_id}
+    with conn.cursor() as cur:
+        row = cur.execute(QUERIES["upsert_contact"], params).fetchone()
+    assert row is not None
+    contact_id, created = row
+    return get_contact(conn, project_id, contact_id), created
+
+
+def get_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> Contact:
+    with conn.cursor(row_factory=class_row(Contact)) as cur:
+        contact = cur.execute(QUERIES["get_contact"], {"project_id": project_id, "id": contact_id}).fetchone()
+    if contact is None:
+        raise NotFound("contact not found", field="contact_id")
+    return contact
+
+
+def list_contacts(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    *,
+    limit: int,
+    after: uuid.UUID | None = None,
+    tag: str | None = None,
+    phone: str | None = None,
+) -> list[Contact]:
+    """Contacts in id order, after the cursor ``after``, optionally with a tag or a phone."""
+    params = {
+        "project_id": project_id,
+        "limit": limit,
+        "after": after,
+        "tag": tag,
+        "phone": validation.phone(phone) if phone else None,
+    }
+    with conn.cursor(row_factory=class_row(Contact)) as cur:
+        return cur.execute(QUERIES["list_contacts"], params).fetchall()
+
+
+def update_contact(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, data: ContactUpdate
+) -> Contact:
+    attributes = None if data.attributes is msgspec.UNSET else _attributes(data.attributes)
+    params = {
+        "project_id": project_id,
+        "id": contact_id,
+        "set_name": data.name is not msgspec.UNSET,
+        "name": None if data.name is msgspec.UNSET else data.name,
+        "set_timezone": data.timezone is not msgspec.UNSET,
+        "timezone": validation.timezone(data.timezone) if isinstance(data.timezone, str) else None,
+        "set_attributes": attributes is not None,
+        "attributes": Jsonb({k: v for k, v in (attributes or {}).items() if v is not None}),
+        "removed_attributes": [k for k, v in (attributes or {}).items() if v is None],
+    }
+    with conn.cursor(row_factory=class_row(Contact)) as cur:
+        contact = cur.execute(QUERIES["update_contact"], params).fetchone()
+    if contact is None:
+        raise NotFound("contact not found", field="contact_id")
+    return contact
+
+
+def add_tags(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, tags: list[str]) -> Contact:
+    return _change_tags(conn, "add_tags", project_id, contact_id, _tags(tags))
+
+
+def remove_tags(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, tags: list[str]
+) -> Contact:
+    return _change_tags(conn, "remove_tags", project_id, contact_id, [t.strip() for t in tags])
+
+
+def _change_tags(
+    conn: Connection[Any], query: str, project_id: uuid.UUID, contact_id: uuid.UUID, tags: list[str]
+) -> Contact:
+    params = {"project_id": project_id, "id": contact_id, "tags": tags}
+    with conn.cursor(row_factory=class_row(Contact)) as cur:
+        contact = cur.execute(QUERIES[query], params).fetchone()
+    if contact is None:
+        raise NotFound("contact not found", field="contact_id")
+    return contact

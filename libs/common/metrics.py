@@ -1,0 +1,74 @@
+"""Prometheus metrics, named as in seed 000's Observability section.
+
+Safe with several processes: when ``PROMETHEUS_MULTIPROC_DIR`` is set (as the compose file does),
+prometheus-client writes samples to files there and :func:`exposition_registry` aggregates every
+process's samples for the ``/metrics`` endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+#: Label values are kept to closed sets (action, outcome, reason) so the series count stays bounded.
+FOLLOWUP_STEPS: Final = Counter(
+    "whatstig_followup_steps_total",
+    "Follow-up steps handled by the release path, by action and outcome.",
+    ["action", "outcome"],
+)
+FOLLOWUP_RELEASE_LAG: Final = Histogram(
+    "whatstig_followup_release_lag_seconds",
+    "Queued time minus due time of released follow-up steps.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600),
+)
+FOLLOWUP_ENROLLMENTS: Final = Counter(
+    "whatstig_followup_enrollments_total",
+    "Enrollment attempts, by source and result.",
+    ["source", "result"],
+)
+FOLLOWUP_FINISHED: Final = Counter(
+    "whatstig_followup_finished_total",
+    "Enrollments that finished, by status and reason.",
+    ["status", "reason"],
+)
+FOLLOWUP_TRIGGERS: Final = Counter(
+    "whatstig_followup_triggers_total",
+    "Rule triggers processed, by type and outcome.",
+    ["type", "outcome"],
+)
+AI_REQUESTS: Final = Counter(
+    "whatstig_ai_requests_total",
+    "Model requests, by kind and outcome.",
+    ["kind", "outcome"],
+)
+OUTBOX_PUBLISHED: Final = Counter(
+    "followups_outbox_published_total",
+    "Domain events relayed from the outbox to the events exchange.",
+    ["type"],
+)
+LAST_JOB_SUCCESS: Final = Gauge(
+    "last_job_success",
+    "Unix time of the last successful run of a scheduled job (for example followup-retention).",
+    ["job"],
+    multiprocess_mode="max",
+)
+
+CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+
+
+def exposition_registry() -> CollectorRegistry | None:
+    """The registry to expose: every process's samples in multiprocess mode, else the default."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
+    return None
+
+
+def render() -> bytes:
+    """The Prometheus text exposition of this process (or of all processes, in multiprocess mode)."""
+    registry = exposition_registry()
+    return generate_latest(registry) if registry is not None else generate_latest()

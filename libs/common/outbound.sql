@@ -1,0 +1,44 @@
+-- name: lock_open_conversation
+-- The contact's newest conversation that is not resolved, locked; a busy one is skipped.
+SELECT id, number_id FROM conversations
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND status <> 'resolved'
+ORDER BY created_at DESC
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+
+-- name: open_conversation_exists
+-- Whether the contact has an open conversation (told apart from a locked one).
+SELECT 1 FROM conversations
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND status <> 'resolved'
+LIMIT 1
+
+-- name: insert_conversation
+-- Open a new conversation for an outbound message.
+INSERT INTO conversations (project_id, contact_id, number_id, status, status_changed_at, created_at, updated_at)
+VALUES (%(project_id)s, %(contact_id)s, %(number_id)s, 'open', %(now)s, %(now)s, %(now)s)
+RETURNING id, number_id
+
+-- name: insert_queued_message
+-- The message (QUEUED), its status event and usage row, and the conversation's last outgoing message.
+WITH message AS (
+    INSERT INTO messages (
+        project_id, contact_id, conversation_id, number_id, direction, status, source, priority, body,
+        media_url, media_kind, followup_enrollment_id, followup_step_index, created_at, status_changed_at
+    ) VALUES (
+        %(project_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s, 'outbound', 'QUEUED', %(source)s,
+        %(priority)s, %(body)s, %(media_url)s, %(media_kind)s, %(followup_enrollment_id)s,
+        %(followup_step_index)s, %(now)s, %(now)s
+    )
+    RETURNING id, project_id
+), status_event AS (
+    INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
+    SELECT project_id, id, 'QUEUED', %(now)s FROM message
+), usage_row AS (
+    INSERT INTO usage (project_id, kind, quantity, message_id, occurred_at)
+    SELECT project_id, 'message', 1, id, %(now)s FROM message
+), conversation AS (
+    UPDATE conversations
+    SET last_outgoing_message_id = (SELECT id FROM message), last_outgoing_at = %(now)s, updated_at = %(now)s
+    WHERE id = %(conversation_id)s
+)
+SELECT id FROM message

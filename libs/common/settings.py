@@ -1,0 +1,243 @@
+"""Configuration, read once from environment variables.
+
+One msgspec struct per concern. Every field is documented in :data:`ENVIRONMENT`, which also feeds the
+README's configuration table (a test keeps the two in step). A malformed value raises
+:class:`SettingsError` naming the variable; the CLI turns that into a clean exit at start.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+Check = Callable[[Any], "str | None"]
+
+
+class SettingsError(Exception):
+    """A configuration variable has a value the process cannot run with."""
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: where it goes and what it means."""
+
+    name: str
+    field: str
+    default: Any
+    help: str
+
+
+class _Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class DatabaseSettings(_Settings):
+    url: str
+    pool_min_size: int = 1
+    pool_max_size: int = 10
+
+
+class BrokerSettings(_Settings):
+    amqp_url: str | None = None
+    events_exchange: str = "followups.events"
+
+
+class ApiSettings(_Settings):
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+
+class WorkerSettings(_Settings):
+    poll_interval_seconds: float = 1.0
+    idle_max_sleep_seconds: float = 5.0
+    threads: int = 4
+    metrics_port: int = 9300
+
+
+class FollowupSettings(_Settings):
+    max_failures: int = 8
+    busy_retry_seconds: float = 2.0
+    backoff_min_seconds: float = 30.0
+    backoff_max_seconds: float = 3600.0
+
+
+class LogSettings(_Settings):
+    level: str = "INFO"
+    json: bool = True
+
+
+_DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+#: Every environment variable the product reads, grouped by the struct it fills.
+ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
+    DatabaseSettings: (
+        Variable("DATABASE_URL", "url", _DEFAULT_DATABASE_URL, "PostgreSQL connection URL."),
+        Variable("DATABASE_POOL_MIN_SIZE", "pool_min_size", 1, "Connections each process keeps open."),
+        Variable("DATABASE_POOL_MAX_SIZE", "pool_max_size", 10, "Most connections one process opens."),
+    ),
+    BrokerSettings: (
+        Variable(
+            "AMQP_URL",
+            "amqp_url",
+            None,
+            "RabbitMQ URL. Required by `api` and `worker`; `dev` uses an in-process broker instead.",
+        ),
+        Variable(
+            "EVENTS_EXCHANGE",
+            "events_exchange",
+            "followups.events",
+            "Topic exchange the outbox relay publishes domain events to.",
+        ),
+    ),
+    ApiSettings: (
+        Variable("API_HOST", "host", "127.0.0.1", "Address the API listens on (`--host` overrides)."),
+        Variable("API_PORT", "port", 8000, "Port the API listens on (`--port` overrides)."),
+    ),
+    WorkerSettings: (
+        Variable(
+            "WORKER_POLL_INTERVAL_SECONDS",
+            "poll_interval_seconds",
+            1.0,
+            "How often a busy worker loop polls PostgreSQL.",
+        ),
+        Variable(
+            "WORKER_IDLE_MAX_SLEEP_SECONDS",
+            "idle_max_sleep_seconds",
+            5.0,
+            "Longest sleep of an idle loop; broker nudges wake it sooner.",
+        ),
+        Variable("WORKER_THREADS", "threads", 4, "Dramatiq worker threads per worker process."),
+        Variable(
+            "WORKER_METRICS_PORT",
+            "metrics_port",
+            9300,
+            "Port a worker serves Prometheus metrics on (0 disables).",
+        ),
+    ),
+    FollowupSettings: (
+        Variable(
+            "FOLLOWUP_MAX_FAILURES",
+            "max_failures",
+            8,
+            "Unexpected release errors after which an enrollment is failed.",
+        ),
+        Variable(
+            "FOLLOWUP_BUSY_RETRY_SECONDS",
+            "busy_retry_seconds",
+            2.0,
+            "Retry delay when the contact is locked by another transaction.",
+        ),
+        Variable(
+            "FOLLOWUP_BACKOFF_MIN_SECONDS",
+            "backoff_min_seconds",
+            30.0,
+            "First backoff after an unexpected release error (doubles each time).",
+        ),
+        Variable(
+            "FOLLOWUP_BACKOFF_MAX_SECONDS",
+            "backoff_max_seconds",
+            3600.0,
+            "Longest backoff after unexpected release errors.",
+        ),
+    ),
+    LogSettings: (
+        Variable("LOG_LEVEL", "level", "INFO", "DEBUG, INFO, WARNING or ERROR."),
+        Variable("LOG_JSON", "json", True, "One JSON object per log line (`false`: plain text)."),
+    ),
+}
+
+S = TypeVar("S", bound=_Settings)
+
+
+def _positive(value: Any) -> str | None:
+    return None if value > 0 else "must be positive"
+
+
+def _port(value: Any) -> str | None:
+    return None if 0 <= value <= 65535 else "must be a TCP port (0-65535)"
+
+
+def _prefix(*schemes: str) -> Check:
+    def check(value: Any) -> str | None:
+        ok = value is None or str(value).startswith(schemes)
+        return None if ok else f"must start with {' or '.join(schemes)}"
+
+    return check
+
+
+def _one_of(*choices: str) -> Check:
+    def check(value: Any) -> str | None:
+        return None if str(value).upper() in choices else f"must be one of {', '.join(choices)}"
+
+    return check
+
+
+#: Checks per variable, beyond the type conversion.
+CHECKS: dict[str, Check] = {
+    "DATABASE_URL": _prefix("postgresql://", "postgres://"),
+    "DATABASE_POOL_MIN_SIZE": _positive,
+    "DATABASE_POOL_MAX_SIZE": _positive,
+    "AMQP_URL": _prefix("amqp://", "amqps://"),
+    "API_PORT": _port,
+    "WORKER_POLL_INTERVAL_SECONDS": _positive,
+    "WORKER_IDLE_MAX_SLEEP_SECONDS": _positive,
+    "WORKER_THREADS": _positive,
+    "WORKER_METRICS_PORT": _port,
+    "FOLLOWUP_MAX_FAILURES": _positive,
+    "FOLLOWUP_BUSY_RETRY_SECONDS": _positive,
+    "FOLLOWUP_BACKOFF_MIN_SECONDS": _positive,
+    "FOLLOWUP_BACKOFF_MAX_SECONDS": _positive,
+    "LOG_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
+}
+
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "str | None": str}
+
+
+def load(kind: type[S], environ: Mapping[str, str] | None = None) -> S:
+    """Build one settings struct from the environment, naming the variable on a bad value."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for var in ENVIRONMENT[kind]:
+        raw = env.get(var.name)
+        if raw is None or raw == "":
+            values[var.field] = var.default
+            continue
+        # Annotations are strings under `from __future__ import annotations`.
+        target = _TYPES[kind.__annotations__[var.field]]
+        try:
+            value: Any = msgspec.convert(raw, target, strict=False)
+        except msgspec.ValidationError as exc:
+            raise SettingsError(f"{var.name}={raw!r} is not valid: {exc}") from None
+        check = CHECKS.get(var.name)
+        problem = check(value) if check else None
+        if problem:
+            raise SettingsError(f"{var.name}={raw!r} is not valid: {problem}")
+        values[var.field] = value
+    return msgspec.convert(values, kind)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every concern's settings, loaded together at process start."""
+
+    database: DatabaseSettings
+    broker: BrokerSettings
+    api: ApiSettings
+    worker: WorkerSettings
+    followup: FollowupSettings
+    log: LogSettings
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        return cls(
+            database=load(DatabaseSettings, environ),
+            broker=load(BrokerSettings, environ),
+            api=load(ApiSettings, environ),
+            worker=load(WorkerSettings, environ),
+            followup=load(FollowupSettings, environ),
+            log=load(LogSettings, environ),
+        )

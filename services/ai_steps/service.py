@@ -1,0 +1,10 @@
+"""Wiring of the AI steps service. The lease, model call and second pass arrive with the AI work."""
+
+from __future__ import annotations
+
+from libs.common import contracts
+from libs.common.runtime import Runtime, Service
+
+
+def build(runtime: Runtime) -> Service:
+    return Service("ai_steps", contracts.AI_STEPS_QUEUE)

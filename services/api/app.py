@@ -1,0 +1,45 @@
+"""The Litestar application."""
+
+from __future__ import annotations
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+
+from libs.common.runtime import Runtime
+from services.api.deps import project_id
+from services.api.problems import EXCEPTION_HANDLERS
+from services.api.routes.contacts import ContactsController
+from services.api.routes.followups import EnrollmentsController, SequencesController
+from services.api.routes.system import health, prometheus_metrics, ready
+
+API_VERSION = "0.1.0"
+
+
+def create_app(runtime: Runtime) -> Litestar:
+    """The API over ``runtime`` (its pool, broker and clock)."""
+    return Litestar(
+        route_handlers=[
+            health,
+            ready,
+            prometheus_metrics,
+            ContactsController,
+            SequencesController,
+            EnrollmentsController,
+        ],
+        dependencies={"project_id": Provide(project_id, sync_to_thread=True)},
+        exception_handlers=EXCEPTION_HANDLERS,
+        state=State({"runtime": runtime}),
+        openapi_config=OpenAPIConfig(
+            title="followups",
+            version=API_VERSION,
+            description="Follow-up sequences and automation rules for conversational channels.",
+            components=Components(
+                security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")},
+            ),
+            security=[{"bearer": []}],
+        ),
+        debug=False,
+    )

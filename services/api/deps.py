@@ -1,0 +1,53 @@
+"""What every route handler needs: the runtime, a transaction, and the caller's project."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from litestar import Request
+from psycopg import Connection
+
+from libs.common import contracts
+from libs.common.db import map_errors
+from libs.common.errors import Unauthorized
+from libs.common.projects import authenticate
+from libs.common.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def runtime_of(request: Request[Any, Any, Any]) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+@contextmanager
+def transaction(runtime: Runtime) -> Iterator[Connection[Any]]:
+    """One database transaction: committed when the block ends, rolled back on an error."""
+    with map_errors(), runtime.pool.connection() as conn:
+        yield conn
+
+
+def project_id(request: Request[Any, Any, Any]) -> uuid.UUID:
+    """The project of the request's bearer API key (401 without a valid one)."""
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise Unauthorized()
+    with transaction(runtime_of(request)) as conn:
+        return authenticate(conn, key.strip())
+
+
+def nudge_release(runtime: Runtime, project: uuid.UUID, enrollment_id: uuid.UUID) -> None:
+    """Wake a release worker now; a lost nudge only costs latency (the loops poll), so errors are logged."""
+    try:
+        contracts.send(
+            runtime.broker,
+            contracts.RELEASE_NUDGE,
+            contracts.ReleaseNudge(project_id=project, enrollment_id=enrollment_id),
+        )
+    except Exception:
+        log.warning("release nudge not sent", extra={"enrollment_id": str(enrollment_id)}, exc_info=True)

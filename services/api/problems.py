@@ -1,0 +1,111 @@
+"""Every error as a problem-details body (RFC 9457) naming the offending field."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.types import ExceptionHandlersMap
+
+from libs.common.errors import (
+    Conflict,
+    DatabaseUnavailable,
+    FollowupsError,
+    InvalidInput,
+    NotFound,
+    Unauthorized,
+)
+
+log = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+
+#: Domain error -> HTTP status.
+STATUS_OF: dict[type[FollowupsError], int] = {
+    NotFound: 404,
+    InvalidInput: 422,
+    Conflict: 409,
+    Unauthorized: 401,
+    DatabaseUnavailable: 503,
+}
+
+_TITLES = {
+    400: "Bad request",
+    401: "Unauthorized",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    422: "Invalid input",
+    500: "Internal error",
+    503: "Unavailable",
+}
+
+_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")
+_AT_PATH = re.compile(r" - at `\$\.?([^`]*)`")
+
+
+def problem(
+    status: int,
+    detail: str,
+    *,
+    errors: list[dict[str, str]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response[Any]:
+    body: dict[str, Any] = {
+        "type": "about:blank",
+        "title": _TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+    }
+    if errors:
+        body["errors"] = errors
+    return Response(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _field_of(message: str, key: str | None) -> str:
+    """The field a msgspec/Litestar validation message is about, as a dotted path."""
+    unknown = _UNKNOWN_FIELD.search(message)
+    at = _AT_PATH.search(message)
+    path = at.group(1) if at else (key or "")
+    path = re.sub(r"\[(\d+)\]", r".\1", path).strip(".")
+    if unknown:
+        return f"{path}.{unknown.group(1)}" if path else unknown.group(1)
+    return path or (key or "body")
+
+
+def _domain_error(request: Request[Any, Any, Any], exc: FollowupsError) -> Response[Any]:
+    status = next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
+    errors = [{"field": exc.field, "message": exc.message}] if exc.field else None
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return problem(status, exc.message, errors=errors, headers=headers)
+
+
+def _validation_error(request: Request[Any, Any, Any], exc: ValidationException) -> Response[Any]:
+    errors = []
+    for item in exc.extra if isinstance(exc.extra, list) else []:
+        message = str(item.get("message", ""))
+        errors.append({"field": _field_of(message, item.get("key")), "message": _AT_PATH.sub("", message)})
+    if not errors and exc.detail:
+        errors.append({"field": _field_of(exc.detail, None), "message": _AT_PATH.sub("", exc.detail)})
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "The request is not valid."
+    return problem(400, detail, errors=errors)
+
+
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    return problem(exc.status_code, exc.detail, headers=exc.headers)
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    log.exception("unhandled error", extra={"path": request.url.path, "method": request.method})
+    return problem(500, "An unexpected error occurred; it has been logged.")
+
+
+EXCEPTION_HANDLERS: ExceptionHandlersMap = {
+    FollowupsError: _domain_error,
+    ValidationException: _validation_error,
+    HTTPException: _http_error,
+    Exception: _unexpected,
+}

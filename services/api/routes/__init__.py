@@ -1,0 +1,1 @@
+"""Route handlers: decode, call one domain function, encode."""

@@ -1,0 +1,79 @@
+"""Contacts: create, upsert by phone, read, list, update attributes, tags."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from litestar import Controller, Request, Response, delete, get, patch, post, put
+from litestar.params import Parameter
+
+from libs.common import contacts
+from libs.common.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
+from services.api.deps import runtime_of, transaction
+
+
+class ContactsController(Controller):
+    path = "/v1/contacts"
+    tags = ["contacts"]
+
+    @post("/", sync_to_thread=True)
+    def create(self, request: Request[Any, Any, Any], project_id: uuid.UUID, data: ContactCreate) -> Contact:
+        """Create a contact (409 if the phone number is taken)."""
+        with transaction(runtime_of(request)) as conn:
+            return contacts.create_contact(conn, project_id, data)
+
+    @put("/by-phone/{phone:str}", sync_to_thread=True)
+    def upsert(
+        self, request: Request[Any, Any, Any], project_id: uuid.UUID, phone: str, data: ContactFields
+    ) -> Response[Contact]:
+        """Create or update the contact with this E.164 phone number (201 created, 200 updated)."""
+        with transaction(runtime_of(request)) as conn:
+            contact, created = contacts.upsert_contact(conn, project_id, phone, data)
+        return Response(contact, status_code=201 if created else 200)
+
+    @get("/", sync_to_thread=True)
+    def list(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: uuid.UUID,
+        limit: int = Parameter(default=50, ge=1, le=500),
+        after: uuid.UUID | None = None,
+        tag: str | None = None,
+        phone: str | None = None,
+    ) -> dict[str, Any]:
+        """A page of contacts; pass the returned ``next`` as ``after`` for the next page."""
+        with transaction(runtime_of(request)) as conn:
+            page = contacts.list_contacts(conn, project_id, limit=limit, after=after, tag=tag, phone=phone)
+        return {"items": page, "next": str(page[-1].id) if len(page) == limit else None}
+
+    @get("/{contact_id:uuid}", sync_to_thread=True)
+    def read(self, request: Request[Any, Any, Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> Contact:
+        with transaction(runtime_of(request)) as conn:
+            return contacts.get_contact(conn, project_id, contact_id)
+
+    @patch("/{contact_id:uuid}", sync_to_thread=True)
+    def update(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: uuid.UUID,
+        contact_id: uuid.UUID,
+        data: ContactUpdate,
+    ) -> Contact:
+        """Change name or time zone; merge attributes (an attribute set to null is removed)."""
+        with transaction(runtime_of(request)) as conn:
+            return contacts.update_contact(conn, project_id, contact_id, data)
+
+    @post("/{contact_id:uuid}/tags", sync_to_thread=True, status_code=200)
+    def add_tags(
+        self, request: Request[Any, Any, Any], project_id: uuid.UUID, contact_id: uuid.UUID, data: TagsChange
+    ) -> Contact:
+        with transaction(runtime_of(request)) as conn:
+            return contacts.add_tags(conn, project_id, contact_id, data.tags)
+
+    @delete("/{contact_id:uuid}/tags/{tag:str}", sync_to_thread=True, status_code=200)
+    def remove_tag(
+        self, request: Request[Any, Any, Any], project_id: uuid.UUID, contact_id: uuid.UUID, tag: str
+    ) -> Contact:
+        with transaction(runtime_of(request)) as conn:
+            return contacts.remove_tags(conn, project_id, contact_id, [tag])

@@ -1,0 +1,34 @@
+"""Liveness, readiness and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get
+
+from libs.common import metrics
+from services.api.deps import runtime_of
+from services.api.problems import problem
+
+
+@get("/health", sync_to_thread=False, tags=["system"])
+def health() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@get("/ready", sync_to_thread=True, tags=["system"])
+def ready(request: Request[Any, Any, Any]) -> Response[Any]:
+    """Readiness: PostgreSQL answers."""
+    try:
+        with runtime_of(request).pool.connection(timeout=2) as conn:
+            conn.execute("SELECT 1")
+    except Exception as exc:
+        return problem(503, f"database unreachable: {type(exc).__name__}")
+    return Response({"status": "ready"})
+
+
+@get("/metrics", sync_to_thread=False, tags=["system"], include_in_schema=False)
+def prometheus_metrics() -> Response[bytes]:
+    """Prometheus exposition."""
+    return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)

@@ -1,0 +1,1 @@
+"""The retention service: periodic clean-up on a cron schedule (periodiq)."""

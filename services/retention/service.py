@@ -1,0 +1,33 @@
+"""Wiring of the retention service: periodic jobs on cron schedules."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import dramatiq
+from periodiq import cron
+
+from libs.common import contracts
+from libs.common.metrics import LAST_JOB_SUCCESS
+from libs.common.runtime import Runtime, Service
+
+log = logging.getLogger(__name__)
+
+#: Daily at 03:15 UTC.
+FOLLOWUP_RETENTION_SCHEDULE = "15 3 * * *"
+
+
+def build(runtime: Runtime) -> Service:
+    def followup_retention() -> None:
+        """Clean-up of finished follow-up data (the clean-up itself comes with the retention work)."""
+        LAST_JOB_SUCCESS.labels("followup-retention").set(time.time())
+        log.info("retention job done", extra={"job": "followup-retention"})
+
+    dramatiq.actor(
+        broker=runtime.broker,
+        actor_name="followup_retention",
+        queue_name=contracts.RETENTION_QUEUE,
+        periodic=cron(FOLLOWUP_RETENTION_SCHEDULE),
+    )(followup_retention)
+    return Service("retention", contracts.RETENTION_QUEUE)
