@@ -7,7 +7,9 @@ actor messages inside the process; every service's loops run here; the API liste
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import uuid
 from pathlib import Path
 
@@ -33,9 +35,37 @@ def start_embedded_postgres(data_dir: Path) -> tuple[object, str]:
     """Start (or reuse) the embedded PostgreSQL under ``data_dir``; returns the server and its URL."""
     import pgserver
 
+    pgdata = (data_dir / "pgdata").resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(str((data_dir / "pgdata").resolve()), cleanup_mode="stop")
+    _forget_dead_handles(pgdata)
+    server = pgserver.get_server(str(pgdata), cleanup_mode="stop")
     return server, str(server.get_uri())
+
+
+def _forget_dead_handles(pgdata: Path) -> None:
+    """Drop processes that died without stopping the server from pgserver's list of its users.
+
+    pgserver stops the server when its last user exits; a run that was killed stays on that list and
+    would keep the server running forever after.
+    """
+    handles = pgdata / ".handle_pids.json"
+    if not handles.exists():
+        return
+    try:
+        pids = [int(pid) for pid in json.loads(handles.read_text())]
+    except (ValueError, TypeError):
+        pids = []
+    handles.write_text(json.dumps([pid for pid in pids if _alive(pid)]))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run_dev(base: Settings, *, data_dir: str, host: str, port: int, demo: bool) -> int:

@@ -254,12 +254,11 @@ def test_dockerfile_installs_dependencies_before_copying_the_source() -> None:
     instructions = _instructions()
     stages = [i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM"]
     assert len(stages) >= 2, "build in one stage and copy the result into a runtime stage"
-    copies = {
-        source: i
-        for i, (keyword, args) in enumerate(instructions)
-        if keyword == "COPY" and "--from" not in args
-        for source in _copy_sources(args)
-    }
+    copies: dict[str, int] = {}  # source -> index of the first COPY of it
+    for i, (keyword, args) in enumerate(instructions):
+        if keyword == "COPY" and "--from" not in args:
+            for source in _copy_sources(args):
+                copies.setdefault(source, i)
     assert "pyproject.toml" in copies
     with (ROOT / "pyproject.toml").open("rb") as f:
         packages = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
@@ -375,11 +374,12 @@ def _selectors(expr: str) -> Iterator[tuple[str, dict[str, str]]]:
 
 def _product_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
     """Exposed name -> (type, label names) of every metric libs.common.metrics defines."""
-    found = {}
+    found: dict[str, tuple[str, tuple[str, ...]]] = {}
     for value in vars(metrics).values():
         if isinstance(value, MetricWrapperBase):
-            suffix = "_total" if value._type == "counter" else ""
-            found[value._name + suffix] = (value._type, tuple(value._labelnames))
+            kind = str(value._type)
+            suffix = "_total" if kind == "counter" else ""
+            found[value._name + suffix] = (kind, tuple(value._labelnames))
     return found
 
 

@@ -52,5 +52,5 @@ def configure_logging(settings: LogSettings) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.level.upper())
-    for noisy in ("pika", "httpx", "uvicorn.access"):
+    for noisy in ("pika", "httpx", "uvicorn.access", "pgserver"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -42,4 +42,5 @@ def create_app(runtime: Runtime) -> Litestar:
             security=[{"bearer": []}],
         ),
         debug=False,
+        logging_config=None,
     )
