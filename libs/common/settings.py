@@ -102,7 +102,7 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             "WORKER_POLL_INTERVAL_SECONDS",
             "poll_interval_seconds",
             1.0,
-            "How often a busy worker loop polls PostgreSQL.",
+            "First sleep of an idle loop before it polls PostgreSQL again (doubles up to the maximum).",
         ),
         Variable(
             "WORKER_IDLE_MAX_SLEEP_SECONDS",
@@ -241,3 +241,21 @@ class Settings:
             followup=load(FollowupSettings, environ),
             log=load(LogSettings, environ),
         )
+
+
+def markdown_table() -> str:
+    """The README's configuration table, generated from :data:`ENVIRONMENT`."""
+    lines = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for variables in ENVIRONMENT.values():
+        for var in variables:
+            default = (
+                "(none)"
+                if var.default is None
+                else f"`{str(var.default).lower() if isinstance(var.default, bool) else var.default}`"
+            )
+            lines.append(f"| `{var.name}` | {default} | {var.help} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from litestar import Request
+from litestar.di import NamedDependency
 from psycopg import Connection
 
 from libs.common import contracts
@@ -30,6 +31,10 @@ def transaction(runtime: Runtime) -> Iterator[Connection[Any]]:
     """One database transaction: committed when the block ends, rolled back on an error."""
     with map_errors(), runtime.pool.connection() as conn:
         yield conn
+
+
+#: A handler parameter ``project_id: ProjectId`` receives the caller's project (see :func:`project_id`).
+ProjectId = NamedDependency[uuid.UUID]
 
 
 def project_id(request: Request[Any, Any, Any]) -> uuid.UUID:

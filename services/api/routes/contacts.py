@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Controller, Request, Response, delete, get, patch, post, put
-from litestar.params import Parameter
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from libs.common import contacts
 from libs.common.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
-from services.api.deps import runtime_of, transaction
+from services.api.deps import ProjectId, runtime_of, transaction
 
 
 class ContactsController(Controller):
@@ -18,14 +18,20 @@ class ContactsController(Controller):
     tags = ["contacts"]
 
     @post("/", sync_to_thread=True)
-    def create(self, request: Request[Any, Any, Any], project_id: uuid.UUID, data: ContactCreate) -> Contact:
+    def create(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[ContactCreate]
+    ) -> Contact:
         """Create a contact (409 if the phone number is taken)."""
         with transaction(runtime_of(request)) as conn:
             return contacts.create_contact(conn, project_id, data)
 
     @put("/by-phone/{phone:str}", sync_to_thread=True)
     def upsert(
-        self, request: Request[Any, Any, Any], project_id: uuid.UUID, phone: str, data: ContactFields
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        phone: FromPath[str],
+        data: JSONBody[ContactFields],
     ) -> Response[Contact]:
         """Create or update the contact with this E.164 phone number (201 created, 200 updated)."""
         with transaction(runtime_of(request)) as conn:
@@ -36,11 +42,11 @@ class ContactsController(Controller):
     def list(
         self,
         request: Request[Any, Any, Any],
-        project_id: uuid.UUID,
-        limit: int = Parameter(default=50, ge=1, le=500),
-        after: uuid.UUID | None = None,
-        tag: str | None = None,
-        phone: str | None = None,
+        project_id: ProjectId,
+        limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
+        after: FromQuery[uuid.UUID | None] = None,
+        tag: FromQuery[str | None] = None,
+        phone: FromQuery[str | None] = None,
     ) -> dict[str, Any]:
         """A page of contacts; pass the returned ``next`` as ``after`` for the next page."""
         with transaction(runtime_of(request)) as conn:
@@ -48,7 +54,9 @@ class ContactsController(Controller):
         return {"items": page, "next": str(page[-1].id) if len(page) == limit else None}
 
     @get("/{contact_id:uuid}", sync_to_thread=True)
-    def read(self, request: Request[Any, Any, Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> Contact:
+    def read(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, contact_id: FromPath[uuid.UUID]
+    ) -> Contact:
         with transaction(runtime_of(request)) as conn:
             return contacts.get_contact(conn, project_id, contact_id)
 
@@ -56,9 +64,9 @@ class ContactsController(Controller):
     def update(
         self,
         request: Request[Any, Any, Any],
-        project_id: uuid.UUID,
-        contact_id: uuid.UUID,
-        data: ContactUpdate,
+        project_id: ProjectId,
+        contact_id: FromPath[uuid.UUID],
+        data: JSONBody[ContactUpdate],
     ) -> Contact:
         """Change name or time zone; merge attributes (an attribute set to null is removed)."""
         with transaction(runtime_of(request)) as conn:
@@ -66,14 +74,22 @@ class ContactsController(Controller):
 
     @post("/{contact_id:uuid}/tags", sync_to_thread=True, status_code=200)
     def add_tags(
-        self, request: Request[Any, Any, Any], project_id: uuid.UUID, contact_id: uuid.UUID, data: TagsChange
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        contact_id: FromPath[uuid.UUID],
+        data: JSONBody[TagsChange],
     ) -> Contact:
         with transaction(runtime_of(request)) as conn:
             return contacts.add_tags(conn, project_id, contact_id, data.tags)
 
     @delete("/{contact_id:uuid}/tags/{tag:str}", sync_to_thread=True, status_code=200)
     def remove_tag(
-        self, request: Request[Any, Any, Any], project_id: uuid.UUID, contact_id: uuid.UUID, tag: str
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        contact_id: FromPath[uuid.UUID],
+        tag: FromPath[str],
     ) -> Contact:
         with transaction(runtime_of(request)) as conn:
             return contacts.remove_tags(conn, project_id, contact_id, [tag])
