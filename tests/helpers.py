@@ -35,7 +35,8 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float = 20) -> tuple
     except subprocess.TimeoutExpired:
         process.kill()
         output, _ = process.communicate()
-        raise AssertionError(f"process did not stop within {timeout}s:\n{output.decode(errors='replace')}")
+        printed = output.decode(errors="replace")
+        raise AssertionError(f"process did not stop within {timeout}s:\n{printed}") from None
     return process.returncode, output.decode(errors="replace")
 
 
@@ -46,13 +47,17 @@ class EventsConsumer:
         self.connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
         self.channel = self.connection.channel()
         self.channel.exchange_declare(exchange, exchange_type="topic", durable=True)
-        result = self.channel.queue_declare(f"test-events-{uuid.uuid4().hex[:8]}", exclusive=True, auto_delete=True)
+        result = self.channel.queue_declare(
+            f"test-events-{uuid.uuid4().hex[:8]}", exclusive=True, auto_delete=True
+        )
         self.queue = result.method.queue
         for key in binding_keys:
             self.channel.queue_bind(self.queue, exchange, routing_key=key)
         self.received: list[tuple[str, dict[str, Any]]] = []
 
-    def wait_for(self, predicate: Callable[[str, dict[str, Any]], bool], timeout: float = 30) -> dict[str, Any]:
+    def wait_for(
+        self, predicate: Callable[[str, dict[str, Any]], bool], timeout: float = 30
+    ) -> dict[str, Any]:
         """Consume until an event matches ``predicate``; returns its envelope."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -67,5 +67,9 @@ def send(broker: dramatiq.Broker, contract: Contract[P], payload: P) -> None:
 
 
 def actor_options(contract: Contract[Any]) -> dict[str, Any]:
-    """Keyword arguments for ``dramatiq.actor`` that bind a function to ``contract``."""
-    return {"actor_name": contract.actor, "queue_name": contract.queue}
+    """Keyword arguments for ``dramatiq.actor`` that bind a function to ``contract``.
+
+    A message that fails is not retried by Dramatiq: the work it stands for lives in PostgreSQL and the
+    loops retry it there; a malformed payload goes to the dead-letter queue at once.
+    """
+    return {"actor_name": contract.actor, "queue_name": contract.queue, "max_retries": 0}

@@ -1,0 +1,52 @@
+"""Small builders for domain rows, through the domain functions themselves."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+from libs.common.clock import Clock
+from libs.common.contacts import ContactCreate, create_contact
+from libs.common.enrollments import Enrollment, EnrollRequest, enroll
+from libs.common.sequences import Definition, MessageStep, SequenceCreate, create_sequence, publish_sequence
+
+_counter = iter(range(10**9))
+
+
+def new_phone() -> str:
+    return f"+1555{next(_counter):07d}"
+
+
+def make_contact(pool: ConnectionPool, project_id: uuid.UUID, **fields: Any) -> uuid.UUID:
+    with pool.connection() as conn:
+        return create_contact(
+            conn, project_id, ContactCreate(phone=fields.pop("phone", new_phone()), **fields)
+        ).id
+
+
+def make_sequence(
+    pool: ConnectionPool, project_id: uuid.UUID, *steps: MessageStep, **options: Any
+) -> uuid.UUID:
+    """A published sequence with ``steps`` (one immediate message step by default)."""
+    steps = steps or (MessageStep(text="Hello"),)
+    with pool.connection() as conn:
+        sequence = create_sequence(
+            conn,
+            project_id,
+            SequenceCreate(
+                name=f"seq {uuid.uuid4().hex[:6]}", definition=Definition(steps=list(steps), **options)
+            ),
+        )
+        publish_sequence(conn, project_id, sequence.id)
+    return sequence.id
+
+
+def make_enrollment(
+    pool: ConnectionPool, clock: Clock, project_id: uuid.UUID, sequence_id: uuid.UUID, contact_id: uuid.UUID
+) -> Enrollment:
+    with pool.connection() as conn:
+        return enroll(
+            conn, project_id, EnrollRequest(sequence_id=sequence_id, contact_id=contact_id), now=clock.now()
+        )

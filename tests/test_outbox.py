@@ -1,0 +1,115 @@
+"""The transactional outbox and its relay."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from libs.common.clock import ManualClock
+from libs.common.outbox import AmqpPublisher, Envelope, LogPublisher, relay_batch, write_event
+from tests.conftest import Project
+from tests.helpers import EventsConsumer
+
+
+def write(pool: ConnectionPool, clock: ManualClock, project: Project, aggregate: uuid.UUID, n: int) -> None:
+    with pool.connection() as conn:
+        for i in range(n):
+            write_event(
+                conn,
+                project_id=project.id,
+                type="test.happened",
+                aggregate_type="thing",
+                aggregate_id=aggregate,
+                data={"seq": i},
+                occurred_at=clock.now(),
+            )
+
+
+class FailingPublisher:
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def publish(self, envelopes: list[Envelope]) -> None:
+        self.attempts += 1
+        raise ConnectionError("broker down")
+
+    def close(self) -> None:
+        pass
+
+
+def test_relay_publishes_in_order_once(pool: ConnectionPool, clock: ManualClock, project: Project) -> None:
+    aggregate = uuid.uuid4()
+    write(pool, clock, project, aggregate, 5)
+    publisher = LogPublisher()
+    assert relay_batch(pool, publisher) == 5
+    assert relay_batch(pool, publisher) == 0
+    assert [e.data["seq"] for e in publisher.published] == [0, 1, 2, 3, 4]
+    assert {e.subject for e in publisher.published} == {f"thing/{aggregate}"}
+    assert len({e.id for e in publisher.published}) == 5
+
+
+def test_an_event_written_in_a_rolled_back_transaction_is_never_published(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    with pool.connection() as conn:
+        write_event(
+            conn,
+            project_id=project.id,
+            type="test.happened",
+            aggregate_type="thing",
+            aggregate_id=uuid.uuid4(),
+            data={},
+            occurred_at=clock.now(),
+        )
+        conn.rollback()
+    assert relay_batch(pool, LogPublisher()) == 0
+
+
+def test_a_failed_publish_keeps_the_events_for_the_next_run(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    write(pool, clock, project, uuid.uuid4(), 3)
+    failing = FailingPublisher()
+    with pytest.raises(ConnectionError):
+        relay_batch(pool, failing)
+    assert failing.attempts == 1
+    publisher = LogPublisher()
+    assert relay_batch(pool, publisher) == 3
+    assert [e.data["seq"] for e in publisher.published] == [0, 1, 2]
+
+
+def test_only_one_relay_publishes_at_a_time(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    write(pool, clock, project, uuid.uuid4(), 2)
+    with pool.connection() as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(7301552019)")
+        assert relay_batch(pool, LogPublisher()) == 0
+    assert relay_batch(pool, LogPublisher()) == 2
+
+
+@pytest.mark.rabbitmq
+def test_amqp_relay_delivers_events_of_an_aggregate_in_order(
+    pool: ConnectionPool, clock: ManualClock, project: Project, amqp_url: str
+) -> None:
+    exchange = f"followups.events.test.{uuid.uuid4().hex[:8]}"
+    consumer = EventsConsumer(amqp_url, exchange, ("test.#",))
+    publisher = AmqpPublisher(amqp_url, exchange)
+    try:
+        aggregate = uuid.uuid4()
+        write(pool, clock, project, aggregate, 20)
+        published = 0
+        while published < 20:
+            published += relay_batch(pool, publisher, limit=7)
+        seen: list[Any] = []
+        consumer.wait_for(lambda key, env: seen.append(env["data"]["seq"]) or len(seen) == 20)
+        assert seen == list(range(20))
+        routing_keys = {key for key, _ in consumer.received}
+        assert routing_keys == {"test.happened"}
+        assert all(env["project_id"] == str(project.id) for _, env in consumer.received)
+    finally:
+        publisher.close()
+        consumer.close()

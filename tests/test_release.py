@@ -1,0 +1,162 @@
+"""The release path on the controllable clock."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from libs.common.clock import ManualClock
+from libs.common.sequences import MessageStep
+from libs.common.settings import FollowupSettings
+from services.release import release as release_module
+from services.release.release import backoff, release_batch, release_one
+from tests.conftest import Project
+from tests.factories import make_contact, make_enrollment, make_sequence
+
+SETTINGS = FollowupSettings(max_failures=3)
+
+
+def rows(pool: ConnectionPool, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with pool.connection() as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def test_nothing_due_releases_nothing(pool: ConnectionPool, clock: ManualClock, project: Project) -> None:
+    sequence = make_sequence(pool, project.id, MessageStep(text="later", delay_seconds=3600))
+    make_enrollment(pool, clock, project.id, sequence, make_contact(pool, project.id))
+    assert release_one(pool, clock, SETTINGS) is None
+
+
+def test_a_two_step_sequence_releases_each_step_once_at_its_time(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    # Given a sequence: now, then one day later
+    sequence = make_sequence(
+        pool, project.id, MessageStep(text="first"), MessageStep(text="second", delay_seconds=86400)
+    )
+    enrollment = make_enrollment(pool, clock, project.id, sequence, make_contact(pool, project.id))
+
+    # When the first step is released
+    first = release_one(pool, clock, SETTINGS)
+    assert first is not None and first.action == "queued"
+    # Then the second is not due yet, a minute or a day minus a second later
+    assert release_one(pool, clock, SETTINGS) is None
+    clock.advance(timedelta(seconds=86399))
+    assert release_one(pool, clock, SETTINGS) is None
+    clock.advance(timedelta(seconds=1))
+    second = release_one(pool, clock, SETTINGS)
+    assert second is not None and second.action == "queued"
+    assert release_one(pool, clock, SETTINGS) is None
+
+    messages = rows(
+        pool,
+        "SELECT body, status, followup_step_index FROM messages WHERE followup_enrollment_id = %s"
+        " ORDER BY followup_step_index",
+        enrollment.id,
+    )
+    assert messages == [("first", "QUEUED", 0), ("second", "QUEUED", 1)]
+    assert rows(pool, "SELECT status FROM followup_enrollments WHERE id = %s", enrollment.id) == [
+        ("completed",)
+    ]
+    events = rows(pool, "SELECT type FROM outbox ORDER BY id")
+    assert [e[0] for e in events] == [
+        "message.queued",
+        "followup.step_queued",
+        "message.queued",
+        "followup.step_queued",
+        "followup.completed",
+    ]
+    # both messages thread into the same (new) conversation
+    assert rows(pool, "SELECT count(DISTINCT conversation_id) FROM messages")[0][0] == 1
+
+
+def test_an_opted_out_contact_is_stopped_not_messaged(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    sequence = make_sequence(pool, project.id)
+    contact = make_contact(pool, project.id)
+    enrollment = make_enrollment(pool, clock, project.id, sequence, contact)
+    with pool.connection() as conn:
+        conn.execute("UPDATE contacts SET opted_out_at = now() WHERE id = %s", (contact,))
+    result = release_one(pool, clock, SETTINGS)
+    assert result is not None and (result.action, result.reason) == ("stopped", "opted_out")
+    assert rows(pool, "SELECT status, reason FROM followup_enrollments WHERE id = %s", enrollment.id) == [
+        ("stopped", "opted_out")
+    ]
+    assert rows(pool, "SELECT count(*) FROM messages") == [(0,)]
+
+
+def test_a_locked_contact_is_retried_soon_without_waiting(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    sequence = make_sequence(pool, project.id)
+    contact = make_contact(pool, project.id)
+    enrollment = make_enrollment(pool, clock, project.id, sequence, contact)
+    with pool.connection() as locker:
+        # a stop path holds the contact
+        locker.execute("SELECT 1 FROM contacts WHERE id = %s FOR UPDATE", (contact,))
+        result = release_one(pool, clock, SETTINGS)
+        assert result is not None and (result.action, result.reason) == ("busy", "contact_busy")
+    due = rows(pool, "SELECT next_run_at FROM followup_enrollments WHERE id = %s", enrollment.id)[0][0]
+    assert due == clock.now() + timedelta(seconds=SETTINGS.busy_retry_seconds)
+    assert rows(pool, "SELECT count(*) FROM messages") == [(0,)]
+
+
+def test_a_poison_row_backs_off_exponentially_then_fails(
+    pool: ConnectionPool, clock: ManualClock, project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sequence = make_sequence(pool, project.id)
+    enrollment = make_enrollment(pool, clock, project.id, sequence, make_contact(pool, project.id))
+
+    def explode(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(release_module, "queue_contact_message", explode)
+    delays = []
+    for _ in range(SETTINGS.max_failures - 1):
+        started = clock.now()
+        result = release_one(pool, clock, SETTINGS)
+        assert result is not None and result.action == "retry"
+        # not due again until the backoff has passed: no hot loop
+        assert release_one(pool, clock, SETTINGS) is None
+        due = rows(pool, "SELECT next_run_at FROM followup_enrollments WHERE id = %s", enrollment.id)[0][0]
+        delays.append(due - started)
+        clock.set(due)
+    assert delays == [timedelta(seconds=30), timedelta(seconds=60)]
+    result = release_one(pool, clock, SETTINGS)
+    assert result is not None and result.action == "failed"
+    status = rows(pool, "SELECT status, reason, failure_count, last_error FROM followup_enrollments")
+    assert status == [("failed", "error", 3, "RuntimeError: injected failure")]
+    # the failed attempts left nothing behind: every transaction rolled back
+    assert rows(pool, "SELECT count(*) FROM messages") == [(0,)]
+    assert rows(pool, "SELECT count(*) FROM followup_step_runs") == [(0,)]
+    assert release_one(pool, clock, SETTINGS) is None
+
+
+def test_backoff_doubles_from_30_seconds_and_caps_at_an_hour() -> None:
+    settings = FollowupSettings()
+    assert [backoff(n, settings).total_seconds() for n in (1, 2, 3, 4)] == [30, 60, 120, 240]
+    assert backoff(20, settings) == timedelta(hours=1)
+
+
+def test_concurrent_release_batches_never_send_a_step_twice(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    sequence = make_sequence(pool, project.id)
+    for _ in range(60):
+        make_enrollment(pool, clock, project.id, sequence, make_contact(pool, project.id))
+    counts: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: counts.append(release_batch(pool, clock, SETTINGS, limit=1000)))
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(counts) == 60
+    assert rows(pool, "SELECT count(*), count(DISTINCT followup_enrollment_id) FROM messages") == [(60, 60)]
