@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from followups.runner import SERVICES, serve_metrics, start_services, wait_for_shutdown
+from followups.runner import SERVICES, serve_metrics, shutdown_requested, start_services
 from libs.common.broker import create_broker
 from libs.common.clock import SYSTEM_CLOCK
 from libs.common.db import create_pool
@@ -99,10 +99,14 @@ def _run_worker(runtime: Runtime, service: str) -> int:
     settings = runtime.settings
     assert settings.broker.amqp_url
     publisher = AmqpPublisher(settings.broker.amqp_url, settings.broker.events_exchange)
+    shutdown = shutdown_requested()
     serve_metrics(settings.worker.metrics_port)
     running = start_services(runtime, [service], publisher)
     try:
-        wait_for_shutdown()
+        # wake up now and then: a signal delivered to another thread only runs its handler when the
+        # main thread next executes Python code
+        while not shutdown.wait(0.5):
+            pass
     finally:
         log.info("stopping", extra={"service": service})
         running.stop()

@@ -59,6 +59,7 @@ class Running:
             loop.stop()
         self.worker.stop()
         self.runtime.broker.close()
+        log.info("services stopped", extra={"services": [s.name for s in self.services]})
 
 
 def start_services(runtime: Runtime, names: list[str], publisher: Publisher) -> Running:
@@ -94,9 +95,9 @@ def serve_metrics(port: int) -> None:
             start_http_server(port)
 
 
-def wait_for_shutdown() -> None:
-    """Block until SIGINT or SIGTERM."""
+def shutdown_requested() -> threading.Event:
+    """An event set by SIGINT or SIGTERM (install before starting anything, so no signal is lost)."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    return stop

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -15,29 +16,59 @@ from typing import Any
 import pika
 
 
-def start_worker(service: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+class Process:
+    """A child process whose output lines are collected in a thread, so a test can wait for one."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.lines: list[str] = []
+        self.popen = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        with self.popen.stdout as stream:
+            for raw in stream:
+                self.lines.append(raw.decode(errors="replace").rstrip())
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 30) -> str:
+        """The first output line containing ``text``; fails if none comes within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if text in line:
+                    return line
+            if self.popen.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"{text!r} not printed within {timeout}s:\n{self.output}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Send ``sig``, wait for the exit, and return the exit code."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+        try:
+            code = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+            raise AssertionError(f"process did not stop within {timeout}s:\n{self.output}") from None
+        self._reader.join(5)
+        return code
+
+
+def followups(*args: str, env: dict[str, str]) -> Process:
+    """``followups ARGS`` in a process of its own."""
+    return Process([sys.executable, "-m", "followups", *args], os.environ | env)
+
+
+def start_worker(service: str, env: dict[str, str]) -> Process:
     """``followups worker <service>`` in a process of its own."""
-    full_env = os.environ | {"LOG_JSON": "true", "WORKER_METRICS_PORT": "0"} | env
-    return subprocess.Popen(
-        [sys.executable, "-m", "followups", "worker", service],
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout: float = 20) -> tuple[int, str]:
-    """SIGTERM, wait, and return the exit code and everything it printed."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-        printed = output.decode(errors="replace")
-        raise AssertionError(f"process did not stop within {timeout}s:\n{printed}") from None
-    return process.returncode, output.decode(errors="replace")
+    return followups("worker", service, env={"LOG_JSON": "true", "WORKER_METRICS_PORT": "0"} | env)
 
 
 class EventsConsumer:

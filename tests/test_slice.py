@@ -20,7 +20,7 @@ from libs.common.runtime import Runtime
 from libs.common.settings import BrokerSettings, Settings
 from services.api.app import create_app
 from tests.conftest import Project
-from tests.helpers import EventsConsumer, start_worker, stop_process
+from tests.helpers import EventsConsumer, start_worker
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -58,10 +58,14 @@ def test_enrollment_is_released_by_a_worker_process_and_its_event_reaches_rabbit
         json={"name": "welcome", "definition": {"steps": [{"kind": "message", "text": "Hello Ada"}]}},
     ).json()
     assert api.post(f"/v1/sequences/{sequence['id']}/publish").status_code == 201
-    worker = start_worker("release", {"DATABASE_URL": db_url, "AMQP_URL": amqp_url, "EVENTS_EXCHANGE": exchange})
+    worker = start_worker(
+        "release", {"DATABASE_URL": db_url, "AMQP_URL": amqp_url, "EVENTS_EXCHANGE": exchange}
+    )
     try:
         # When the contact is enrolled through the API
-        response = api.post("/v1/enrollments", json={"sequence_id": sequence["id"], "contact_id": contact["id"]})
+        response = api.post(
+            "/v1/enrollments", json={"sequence_id": sequence["id"], "contact_id": contact["id"]}
+        )
         assert response.status_code == 201, response.text
         enrollment_id = response.json()["id"]
 
@@ -70,8 +74,8 @@ def test_enrollment_is_released_by_a_worker_process_and_its_event_reaches_rabbit
             lambda key, env: key == "followup.step_queued" and env["data"]["enrollment_id"] == enrollment_id
         )
     finally:
-        code, output = stop_process(worker)
-    assert code == 0, output
+        code = worker.stop()
+    assert code == 0, worker.output
     assert event["type"] == "followup.step_queued"
     assert event["source"] == "followups"
     assert event["subject"] == f"followup_enrollment/{enrollment_id}"
@@ -86,7 +90,9 @@ def test_enrollment_is_released_by_a_worker_process_and_its_event_reaches_rabbit
             "SELECT step_index, outcome, message_id::text FROM followup_step_runs WHERE enrollment_id = %s",
             (enrollment_id,),
         ).fetchall()
-        status = conn.execute("SELECT status FROM followup_enrollments WHERE id = %s", (enrollment_id,)).fetchone()
+        status = conn.execute(
+            "SELECT status FROM followup_enrollments WHERE id = %s", (enrollment_id,)
+        ).fetchone()
         unpublished = conn.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetchone()
     assert message == ("QUEUED", "followup", 5, "Hello Ada", enrollment_id)
     assert runs == [(0, "queued", message_id)]
@@ -95,5 +101,7 @@ def test_enrollment_is_released_by_a_worker_process_and_its_event_reaches_rabbit
     keys = [key for key, env in consumer.received]
     consumer.wait_for(lambda key, env: key == "followup.completed", timeout=10)
     keys = [key for key, env in consumer.received]
-    assert keys.index("message.queued") < keys.index("followup.step_queued") < keys.index("followup.completed")
+    assert (
+        keys.index("message.queued") < keys.index("followup.step_queued") < keys.index("followup.completed")
+    )
     assert unpublished is not None
