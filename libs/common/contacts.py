@@ -83,14 +83,15 @@ def _attributes(values: dict[str, Any]) -> dict[str, Any]:
     for key in values:
         if not 1 <= len(key) <= 64:
             raise InvalidInput("attribute names are 1 to 64 characters", field=f"attributes.{key}")
+    validation.json_value(values, "attributes")
     return values
 
 
 def _validated(phone: str, data: ContactFields) -> dict[str, Any]:
     return {
         "phone": validation.phone(phone),
-        "name": data.name,
-        "timezone": validation.timezone(data.timezone) if data.timezone else None,
+        "name": validation.text(data.name, "name") if data.name is not None else None,
+        "timezone": validation.timezone(data.timezone) if data.timezone is not None else None,
         "attributes": Jsonb(_attributes(data.attributes)),
         "tags": _tags(data.tags),
     }
@@ -141,7 +142,7 @@ def list_contacts(
         "project_id": project_id,
         "limit": limit,
         "after": after,
-        "tag": tag,
+        "tag": validation.tag(tag, field="tag") if tag is not None else None,
         "phone": validation.phone(phone) if phone else None,
     }
     with conn.cursor(row_factory=class_row(Contact)) as cur:
@@ -156,7 +157,7 @@ def update_contact(
         "project_id": project_id,
         "id": contact_id,
         "set_name": data.name is not msgspec.UNSET,
-        "name": None if data.name is msgspec.UNSET else data.name,
+        "name": validation.text(data.name, "name") if isinstance(data.name, str) else None,
         "set_timezone": data.timezone is not msgspec.UNSET,
         "timezone": validation.timezone(data.timezone) if isinstance(data.timezone, str) else None,
         "set_attributes": attributes is not None,
@@ -177,7 +178,7 @@ def add_tags(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID
 def remove_tags(
     conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, tags: list[str]
 ) -> Contact:
-    return _change_tags(conn, "remove_tags", project_id, contact_id, [t.strip() for t in tags])
+    return _change_tags(conn, "remove_tags", project_id, contact_id, [validation.tag(t) for t in tags])
 
 
 def _change_tags(

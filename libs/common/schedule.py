@@ -34,17 +34,18 @@ class CronScheduler:
             self._thread.join(5)
 
     def run(self) -> None:
+        last = pendulum.now("UTC")
         while not self._stop.is_set():
-            now = pendulum.now("UTC").replace(microsecond=0)
+            # the next run strictly after the last one sent, so a run is never sent twice
             upcoming = sorted(
-                ((a.options["periodic"].next_valid_date(now), a) for a in self._actors), key=lambda x: x[0]
+                ((a.options["periodic"].next_valid_date(last), a) for a in self._actors), key=lambda x: x[0]
             )
             due_at = upcoming[0][0]
             if self._stop.wait(max(0.0, (due_at - pendulum.now("UTC")).total_seconds())):
                 return
             for when, actor in upcoming:
                 if when == due_at:
-                    log.info(
-                        "scheduled job sent", extra={"actor": actor.actor_name, "scheduled_at": str(when)}
-                    )
+                    extra = {"actor": actor.actor_name, "scheduled_at": str(when)}
+                    log.info("scheduled job sent", extra=extra)
                     actor.send_with_options(scheduled_at=str(when))
+            last = due_at

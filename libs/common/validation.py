@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from libs.common.errors import InvalidInput
 
 _E164 = re.compile(r"^\+[1-9][0-9]{6,14}$")
-_TAG = re.compile(r"^[\w][\w .:/-]{0,63}$", re.UNICODE)
+#: No empty or "." segment between slashes, so a tag survives a trip through a URL path.
+_TAG = re.compile(r"^(?!.*//)(?!.*/\.?$)(?!.*/\./)[\w][\w .:/-]{0,63}$", re.UNICODE)
 _TIMEZONES = frozenset(available_timezones())
 
 
@@ -25,10 +27,30 @@ def timezone(value: str, field: str = "timezone") -> str:
     if value not in _TIMEZONES:
         try:
             ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder such as "Europe"
             raise InvalidInput(
                 f"{field} must be an IANA time zone such as Europe/Lisbon", field=field
             ) from None
+    return value
+
+
+def text(value: str, field: str) -> str:
+    """Text PostgreSQL can store: no NUL character."""
+    if "\x00" in value:
+        raise InvalidInput(f"{field} must not contain NUL characters", field=field)
+    return value
+
+
+def json_value(value: Any, field: str) -> Any:
+    """A decoded JSON value PostgreSQL can store as jsonb: no NUL character in any key or string."""
+    if isinstance(value, str):
+        text(value, field)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            json_value(item, f"{field}.{text(key, field)}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            json_value(item, f"{field}.{index}")
     return value
 
 
