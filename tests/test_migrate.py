@@ -66,7 +66,11 @@ def test_hot_indexes_exist(db_url: str, index: str, kind: str) -> None:
 
 def test_claim_and_stop_indexes_are_partial_on_live_status(db_url: str) -> None:
     with psycopg.connect(db_url) as conn:
-        defs = dict(conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'followup_enrollments'"))
+        defs = dict(
+            conn.execute(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'followup_enrollments'"
+            )
+        )
     assert "WHERE (status = 'active'::text)" in defs["followup_enrollments_claim_idx"]
     assert "(next_run_at)" in defs["followup_enrollments_claim_idx"]
     assert "(contact_id)" in defs["followup_enrollments_live_contact_idx"]

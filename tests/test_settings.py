@@ -21,7 +21,12 @@ def test_defaults_load_without_any_variable() -> None:
 
 def test_values_are_converted_from_strings() -> None:
     settings = Settings.from_env(
-        {"API_PORT": "9001", "LOG_JSON": "false", "WORKER_POLL_INTERVAL_SECONDS": "0.5", "FOLLOWUP_MAX_FAILURES": "3"}
+        {
+            "API_PORT": "9001",
+            "LOG_JSON": "false",
+            "WORKER_POLL_INTERVAL_SECONDS": "0.5",
+            "FOLLOWUP_MAX_FAILURES": "3",
+        }
     )
     assert settings.api.port == 9001
     assert settings.log.json is False
@@ -59,7 +64,9 @@ def test_the_process_stops_at_start_naming_the_variable() -> None:
 
 def test_every_variable_is_documented_in_the_readme_table() -> None:
     readme = (ROOT / "README.md").read_text()
-    assert markdown_table() in readme, "README configuration table is stale: paste `python -m libs.common.settings`"
+    assert markdown_table() in readme, (
+        "README configuration table is stale: paste `python -m libs.common.settings`"
+    )
     for variables in ENVIRONMENT.values():
         for var in variables:
             assert var.help.strip(), f"{var.name} has no description"
