@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import uuid
+import warnings
 from pathlib import Path
 
 from followups.runner import SERVICES, start_services
@@ -38,7 +39,10 @@ def start_embedded_postgres(data_dir: Path) -> tuple[object, str]:
     pgdata = (data_dir / "pgdata").resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     _forget_dead_handles(pgdata)
-    server = pgserver.get_server(str(pgdata), cleanup_mode="stop")
+    with warnings.catch_warnings():
+        # without XDG_RUNTIME_DIR platformdirs falls back to /tmp, which is fine here
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        server = pgserver.get_server(str(pgdata), cleanup_mode="stop")
     return server, str(server.get_uri())
 
 

@@ -49,8 +49,14 @@ def server_url() -> Iterator[str]:
 
     folder = tempfile.mkdtemp(prefix="followups-test-pg-")
     server = pgserver.get_server(folder, cleanup_mode="delete")
+    url = str(server.get_uri())
+    with psycopg.connect(url, autocommit=True) as conn:
+        # a throwaway cluster: no crash safety needed, which makes CREATE DATABASE ~20x cheaper
+        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(f"ALTER SYSTEM SET {setting} = off")
+        conn.execute("SELECT pg_reload_conf()")
     try:
-        yield str(server.get_uri())
+        yield url
     finally:
         server.cleanup()
 
@@ -72,7 +78,7 @@ def db_url(server_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database for one test (CREATE DATABASE ... TEMPLATE)."""
     name = f"followups_t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
         # the test database need not survive a crash: commit without waiting for the WAL flush
         conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
     yield with_database(server_url, name)

@@ -44,9 +44,18 @@ def make_sequence(
 
 
 def make_enrollment(
-    pool: ConnectionPool, clock: Clock, project_id: uuid.UUID, sequence_id: uuid.UUID, contact_id: uuid.UUID
+    pool: ConnectionPool,
+    clock: Clock,
+    project_id: uuid.UUID,
+    sequence_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    **fields: Any,
 ) -> Enrollment:
     with pool.connection() as conn:
-        return enroll(
-            conn, project_id, EnrollRequest(sequence_id=sequence_id, contact_id=contact_id), now=clock.now()
+        enrollment, _ = enroll(
+            conn,
+            project_id,
+            EnrollRequest(sequence_id=sequence_id, contact_id=contact_id, **fields),
+            now=clock.now(),
         )
+    return enrollment

@@ -42,14 +42,14 @@ def test_a_two_step_sequence_releases_each_step_once_at_its_time(
 
     # When the first step is released
     first = release_one(pool, clock, SETTINGS)
-    assert first is not None and first.action == "queued"
+    assert first is not None and first.action == "queue"
     # Then the second is not due yet, a minute or a day minus a second later
     assert release_one(pool, clock, SETTINGS) is None
     clock.advance(timedelta(seconds=86399))
     assert release_one(pool, clock, SETTINGS) is None
     clock.advance(timedelta(seconds=1))
     second = release_one(pool, clock, SETTINGS)
-    assert second is not None and second.action == "queued"
+    assert second is not None and second.action == "queue"
     assert release_one(pool, clock, SETTINGS) is None
 
     messages = rows(
@@ -83,7 +83,7 @@ def test_an_opted_out_contact_is_stopped_not_messaged(
     with pool.connection() as conn:
         conn.execute("UPDATE contacts SET opted_out_at = now() WHERE id = %s", (contact,))
     result = release_one(pool, clock, SETTINGS)
-    assert result is not None and (result.action, result.reason) == ("stopped", "opted_out")
+    assert result is not None and (result.action, result.reason) == ("stop", "opted_out")
     assert rows(pool, "SELECT status, reason FROM followup_enrollments WHERE id = %s", enrollment.id) == [
         ("stopped", "opted_out")
     ]
@@ -100,7 +100,7 @@ def test_a_locked_contact_is_retried_soon_without_waiting(
         # a stop path holds the contact
         locker.execute("SELECT 1 FROM contacts WHERE id = %s FOR UPDATE", (contact,))
         result = release_one(pool, clock, SETTINGS)
-        assert result is not None and (result.action, result.reason) == ("busy", "contact_busy")
+        assert result is not None and (result.action, result.reason) == ("defer", "busy")
     due = rows(pool, "SELECT next_run_at FROM followup_enrollments WHERE id = %s", enrollment.id)[0][0]
     assert due == clock.now() + timedelta(seconds=SETTINGS.busy_retry_seconds)
     assert rows(pool, "SELECT count(*) FROM messages") == [(0,)]
@@ -128,7 +128,7 @@ def test_a_poison_row_backs_off_exponentially_then_fails(
         clock.set(due)
     assert delays == [timedelta(seconds=30), timedelta(seconds=60)]
     result = release_one(pool, clock, SETTINGS)
-    assert result is not None and result.action == "failed"
+    assert result is not None and result.action == "fail"
     status = rows(pool, "SELECT status, reason, failure_count, last_error FROM followup_enrollments")
     assert status == [("failed", "error", 3, "RuntimeError: injected failure")]
     # the failed attempts left nothing behind: every transaction rolled back

@@ -1,35 +1,61 @@
-"""Enrollments: ``enroll()``, the one way a contact enters a sequence (API, rules, bulk jobs, campaigns)."""
+"""Enrollments: ``enroll()``, the one way a contact enters a sequence (API, rules, bulk jobs, campaigns),
+and what can be done to an enrollment afterwards (read, list, pause, resume, stop, reschedule)."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 import msgspec
 from psycopg import Connection
-from psycopg.rows import class_row
+from psycopg.rows import class_row, kwargs_row
 from psycopg.types.json import Jsonb
 
 from libs.common.db import map_errors
 from libs.common.errors import Conflict, InvalidInput, NotFound
-from libs.common.metrics import FOLLOWUP_ENROLLMENTS
-from libs.common.sequences import parse_definition
+from libs.common.metrics import FOLLOWUP_ENROLLMENTS, FOLLOWUP_FINISHED
+from libs.common.sequences import (
+    Definition,
+    Step,
+    StopFlags,
+    create_one_off_version,
+    step_due_at,
+    version_definition,
+)
 from libs.common.sql import load_queries
 
 log = logging.getLogger(__name__)
 
 QUERIES = load_queries("libs.common", "enrollments.sql")
 
+EnrollmentStatus = Literal["active", "paused", "completed", "stopped", "failed"]
 
-class EnrollRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    sequence_id: uuid.UUID
+
+class EnrollRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Enroll a contact in a sequence's current version, or in a one-off follow-up of its own ``steps``."""
+
     contact_id: uuid.UUID
+    sequence_id: uuid.UUID | None = None
+    steps: list[Step] | None = None
+    stop_on: StopFlags | None = None
     variables: dict[str, Any] = msgspec.field(default_factory=dict)
     anchor_at: datetime | None = None
     dedupe_key: str | None = None
     number_id: uuid.UUID | None = None
+    conversation_id: uuid.UUID | None = None
+
+
+class EnrollmentUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Reschedule (a new ``anchor_at``) or change the template variables of a live enrollment."""
+
+    anchor_at: datetime | msgspec.UnsetType | None = msgspec.UNSET
+    variables: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+class StopRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    note: str | None = None
 
 
 class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
@@ -37,6 +63,8 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
     sequence_id: uuid.UUID | None
     version_id: uuid.UUID
     contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    number_id: uuid.UUID | None
     status: str
     source: str
     step_index: int
@@ -45,17 +73,79 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
     variables: dict[str, Any]
     dedupe_key: str | None
     reason: str | None
+    note: str | None
+    failure_count: int
+    last_error: str | None
     last_message_id: uuid.UUID | None
     enrolled_at: datetime
     finished_at: datetime | None
 
 
-class AlreadyEnrolled(Conflict):
+def _enrollment(**columns: Any) -> Enrollment:
+    return msgspec.convert(columns, Enrollment)
+
+
+#: Row factory for ``SELECT *`` / ``RETURNING *`` of followup_enrollments (extra columns are ignored).
+ENROLLMENT_ROW = kwargs_row(_enrollment)
+
+
+class StepRun(msgspec.Struct, kw_only=True, frozen=True):
+    step_index: int
+    outcome: str
+    reason: str | None
+    message_id: uuid.UUID | None
+    due_at: datetime
+    ran_at: datetime
+
+
+class EnrollmentMessage(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    step_index: int | None
+    status: str
+    body: str | None
+    created_at: datetime
+
+
+class EnrollmentDetail(msgspec.Struct, kw_only=True, frozen=True):
+    enrollment: Enrollment
+    step_runs: list[StepRun]
+    messages: list[EnrollmentMessage]
+
+
+class EnrollmentRejected(Conflict):
+    """The enrollment was rejected."""
+
+    code = "rejected"
+
+
+class AlreadyEnrolled(EnrollmentRejected):
     """The contact already has a live enrollment in this sequence."""
 
+    code = "already_enrolled"
 
-class ContactOptedOut(Conflict):
+
+class ReentryNotAllowed(EnrollmentRejected):
+    """The sequence's re-entry policy is never, and the contact was enrolled before."""
+
+    code = "reentry_not_allowed"
+
+
+class ContactOptedOut(EnrollmentRejected):
     """The contact has opted out."""
+
+    code = "opted_out"
+
+
+class PlanLimitReached(EnrollmentRejected):
+    """The project has reached its plan's maximum of active enrollments."""
+
+    code = "plan_limit"
+
+
+class SequenceNotEnrollable(EnrollmentRejected):
+    """The sequence is not published or is archived."""
+
+    code = "sequence_not_enrollable"
 
 
 _CONSTRAINTS = {"followup_enrollments_one_live_idx": lambda: AlreadyEnrolled(field="contact_id")}
@@ -68,68 +158,245 @@ def enroll(
     *,
     now: datetime,
     source: str = "api",
-) -> Enrollment:
-    """Enroll a contact in a sequence's current version; the first step is due after its delay."""
+) -> tuple[Enrollment, bool]:
+    """Enroll a contact; returns the enrollment and whether it was created.
+
+    A known ``dedupe_key`` returns the existing enrollment (created False). Business rejections are
+    typed (:class:`EnrollmentRejected`) and counted in ``whatstig_followup_enrollments_total``.
+    """
     try:
-        enrollment = _enroll(conn, project_id, request, now=now, source=source)
-    except Conflict as rejection:
-        FOLLOWUP_ENROLLMENTS.labels(source, type(rejection).__name__).inc()
+        enrollment, created = _enroll(conn, project_id, request, now=now, source=source)
+    except EnrollmentRejected as rejection:
+        FOLLOWUP_ENROLLMENTS.labels(source, rejection.code or "rejected").inc()
         raise
-    FOLLOWUP_ENROLLMENTS.labels(source, "enrolled").inc()
+    FOLLOWUP_ENROLLMENTS.labels(source, "enrolled" if created else "deduplicated").inc()
     log.info(
-        "enrolled",
-        extra={"project_id": str(project_id), "enrollment_id": str(enrollment.id), "source": source},
+        "enrolled" if created else "enrollment deduplicated",
+        extra={
+            "project_id": str(project_id),
+            "enrollment_id": str(enrollment.id),
+            "contact_id": str(enrollment.contact_id),
+            "sequence_id": str(enrollment.sequence_id) if enrollment.sequence_id else None,
+            "source": source,
+        },
     )
-    return enrollment
+    return enrollment, created
+
+
+def _by_dedupe_key(conn: Connection[Any], project_id: uuid.UUID, key: str) -> Enrollment | None:
+    with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
+        return cur.execute(QUERIES["by_dedupe_key"], {"project_id": project_id, "dedupe_key": key}).fetchone()
 
 
 def _enroll(
     conn: Connection[Any], project_id: uuid.UUID, request: EnrollRequest, *, now: datetime, source: str
-) -> Enrollment:
-    params: dict[str, Any] = {
-        "project_id": project_id,
-        "sequence_id": request.sequence_id,
-        "contact_id": request.contact_id,
-    }
-    target = conn.execute(QUERIES["enrollment_target"], params).fetchone()
-    if target is None:
-        raise NotFound("sequence not found", field="sequence_id")
-    status, version_id, definition, contact_found, opted_out = target
-    if not contact_found:
+) -> tuple[Enrollment, bool]:
+    if request.dedupe_key is not None:
+        if not 1 <= len(request.dedupe_key) <= 200:
+            raise InvalidInput("dedupe_key must be 1 to 200 characters", field="dedupe_key")
+        existing = _by_dedupe_key(conn, project_id, request.dedupe_key)
+        if existing is not None:
+            return existing, False
+    if (request.sequence_id is None) == (request.steps is None):
+        raise InvalidInput("give either sequence_id or steps (a one-off follow-up)", field="sequence_id")
+    if request.sequence_id is None and request.stop_on is None:
+        stop_on = StopFlags()
+    elif request.sequence_id is not None and request.stop_on is not None:
+        raise InvalidInput("stop_on is set by the sequence; give it only with steps", field="stop_on")
+    else:
+        stop_on = request.stop_on or StopFlags()
+
+    contact = conn.execute(
+        QUERIES["enrollment_contact"],
+        {
+            "project_id": project_id,
+            "contact_id": request.contact_id,
+            "number_id": request.number_id,
+            "conversation_id": request.conversation_id,
+        },
+    ).fetchone()
+    if contact is None:
         raise NotFound("contact not found", field="contact_id")
-    if version_id is None or status in ("draft", "archived"):
-        raise Conflict(f"the sequence is {status}: publish it before enrolling", field="sequence_id")
+    opted_out, number_found, conversation_found, max_active = contact
+    if request.number_id is not None and not number_found:
+        raise NotFound("number not found", field="number_id")
+    if request.conversation_id is not None and not conversation_found:
+        raise NotFound("conversation not found for this contact", field="conversation_id")
     if opted_out:
         raise ContactOptedOut(field="contact_id")
-    if request.dedupe_key is not None and not 1 <= len(request.dedupe_key) <= 200:
-        raise InvalidInput("dedupe_key must be 1 to 200 characters", field="dedupe_key")
-    parsed = parse_definition(definition)
-    first = parsed.steps[0]
-    params |= {
+
+    if request.sequence_id is not None:
+        definition, version_id = _sequence_version(
+            conn, project_id, request.sequence_id, request.contact_id, now
+        )
+    else:
+        assert request.steps is not None
+        version = create_one_off_version(conn, project_id, Definition(steps=request.steps, stop_on=stop_on))
+        definition, version_id = version_definition(conn, version.id), version.id
+
+    if max_active is not None:
+        # serialise enrollments of a limited project so the limit holds under concurrency
+        live = conn.execute(QUERIES["lock_project_and_count_live"], {"project_id": project_id}).fetchone()
+        if live is not None and live[0] >= max_active:
+            raise PlanLimitReached(field="contact_id")
+
+    first = definition.steps[0]
+    flags = definition.stop_on
+    params = {
+        "project_id": project_id,
+        "sequence_id": request.sequence_id,
         "version_id": version_id,
+        "contact_id": request.contact_id,
+        "conversation_id": request.conversation_id,
+        "number_id": request.number_id,
         "source": source,
-        "next_run_at": now + timedelta(seconds=first.delay_seconds),
+        "next_run_at": step_due_at(first, now=now, anchor_at=request.anchor_at) or now,
         "anchor_at": request.anchor_at,
         "variables": Jsonb(request.variables),
         "dedupe_key": request.dedupe_key,
-        "number_id": request.number_id,
-        "stop_on_reply": parsed.stop_on.reply,
-        "stop_on_human_message": parsed.stop_on.human_message,
-        "stop_on_opt_out": parsed.stop_on.opt_out,
-        "stop_on_lead_closed": parsed.stop_on.lead_closed,
-        "stop_on_conversation_resolved": parsed.stop_on.conversation_resolved,
+        "stop_on_reply": flags.reply,
+        "stop_on_human_message": flags.human_message,
+        "stop_on_opt_out": flags.opt_out,
+        "stop_on_lead_closed": flags.lead_closed,
+        "stop_on_conversation_resolved": flags.conversation_resolved,
         "now": now,
     }
-    with map_errors(_CONSTRAINTS), conn.cursor(row_factory=class_row(Enrollment)) as cur:
+    with map_errors(_CONSTRAINTS), conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
         enrollment = cur.execute(QUERIES["insert_enrollment"], params).fetchone()
-    assert enrollment is not None
-    return enrollment
+    if enrollment is None:  # a concurrent request with the same dedupe_key won
+        assert request.dedupe_key is not None
+        existing = _by_dedupe_key(conn, project_id, request.dedupe_key)
+        assert existing is not None
+        return existing, False
+    return enrollment, True
+
+
+def _sequence_version(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, contact_id: uuid.UUID, now: datetime
+) -> tuple[Definition, uuid.UUID]:
+    """The version to pin, after the sequence's re-entry policy has been applied."""
+    row = conn.execute(
+        QUERIES["sequence_for_enrollment"], {"project_id": project_id, "id": sequence_id}
+    ).fetchone()
+    if row is None:
+        raise NotFound("sequence not found", field="sequence_id")
+    status, version_id = row
+    if version_id is None or status == "archived":
+        raise SequenceNotEnrollable(
+            "the sequence is archived" if status == "archived" else "the sequence has no published version",
+            field="sequence_id",
+        )
+    definition = version_definition(conn, version_id)
+    params = {"sequence_id": sequence_id, "contact_id": contact_id, "now": now}
+    if definition.reentry == "never":
+        if conn.execute(QUERIES["enrolled_before"], params).fetchone():
+            raise ReentryNotAllowed(field="contact_id")
+    elif definition.reentry == "always":
+        for (replaced,) in conn.execute(QUERIES["stop_live_for_reentry"], params).fetchall():
+            FOLLOWUP_FINISHED.labels("stopped", "reentered").inc()
+            log.info("enrollment replaced", extra={"enrollment_id": str(replaced), "reason": "reentered"})
+    return definition, version_id
 
 
 def get_enrollment(conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID) -> Enrollment:
-    with conn.cursor(row_factory=class_row(Enrollment)) as cur:
+    with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
         params = {"project_id": project_id, "id": enrollment_id}
         enrollment = cur.execute(QUERIES["get_enrollment"], params).fetchone()
     if enrollment is None:
         raise NotFound("enrollment not found", field="enrollment_id")
     return enrollment
+
+
+def get_enrollment_detail(
+    conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID
+) -> EnrollmentDetail:
+    """An enrollment with its step runs and its messages."""
+    enrollment = get_enrollment(conn, project_id, enrollment_id)
+    params = {"project_id": project_id, "id": enrollment_id}
+    with conn.cursor(row_factory=class_row(StepRun)) as cur:
+        runs = cur.execute(QUERIES["step_runs"], params).fetchall()
+    with conn.cursor(row_factory=class_row(EnrollmentMessage)) as cur:
+        messages = cur.execute(QUERIES["enrollment_messages"], params).fetchall()
+    return EnrollmentDetail(enrollment=enrollment, step_runs=runs, messages=messages)
+
+
+def list_enrollments(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    *,
+    limit: int,
+    after: uuid.UUID | None = None,
+    sequence_id: uuid.UUID | None = None,
+    contact_id: uuid.UUID | None = None,
+    status: EnrollmentStatus | None = None,
+) -> list[Enrollment]:
+    params = {
+        "project_id": project_id,
+        "limit": limit,
+        "after": after,
+        "sequence_id": sequence_id,
+        "contact_id": contact_id,
+        "status": status,
+    }
+    with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
+        return cur.execute(QUERIES["list_enrollments"], params).fetchall()
+
+
+def _transition(
+    conn: Connection[Any], query: str, project_id: uuid.UUID, enrollment_id: uuid.UUID, **params: Any
+) -> Enrollment:
+    with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
+        changed = cur.execute(
+            QUERIES[query], {"project_id": project_id, "id": enrollment_id, **params}
+        ).fetchone()
+    if changed is None:
+        current = get_enrollment(conn, project_id, enrollment_id)  # 404 when it does not exist
+        raise Conflict(f"the enrollment is {current.status}", field="enrollment_id")
+    return changed
+
+
+def pause_enrollment(
+    conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID, *, now: datetime
+) -> Enrollment:
+    return _transition(conn, "pause", project_id, enrollment_id, now=now)
+
+
+def resume_enrollment(
+    conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID, *, now: datetime
+) -> Enrollment:
+    """Reactivate a paused enrollment; a step that fell due while paused is due now."""
+    return _transition(conn, "resume", project_id, enrollment_id, now=now)
+
+
+def stop_enrollment(
+    conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID, *, note: str | None, now: datetime
+) -> Enrollment:
+    """Stop a live enrollment by hand (reason ``manual``, with an optional note)."""
+    if note is not None and len(note) > 500:
+        raise InvalidInput("note must be at most 500 characters", field="note")
+    stopped = _transition(conn, "stop_manually", project_id, enrollment_id, note=note, now=now)
+    FOLLOWUP_FINISHED.labels("stopped", "manual").inc()
+    return stopped
+
+
+def update_enrollment(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    enrollment_id: uuid.UUID,
+    data: EnrollmentUpdate,
+    *,
+    now: datetime,
+) -> Enrollment:
+    """Change variables or reschedule: a new ``anchor_at`` moves an anchor-timed pending step with it."""
+    current = get_enrollment(conn, project_id, enrollment_id)
+    if current.status not in ("active", "paused"):
+        raise Conflict(f"the enrollment is {current.status}", field="enrollment_id")
+    anchor_at = current.anchor_at if isinstance(data.anchor_at, msgspec.UnsetType) else data.anchor_at
+    next_run_at = current.next_run_at
+    if not isinstance(data.anchor_at, msgspec.UnsetType):
+        step = version_definition(conn, current.version_id).steps[current.step_index]
+        if step.anchor_offset_seconds is not None:
+            next_run_at = step_due_at(step, now=now, anchor_at=anchor_at) or now
+    variables = current.variables if isinstance(data.variables, msgspec.UnsetType) else data.variables
+    params = {"anchor_at": anchor_at, "next_run_at": next_run_at, "variables": Jsonb(variables), "now": now}
+    return _transition(conn, "update_schedule", project_id, enrollment_id, **params)

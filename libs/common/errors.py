@@ -18,6 +18,9 @@ from __future__ import annotations
 class FollowupsError(Exception):
     """Something went wrong."""
 
+    #: A stable machine-readable code for this kind of error (``None``: the HTTP status says enough).
+    code: str | None = None
+
     def __init__(self, message: str | None = None, *, field: str | None = None) -> None:
         self.message = message or (self.__doc__ or "").strip()
         self.field = field

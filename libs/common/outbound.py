@@ -32,6 +32,8 @@ class OutboundMessage:
     media_url: str | None = None
     media_kind: str | None = None
     number_id: uuid.UUID | None = None
+    #: Thread into this conversation when it is still open (else the contact's newest open one).
+    conversation_id: uuid.UUID | None = None
     followup_enrollment_id: uuid.UUID | None = None
     followup_step_index: int | None = None
 
@@ -49,7 +51,12 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
     :class:`ConversationBusy`) or a new one; writes the message row (QUEUED), its status event, the
     ``message.queued`` outbox event and a usage row.
     """
-    params: dict[str, Any] = {"project_id": message.project_id, "contact_id": message.contact_id, "now": now}
+    params: dict[str, Any] = {
+        "project_id": message.project_id,
+        "contact_id": message.contact_id,
+        "conversation_id": message.conversation_id,
+        "now": now,
+    }
     row = conn.execute(QUERIES["lock_open_conversation"], params).fetchone()
     if row is None:
         if conn.execute(QUERIES["open_conversation_exists"], params).fetchone():

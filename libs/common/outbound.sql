@@ -1,8 +1,9 @@
 -- name: lock_open_conversation
--- The contact's newest conversation that is not resolved, locked; a busy one is skipped.
+-- The conversation asked for if it is open, else the contact's newest open one, locked; a busy one is
+-- skipped.
 SELECT id, number_id FROM conversations
 WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND status <> 'resolved'
-ORDER BY created_at DESC
+ORDER BY id = %(conversation_id)s::uuid DESC NULLS LAST, created_at DESC
 LIMIT 1
 FOR UPDATE SKIP LOCKED
 

@@ -12,7 +12,8 @@ from libs.common.runtime import Runtime
 from services.api.deps import project_id
 from services.api.problems import EXCEPTION_HANDLERS
 from services.api.routes.contacts import ContactsController
-from services.api.routes.followups import EnrollmentsController, SequencesController
+from services.api.routes.enrollments import EnrollmentsController
+from services.api.routes.sequences import SequencesController
 from services.api.routes.system import health, prometheus_metrics, ready
 
 API_VERSION = "0.1.0"

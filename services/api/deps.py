@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from litestar import Request
 from litestar.di import NamedDependency
@@ -56,3 +56,14 @@ def nudge_release(runtime: Runtime, project: uuid.UUID, enrollment_id: uuid.UUID
         )
     except Exception:
         log.warning("release nudge not sent", extra={"enrollment_id": str(enrollment_id)}, exc_info=True)
+
+
+class _HasId(Protocol):
+    @property
+    def id(self) -> uuid.UUID: ...
+
+
+def page(rows: Sequence[_HasId], limit: int) -> dict[str, Any]:
+    """A list response from up to ``limit + 1`` rows: the extra row only tells that a next page exists."""
+    items = list(rows[:limit])
+    return {"items": items, "next": str(items[-1].id) if len(rows) > limit else None}

@@ -43,7 +43,7 @@ _TITLES = {
     503: "Unavailable",
 }
 
-_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")
+_NAMED_FIELD = re.compile(r"(?:unknown|missing required) field `([^`]+)`")
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`")
 
 
@@ -65,15 +65,18 @@ def problem(
     return Response(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
-def _field_of(message: str, key: str | None) -> str:
-    """The field a msgspec/Litestar validation message is about, as a dotted path."""
-    unknown = _UNKNOWN_FIELD.search(message)
+def _field_of(message: str, key: str | None, source: str | None = None) -> str:
+    """The field a msgspec/Litestar validation message is about, as a dotted path.
+
+    Litestar keys an error about the request body itself (not one of its fields) as ``data``.
+    """
+    named = _NAMED_FIELD.search(message)
     at = _AT_PATH.search(message)
-    path = at.group(1) if at else (key or "")
+    path = at.group(1) if at else ("" if source == "body" and key == "data" else (key or ""))
     path = re.sub(r"\[(\d+)\]", r".\1", path).strip(".")
-    if unknown:
-        return f"{path}.{unknown.group(1)}" if path else unknown.group(1)
-    return path or (key or "body")
+    if named:
+        return f"{path}.{named.group(1)}" if path else named.group(1)
+    return path or "body"
 
 
 def _domain_error(request: Request[Any, Any, Any], exc: FollowupsError) -> Response[Any]:
@@ -87,7 +90,8 @@ def _validation_error(request: Request[Any, Any, Any], exc: ValidationException)
     errors = []
     for item in exc.extra if isinstance(exc.extra, list) else []:
         message = str(item.get("message", ""))
-        errors.append({"field": _field_of(message, item.get("key")), "message": _AT_PATH.sub("", message)})
+        field = _field_of(message, item.get("key"), item.get("source"))
+        errors.append({"field": field, "message": _AT_PATH.sub("", message)})
     if not errors and exc.detail:
         errors.append({"field": _field_of(exc.detail, None), "message": _AT_PATH.sub("", exc.detail)})
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "The request is not valid."
@@ -96,6 +100,13 @@ def _validation_error(request: Request[Any, Any, Any], exc: ValidationException)
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     return problem(exc.status_code, exc.detail, headers=exc.headers)
+
+
+def _too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:
+    """msgspec (and json) refuse a body nested deeper than Python's recursion limit with RecursionError."""
+    log.warning("request too deeply nested", extra={"path": request.url.path, "method": request.method})
+    message = "the request body is nested too deeply"
+    return problem(400, message, errors=[{"field": "body", "message": message}])
 
 
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -107,5 +118,6 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     FollowupsError: _domain_error,
     ValidationException: _validation_error,
     HTTPException: _http_error,
+    RecursionError: _too_deep,
     Exception: _unexpected,
 }

@@ -68,6 +68,7 @@ CREATE TABLE followup_enrollments (
     last_step_at              timestamptz,
     unavailable_since         timestamptz,
     reason                    text,  -- why it is paused, stopped or failed
+    note                      text,  -- a free-text note given with a manual stop
     enrolled_at               timestamptz NOT NULL,
     finished_at               timestamptz,
     updated_at                timestamptz NOT NULL
@@ -84,6 +85,10 @@ CREATE INDEX followup_enrollments_claim_idx ON followup_enrollments (next_run_at
 CREATE INDEX followup_enrollments_live_contact_idx ON followup_enrollments (contact_id)
     WHERE status IN ('active', 'paused');
 CREATE INDEX followup_enrollments_sequence_idx ON followup_enrollments (sequence_id, status);
+-- the plan limit: live enrollments per project
+CREATE INDEX followup_enrollments_live_project_idx ON followup_enrollments (project_id)
+    WHERE status IN ('active', 'paused');
+CREATE INDEX followup_enrollments_contact_idx ON followup_enrollments (contact_id, sequence_id);
 CREATE INDEX followup_enrollments_finished_idx ON followup_enrollments (finished_at)
     WHERE finished_at IS NOT NULL;
 

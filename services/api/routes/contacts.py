@@ -8,9 +8,9 @@ from typing import Annotated, Any
 from litestar import Controller, Request, Response, delete, get, patch, post, put
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
-from libs.common import contacts
+from libs.common import contacts, validation
 from libs.common.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
-from services.api.deps import ProjectId, runtime_of, transaction
+from services.api.deps import ProjectId, page, runtime_of, transaction
 
 
 class ContactsController(Controller):
@@ -50,8 +50,10 @@ class ContactsController(Controller):
     ) -> dict[str, Any]:
         """A page of contacts; pass the returned ``next`` as ``after`` for the next page."""
         with transaction(runtime_of(request)) as conn:
-            page = contacts.list_contacts(conn, project_id, limit=limit, after=after, tag=tag, phone=phone)
-        return {"items": page, "next": str(page[-1].id) if len(page) == limit else None}
+            rows = contacts.list_contacts(
+                conn, project_id, limit=limit + 1, after=after, tag=tag, phone=phone
+            )
+        return page(rows, limit)
 
     @get("/{contact_id:uuid}", sync_to_thread=True)
     def read(
@@ -83,7 +85,8 @@ class ContactsController(Controller):
         with transaction(runtime_of(request)) as conn:
             return contacts.add_tags(conn, project_id, contact_id, data.tags)
 
-    @delete("/{contact_id:uuid}/tags/{tag:str}", sync_to_thread=True, status_code=200)
+    # a ``path`` parameter, so that a tag with a slash (sent as %2F, which ASGI decodes) is matched too
+    @delete("/{contact_id:uuid}/tags/{tag:path}", sync_to_thread=True, status_code=200)
     def remove_tag(
         self,
         request: Request[Any, Any, Any],
@@ -91,5 +94,6 @@ class ContactsController(Controller):
         contact_id: FromPath[uuid.UUID],
         tag: FromPath[str],
     ) -> Contact:
+        tag = validation.tag(tag.removeprefix("/"), field="tag")  # a path parameter starts with "/"
         with transaction(runtime_of(request)) as conn:
             return contacts.remove_tags(conn, project_id, contact_id, [tag])

@@ -31,4 +31,5 @@ def ready(request: Request[Any, Any, Any]) -> Response[Any]:
 @get("/metrics", sync_to_thread=False, tags=["system"], include_in_schema=False)
 def prometheus_metrics() -> Response[bytes]:
     """Prometheus exposition."""
-    return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
+    # the content type carries its own charset: as a header it is sent as it is (media_type would add one)
+    return Response(metrics.render(), headers={"content-type": metrics.CONTENT_TYPE})

@@ -1,0 +1,30 @@
+-- name: enrollments_by_status
+-- A sequence's enrollments counted by status and reason.
+SELECT status, reason, count(*)::int
+FROM followup_enrollments
+WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s
+GROUP BY status, reason
+
+-- name: step_runs_by_outcome
+-- A sequence's step runs counted by step, outcome and reason.
+SELECT r.step_index, r.outcome, r.reason, count(*)::int
+FROM followup_step_runs r
+JOIN followup_enrollments e ON e.id = r.enrollment_id
+WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s
+GROUP BY r.step_index, r.outcome, r.reason
+
+-- name: replies_after_step
+-- Per step: enrollments whose contact replied after the step's message and before the next message.
+SELECT r.step_index, count(*)::int
+FROM followup_step_runs r
+JOIN followup_enrollments e ON e.id = r.enrollment_id
+WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND r.outcome = 'queued'
+  AND EXISTS (
+      SELECT 1 FROM messages m
+      WHERE m.contact_id = e.contact_id AND m.direction = 'inbound' AND m.created_at > r.ran_at
+        AND m.created_at <= coalesce(
+            (SELECT min(n.ran_at) FROM followup_step_runs n
+             WHERE n.enrollment_id = r.enrollment_id AND n.step_index > r.step_index AND n.outcome = 'queued'),
+            'infinity')
+  )
+GROUP BY r.step_index

@@ -1,0 +1,115 @@
+"""Sequences: drafts, published versions, pause / resume / archive, statistics."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from litestar import Controller, Request, get, patch, post
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+
+from libs.common import sequences, statistics
+from libs.common.sequences import Sequence, SequenceCreate, SequenceUpdate, Version
+from libs.common.statistics import SequenceStatistics
+from services.api.deps import ProjectId, page, runtime_of, transaction
+
+SequenceStatus = Literal["draft", "active", "paused", "archived"]
+
+
+class SequencesController(Controller):
+    path = "/v1/sequences"
+    tags = ["sequences"]
+
+    @post("/", sync_to_thread=True)
+    def create(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[SequenceCreate]
+    ) -> Sequence:
+        """Create a sequence as a draft (its definition may be incomplete until it is published)."""
+        with transaction(runtime_of(request)) as conn:
+            return sequences.create_sequence(conn, project_id, data)
+
+    @get("/", sync_to_thread=True)
+    def list(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
+        after: FromQuery[uuid.UUID | None] = None,
+        status: FromQuery[SequenceStatus | None] = None,
+    ) -> dict[str, Any]:
+        with transaction(runtime_of(request)) as conn:
+            rows = sequences.list_sequences(conn, project_id, limit=limit + 1, after=after, status=status)
+        return page(rows, limit)
+
+    @get("/{sequence_id:uuid}", sync_to_thread=True)
+    def read(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
+    ) -> Sequence:
+        with transaction(runtime_of(request)) as conn:
+            return sequences.get_sequence(conn, project_id, sequence_id)
+
+    @patch("/{sequence_id:uuid}", sync_to_thread=True)
+    def update(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        sequence_id: FromPath[uuid.UUID],
+        data: JSONBody[SequenceUpdate],
+    ) -> Sequence:
+        """Edit the draft; running enrollments keep the version they pinned."""
+        with transaction(runtime_of(request)) as conn:
+            return sequences.update_sequence(conn, project_id, sequence_id, data)
+
+    @post("/{sequence_id:uuid}/publish", sync_to_thread=True)
+    def publish(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
+    ) -> Version:
+        """Freeze the draft as a new immutable version; new enrollments pin it."""
+        with transaction(runtime_of(request)) as conn:
+            return sequences.publish_sequence(conn, project_id, sequence_id)
+
+    @get("/{sequence_id:uuid}/versions", sync_to_thread=True)
+    def versions(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
+    ) -> dict[str, Any]:
+        with transaction(runtime_of(request)) as conn:
+            return {"items": sequences.list_versions(conn, project_id, sequence_id)}
+
+    @post("/{sequence_id:uuid}/pause", sync_to_thread=True, status_code=200)
+    def pause(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
+    ) -> Sequence:
+        """Pause: each running enrollment pauses when its next step comes up."""
+        return self._change(request, project_id, sequence_id, "pause")
+
+    @post("/{sequence_id:uuid}/resume", sync_to_thread=True, status_code=200)
+    def resume(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
+    ) -> Sequence:
+        """Resume, with the enrollments the pause paused."""
+        return self._change(request, project_id, sequence_id, "resume")
+
+    @post("/{sequence_id:uuid}/archive", sync_to_thread=True, status_code=200)
+    def archive(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
+    ) -> Sequence:
+        """Archive: no new enrollments; running ones carry on."""
+        return self._change(request, project_id, sequence_id, "archive")
+
+    @get("/{sequence_id:uuid}/statistics", sync_to_thread=True)
+    def statistics(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
+    ) -> SequenceStatistics:
+        """Enrolled, active, completed, stopped by reason; per step: sent, skipped by reason, replies."""
+        with transaction(runtime_of(request)) as conn:
+            return statistics.sequence_statistics(conn, project_id, sequence_id)
+
+    @staticmethod
+    def _change(
+        request: Request[Any, Any, Any], project_id: uuid.UUID, sequence_id: uuid.UUID, action: str
+    ) -> Sequence:
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            return sequences.change_sequence_status(
+                conn, project_id, sequence_id, action, now=runtime.clock.now()
+            )
