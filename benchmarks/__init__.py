@@ -1,0 +1,1 @@
+"""Benchmarks (`make bench`): they print their figures; tests never assert timings."""

@@ -1,0 +1,325 @@
+"""`make bench-release`: release throughput and lag, its pure-SQL ceiling, and the claim cost at scale.
+
+1. Seeds N due enrollments (one message step each) in the configured PostgreSQL (DATABASE_URL, in a
+   database of its own), runs W release worker processes until all are released, and prints steps/s and
+   the p50/p99 release lag (queued time minus due time, as the lag histogram measures it).
+2. The ceiling: pgbench runs the same release transaction's statements, generated from the release
+   path's own named queries, as a script with W clients over a fresh seed of N enrollments.
+3. The claim cost: the median claim latency with 1,000,000 not-yet-due active enrollments in the table
+   over the same with 10,000 (the partial claim index should keep it flat).
+
+The last line is `release: steps_per_s=<n> ceiling_tps=<n> ratio=<r> lag_p99_ms=<n> claim_ratio_1m_10k=<r>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from benchmarks.seed import seed_due_enrollments, seed_project
+from libs.common import outbound, outbox
+from libs.common.clock import SYSTEM_CLOCK
+from libs.common.db import create_pool
+from libs.common.migrate import migrate
+from libs.common.settings import DatabaseSettings, FollowupSettings
+from services.release import release
+
+BENCH_DATABASE = "followups_bench"
+
+#: Tables a fresh seed empties.
+_SEEDED = "projects, contacts, conversations, messages, followup_enrollments, outbox, usage, activities"
+
+
+def _with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+def _reset(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {_SEEDED} CASCADE")
+        conn.execute("VACUUM ANALYZE")
+
+
+def _seed(url: str, count: int) -> None:
+    with psycopg.connect(url) as conn:
+        project_id, sequence_id = seed_project(conn)
+        seed_due_enrollments(conn, project_id, sequence_id, count, due_at=datetime.now(UTC))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
+def _worker(url: str, ready: Any, go: Any) -> None:
+    pool = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=1))
+    settings = FollowupSettings()
+    ready.release()
+    go.wait()
+    while release.release_batch(pool, SYSTEM_CLOCK, settings, limit=1000):
+        pass
+    pool.close()
+
+
+def run_release(url: str, count: int, workers: int) -> tuple[float, float, float]:
+    """Release ``count`` due enrollments with ``workers`` processes; (steps/s, p50 lag ms, p99 lag ms)."""
+    _reset(url)
+    _seed(url, count)
+    context = multiprocessing.get_context("spawn")
+    ready, go = context.Semaphore(0), context.Event()
+    processes = [context.Process(target=_worker, args=(url, ready, go)) for _ in range(workers)]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        ready.acquire()
+    started = time.perf_counter()
+    go.set()
+    for process in processes:
+        process.join()
+    elapsed = time.perf_counter() - started
+    with psycopg.connect(url) as conn:
+        released = conn.execute("SELECT count(*) FROM followup_step_runs").fetchone()
+        lags = [
+            row[0]
+            for row in conn.execute(
+                "SELECT extract(epoch FROM ran_at - due_at) * 1000 FROM followup_step_runs ORDER BY 1"
+            )
+        ]
+    assert released is not None and released[0] == count, f"released {released} of {count}"
+    return count / elapsed, _percentile(lags, 50), _percentile(lags, 99)
+
+
+def _percentile(values: list[Any], pct: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(float(v) for v in values)
+    index = min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))
+    return ordered[index]
+
+
+# --- the pure-SQL ceiling -------------------------------------------------------------------------------
+
+#: Parameters that are constants in a one-step release (the release path binds the same values).
+_CONSTANTS = {
+    "now": "now()",
+    "occurred_at": "now()",
+    "source": "'followup'",
+    "priority": "5",
+    "body": "'Hello bench'",
+    "media_url": "NULL",
+    "media_kind": "NULL",
+    "outcome": "'queued'",
+    "reason": "NULL",
+    "data": "'{}'::jsonb",
+    "followup_step_index": "0",
+}
+
+#: The types of the values carried from one statement's results to the next (pgbench passes text).
+_TYPES = {
+    "id": "uuid",
+    "project_id": "uuid",
+    "sequence_id": "uuid",
+    "contact_id": "uuid",
+    "conversation_id": "uuid",
+    "number_id": "uuid",
+    "message_id": "uuid",
+    "last_message_id": "uuid",
+    "enrolled_at": "timestamptz",
+    "last_step_at": "timestamptz",
+    "next_run_at": "timestamptz",
+}
+
+
+def _pgbench_statement(sql: str, gset: bool = False, **overrides: str) -> str:
+    """``sql`` with each ``%(name)s`` replaced by a constant, an override, or a variable set by \\gset."""
+
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in overrides:
+            return overrides[name]
+        if name in _CONSTANTS:
+            return _CONSTANTS[name]
+        return f"NULLIF(:{name}, '')::{_TYPES[name]}"
+
+    body = re.sub(r"%\((\w+)\)s", substitute, sql)
+    body = " ".join(line.strip() for line in body.splitlines() if line.strip())
+    return body + (" \\gset" if gset else ";")
+
+
+def pgbench_script() -> str:
+    """The release transaction of a one-step sequence as a pgbench script, from the release path's SQL."""
+    q, o, x = release.QUERIES, outbound.QUERIES, outbox.QUERIES
+    enrollment = "NULLIF(:id, '')::uuid"
+    statements = [
+        "BEGIN;",
+        _pgbench_statement(q["claim_due_enrollment"], gset=True),
+        _pgbench_statement(q["lock_contact"]),
+        _pgbench_statement(
+            o["lock_open_conversation"].replace("SELECT id, number_id", "SELECT id AS conversation_id"),
+            gset=True,
+        ),
+        _pgbench_statement(
+            o["insert_queued_message"].replace(
+                "SELECT id FROM message", "SELECT id AS message_id FROM message"
+            ),
+            gset=True,
+            followup_enrollment_id=enrollment,
+        ),
+        _pgbench_statement(
+            x["insert_event"],
+            type="'message.queued'",
+            aggregate_type="'message'",
+            aggregate_id="NULLIF(:message_id, '')::uuid",
+        ),
+        _pgbench_statement(
+            q["record_step_queued"],
+            enrollment_id=enrollment,
+            step_index="0",
+            due_at="NULLIF(:next_run_at, '')::timestamptz",
+        ),
+        _pgbench_statement(q["advance"], step_index="1", next_run_at="now()"),
+        _pgbench_statement(q["finish"], status="'completed'"),
+        _pgbench_statement(
+            x["insert_event"],
+            type="'followup.completed'",
+            aggregate_type="'followup_enrollment'",
+            aggregate_id=enrollment,
+        ),
+        "COMMIT;",
+    ]
+    return "\n".join(statements) + "\n"
+
+
+def run_ceiling(url: str, count: int, clients: int) -> float:
+    """pgbench over the same statements: transactions per second."""
+    pgbench = shutil.which("pgbench")
+    if pgbench is None:
+        raise SystemExit("pgbench is needed for the ceiling (Debian: postgresql-client)")
+    _reset(url)
+    _seed(url, count)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+        script.write(pgbench_script())
+    parts = urlsplit(url)
+    env = os.environ | {"PGPASSWORD": parts.password or ""}
+    result = subprocess.run(
+        [
+            pgbench,
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            str(clients),
+            "-j",
+            str(clients),
+            "-t",
+            str(count // clients),
+            "-f",
+            script.name,
+            "-h",
+            parts.hostname or "127.0.0.1",
+            "-p",
+            str(parts.port or 5432),
+            "-U",
+            parts.username or "postgres",
+            parts.path.lstrip("/"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    os.unlink(script.name)
+    match = re.search(r"tps = ([\d.]+)", result.stdout)
+    if result.returncode != 0 or match is None or "failed transactions: 0 " not in result.stdout:
+        raise SystemExit(f"pgbench failed:\n{result.stdout}\n{result.stderr}")
+    return float(match.group(1))
+
+
+# --- the claim at scale ---------------------------------------------------------------------------------
+
+
+def claim_latency(url: str, not_due: int, samples: int = 300) -> float:
+    """Median claim latency (ms) with ``not_due`` active enrollments not yet due and a few due ones."""
+    _reset(url)
+    now = datetime.now(UTC)
+    with psycopg.connect(url) as conn:
+        project_id, sequence_id = seed_project(conn)
+        seed_due_enrollments(conn, project_id, sequence_id, 100, due_at=now - timedelta(seconds=1))
+        version = conn.execute(
+            "SELECT current_version_id FROM followup_sequences WHERE id = %s", (sequence_id,)
+        )
+        version_id = version.fetchone()[0]  # type: ignore[index]
+        contact_id = conn.execute("SELECT id FROM contacts LIMIT 1").fetchone()[0]  # type: ignore[index]
+        # not-yet-due one-off enrollments (no sequence, so the one-live-per-contact index does not apply)
+        conn.execute(
+            """
+            INSERT INTO followup_enrollments (project_id, version_id, contact_id, next_run_at, enrolled_at,
+                                              updated_at)
+            SELECT %(project_id)s, %(version_id)s, %(contact_id)s,
+                   %(now)s + interval '1 hour' + g * interval '1 second', %(now)s, %(now)s
+            FROM generate_series(1, %(count)s) AS g
+            """,
+            {
+                "project_id": project_id,
+                "version_id": version_id,
+                "contact_id": contact_id,
+                "now": now,
+                "count": not_due,
+            },
+        )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE followup_enrollments")
+    timings = []
+    with psycopg.connect(url) as conn:
+        for _ in range(samples):
+            started = time.perf_counter()
+            conn.execute(release.QUERIES["claim_due_enrollment"], {"now": now}).fetchone()
+            timings.append((time.perf_counter() - started) * 1000)
+            conn.rollback()
+    return statistics.median(timings)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-n", "--enrollments", type=int, default=20_000)
+    parser.add_argument("-w", "--workers", type=int, default=2)
+    parser.add_argument("--claim-large", type=int, default=1_000_000)
+    parser.add_argument("--claim-small", type=int, default=10_000)
+    args = parser.parse_args()
+
+    server = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {BENCH_DATABASE}")
+    url = _with_database(server, BENCH_DATABASE)
+    migrate(url)
+    print(f"release benchmark: {args.enrollments} enrollments, {args.workers} worker processes")
+
+    steps_per_s, lag_p50, lag_p99 = run_release(url, args.enrollments, args.workers)
+    print(f"  release path: {steps_per_s:.0f} steps/s, lag p50 {lag_p50:.0f} ms, p99 {lag_p99:.0f} ms")
+    ceiling = run_ceiling(url, args.enrollments, args.workers)
+    print(f"  pgbench ceiling (same statements, {args.workers} clients): {ceiling:.0f} tps")
+    small = claim_latency(url, args.claim_small)
+    large = claim_latency(url, args.claim_large)
+    print(
+        f"  claim median: {small:.3f} ms with {args.claim_small} not due, {large:.3f} ms with {args.claim_large}"
+    )
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
+    print(
+        f"release: steps_per_s={steps_per_s:.0f} ceiling_tps={ceiling:.0f} ratio={steps_per_s / ceiling:.2f} "
+        f"lag_p99_ms={lag_p99:.0f} claim_ratio_1m_10k={large / small:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Bulk seeding for benchmarks and load tests: many due enrollments in a few statements."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from psycopg import Connection
+
+from libs.common.projects import create_project
+from libs.common.sequences import Definition, MessageStep, SequenceCreate, create_sequence, publish_sequence
+
+
+def seed_project(
+    conn: Connection[Any], *, text: str = "Hello {{contact.name}}"
+) -> tuple[uuid.UUID, uuid.UUID]:
+    """A project with a published one-step sequence; returns (project_id, sequence_id)."""
+    project = create_project(conn, "bench")
+    sequence = create_sequence(
+        conn,
+        project.project_id,
+        SequenceCreate(name="bench", definition=Definition(steps=[MessageStep(text=text)])),
+    )
+    publish_sequence(conn, project.project_id, sequence.id)
+    return project.project_id, sequence.id
+
+
+def seed_due_enrollments(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    sequence_id: uuid.UUID,
+    count: int,
+    *,
+    due_at: datetime,
+    with_conversations: bool = True,
+) -> None:
+    """``count`` contacts (each with an open conversation), each enrolled in the sequence, due at ``due_at``."""
+    params = {"project_id": project_id, "sequence_id": sequence_id, "count": count, "due_at": due_at}
+    conn.execute(
+        """
+        INSERT INTO contacts (project_id, phone, name)
+        SELECT %(project_id)s, '+1' || lpad((2000000000 + g)::text, 10, '0'), 'Contact ' || g
+        FROM generate_series(1, %(count)s) AS g
+        """,
+        params,
+    )
+    if with_conversations:
+        conn.execute(
+            "INSERT INTO conversations (project_id, contact_id) SELECT project_id, id FROM contacts"
+            " WHERE project_id = %(project_id)s",
+            params,
+        )
+    conn.execute(
+        """
+        INSERT INTO followup_enrollments (project_id, sequence_id, version_id, contact_id, next_run_at,
+                                          enrolled_at, updated_at)
+        SELECT %(project_id)s, s.id, s.current_version_id, c.id, %(due_at)s, %(due_at)s, %(due_at)s
+        FROM contacts c, followup_sequences s
+        WHERE c.project_id = %(project_id)s AND s.id = %(sequence_id)s
+        """,
+        params,
+    )
