@@ -311,7 +311,8 @@ def main() -> None:
     small = claim_latency(url, args.claim_small)
     large = claim_latency(url, args.claim_large)
     print(
-        f"  claim median: {small:.3f} ms with {args.claim_small} not due, {large:.3f} ms with {args.claim_large}"
+        f"  claim median: {small:.3f} ms with {args.claim_small} not due,"
+        f" {large:.3f} ms with {args.claim_large}"
     )
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")

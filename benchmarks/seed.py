@@ -35,7 +35,8 @@ def seed_due_enrollments(
     due_at: datetime,
     with_conversations: bool = True,
 ) -> None:
-    """``count`` contacts (each with an open conversation), each enrolled in the sequence, due at ``due_at``."""
+    """``count`` contacts (each with an open conversation), each enrolled in the sequence, due at
+    ``due_at``."""
     params = {"project_id": project_id, "sequence_id": sequence_id, "count": count, "due_at": due_at}
     conn.execute(
         """

@@ -17,6 +17,7 @@ from libs.common.outbox import Publisher, relay_batch
 from libs.common.runtime import Runtime, Service
 from libs.common.schedule import CronScheduler
 from services.ai_steps.service import build as build_ai_steps
+from services.api.ingress import build as build_ingress
 from services.release.service import build as build_release
 from services.retention.service import build as build_retention
 from services.triggers.service import build as build_triggers
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 #: Every worker service, by the name `followups worker <name>` takes.
 SERVICES: dict[str, Callable[[Runtime], Service]] = {
+    "ingress": build_ingress,
     "release": build_release,
     "triggers": build_triggers,
     "ai_steps": build_ai_steps,

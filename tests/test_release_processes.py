@@ -36,7 +36,8 @@ def test_four_release_workers_queue_each_step_exactly_once(db_url: str, amqp_url
         while remaining and time.monotonic() < deadline:
             time.sleep(0.5)
             with psycopg.connect(db_url) as conn:
-                row = conn.execute("SELECT count(*) FROM followup_enrollments WHERE status = 'active'").fetchone()
+                query = "SELECT count(*) FROM followup_enrollments WHERE status = 'active'"
+                row = conn.execute(query).fetchone()
             assert row is not None
             remaining = row[0]
     finally:
@@ -47,7 +48,8 @@ def test_four_release_workers_queue_each_step_exactly_once(db_url: str, amqp_url
         counts = conn.execute(
             "SELECT count(*), count(DISTINCT followup_enrollment_id) FROM messages WHERE source = 'followup'"
         ).fetchone()
-        statuses = conn.execute("SELECT status, count(*) FROM followup_enrollments GROUP BY status").fetchall()
+        query = "SELECT status, count(*) FROM followup_enrollments GROUP BY status"
+        statuses = conn.execute(query).fetchall()
         runs = conn.execute("SELECT count(*) FROM followup_step_runs WHERE outcome = 'queued'").fetchone()
         deadlocks_after = conn.execute(
             "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 import dramatiq
 import msgspec
+
+from libs.common.platform_events import PlatformEvent
+from libs.common.send_lane import MAX_CLAIM
 
 
 class Payload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -52,6 +55,29 @@ class ReleaseNudge(Payload):
 
 #: Sent by anything that makes an enrollment due now (enroll, resume); consumed by the release service.
 RELEASE_NUDGE = Contract(RELEASE_QUEUE, "release_nudge", ReleaseNudge)
+
+
+class PlatformEventMessage(Payload):
+    """A platform event for a project (the same events ``POST /v1/events`` takes)."""
+
+    project_id: uuid.UUID
+    event: PlatformEvent
+
+
+#: Platform events fed over RabbitMQ; consumed by the ingress service.
+PLATFORM_EVENT = Contract(INGRESS_QUEUE, "platform_event", PlatformEventMessage)
+
+
+class ClaimMessages(Payload):
+    """The send lane asks for QUEUED messages; each claimed one is announced by ``message.claimed``."""
+
+    project_id: uuid.UUID | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_CLAIM)] = 50
+    number_id: uuid.UUID | None = None
+
+
+#: The send lane's claim over RabbitMQ; consumed by the ingress service.
+CLAIM_MESSAGES = Contract(INGRESS_QUEUE, "claim_messages", ClaimMessages)
 
 
 def send(broker: dramatiq.Broker, contract: Contract[P], payload: P) -> None:

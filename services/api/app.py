@@ -12,7 +12,10 @@ from libs.common.runtime import Runtime
 from services.api.deps import project_id
 from services.api.problems import EXCEPTION_HANDLERS
 from services.api.routes.contacts import ContactsController
+from services.api.routes.conversations import ConversationsController
 from services.api.routes.enrollments import EnrollmentsController
+from services.api.routes.events import EventsController
+from services.api.routes.send_lane import SendLaneController
 from services.api.routes.sequences import SequencesController
 from services.api.routes.system import health, prometheus_metrics, ready
 
@@ -29,6 +32,9 @@ def create_app(runtime: Runtime) -> Litestar:
             ContactsController,
             SequencesController,
             EnrollmentsController,
+            ConversationsController,
+            EventsController,
+            SendLaneController,
         ],
         dependencies={"project_id": Provide(project_id, sync_to_thread=True)},
         exception_handlers=EXCEPTION_HANDLERS,

@@ -105,6 +105,8 @@ CREATE UNIQUE INDEX messages_provider_id_idx ON messages (project_id, provider_m
     WHERE provider_message_id IS NOT NULL;
 -- the send lane claims QUEUED outbound messages by priority, then age
 CREATE INDEX messages_send_queue_idx ON messages (priority, created_at) WHERE status = 'QUEUED';
+-- the stop paths cancel a contact's follow-up messages still waiting for the send lane
+CREATE INDEX messages_queued_contact_idx ON messages (contact_id) WHERE status = 'QUEUED';
 CREATE INDEX messages_enrollment_idx ON messages (followup_enrollment_id)
     WHERE followup_enrollment_id IS NOT NULL;
 

@@ -1,0 +1,44 @@
+"""Conversations: read one, and the follow-up shortcut."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post
+from litestar.params import FromPath, JSONBody
+
+from libs.common import conversations
+from libs.common.conversations import Conversation, FollowUpRequest
+from libs.common.enrollments import Enrollment
+from services.api.deps import ProjectId, nudge_release, runtime_of, transaction
+
+
+class ConversationsController(Controller):
+    path = "/v1/conversations"
+    tags = ["conversations"]
+
+    @get("/{conversation_id:uuid}", sync_to_thread=True)
+    def read(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, conversation_id: FromPath[uuid.UUID]
+    ) -> Conversation:
+        with transaction(runtime_of(request)) as conn:
+            return conversations.get_conversation(conn, project_id, conversation_id)
+
+    @post("/{conversation_id:uuid}/follow-up", sync_to_thread=True)
+    def follow_up(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        conversation_id: FromPath[uuid.UUID],
+        data: JSONBody[FollowUpRequest],
+    ) -> Response[Enrollment]:
+        """A one-off follow-up for the conversation's contact: after ``delay_seconds`` (default 24 h), send
+        ``text``, unless the contact replied (``only_if_no_reply``, default true)."""
+        runtime = runtime_of(request)
+        now = runtime.clock.now()
+        with transaction(runtime) as conn:
+            enrollment, created = conversations.follow_up(conn, project_id, conversation_id, data, now=now)
+        if created and enrollment.next_run_at <= now:
+            nudge_release(runtime, project_id, enrollment.id)
+        return Response(enrollment, status_code=201 if created else 200)

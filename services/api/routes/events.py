@@ -1,0 +1,30 @@
+"""Platform events over REST: the same function the ingress actor calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, Response, post
+from litestar.params import JSONBody
+
+from libs.common.platform_events import EventResult, PlatformEvent, apply_event
+from services.api.deps import ProjectId, runtime_of, transaction
+
+#: Events that create something: 201 the first time, 200 when repeated.
+_CREATING = {"message.inbound", "message.human", "lead.created", "conversation.created"}
+
+
+class EventsController(Controller):
+    path = "/v1/events"
+    tags = ["platform events"]
+
+    @post("/", sync_to_thread=True)
+    def apply(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[PlatformEvent]
+    ) -> Response[EventResult]:
+        """Apply one platform event (a reply, an opt-out, a status report, ...) and its stop paths."""
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            result = apply_event(conn, project_id, data, now=runtime.clock.now())
+        created = result.applied and result.type in _CREATING
+        return Response(result, status_code=201 if created else 200)
