@@ -1,10 +1,15 @@
 -- name: lock_open_conversation
--- The conversation asked for if it is open, else the contact's newest open one, locked; a busy one is
--- skipped.
+-- The conversation to thread into, locked: the one asked for if it is open, else the contact's newest open
+-- one. The choice is made first and only that row is locked (SKIP LOCKED), so a busy conversation returns
+-- nothing (the caller reports busy) instead of the next open conversation in line.
 SELECT id, number_id FROM conversations
-WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND status <> 'resolved'
-ORDER BY id = %(conversation_id)s::uuid DESC NULLS LAST, created_at DESC
-LIMIT 1
+WHERE id = (
+    SELECT c.id FROM conversations c
+    WHERE c.project_id = %(project_id)s AND c.contact_id = %(contact_id)s AND c.status <> 'resolved'
+    ORDER BY c.id = %(conversation_id)s::uuid DESC NULLS LAST, c.created_at DESC, c.id
+    LIMIT 1
+)
+  AND status <> 'resolved'
 FOR UPDATE SKIP LOCKED
 
 -- name: open_conversation_exists

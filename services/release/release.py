@@ -1,7 +1,8 @@
 """One step, one transaction: the release path of seed 000.
 
     claim     the oldest due active enrollment whose lease is free, FOR UPDATE SKIP LOCKED
-    contact   FOR SHARE SKIP LOCKED (busy: retry in FOLLOWUP_BUSY_RETRY_SECONDS; never wait for a lock)
+    contact   FOR SHARE SKIP LOCKED, and its project FOR KEY SHARE SKIP LOCKED (the inserted rows' foreign
+              keys need it) (busy: retry in FOLLOWUP_BUSY_RETRY_SECONDS; never wait for a lock)
     checks    sequence paused -> pause; plan lost -> stop; opted out / erased -> stop; replied -> stop
     timing    rescheduled -> defer; reminder past grace -> skip; only_if not met -> skip
     sending   constraints (send window, consent, number, pacing, quotas, caps): see _sending_constraints
