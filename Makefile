@@ -43,10 +43,13 @@ unit: $(STAMP) ## pytest only
 
 test: check unit ## every check and every test (what CI runs)
 
-bench: bench-release ## every benchmark
+bench: bench-release bench-stop ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
 
 bench-release: $(STAMP) ## release throughput, lag and claim-cost benchmark
 	$(BIN)/python -m benchmarks.release $(ARGS)
+
+bench-stop: $(STAMP) ## stop-path latency with 10k and 1M enrollments
+	$(BIN)/python -m benchmarks.stop $(ARGS)
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

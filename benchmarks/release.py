@@ -24,15 +24,15 @@ import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import psycopg
 
+from benchmarks.common import bench_database, percentile
 from benchmarks.seed import seed_due_enrollments, seed_project
 from libs.common import outbound, outbox
 from libs.common.clock import SYSTEM_CLOCK
 from libs.common.db import create_pool
-from libs.common.migrate import migrate
 from libs.common.settings import DatabaseSettings, FollowupSettings
 from services.release import release
 
@@ -40,10 +40,6 @@ BENCH_DATABASE = "followups_bench"
 
 #: Tables a fresh seed empties.
 _SEEDED = "projects, contacts, conversations, messages, followup_enrollments, outbox, usage, activities"
-
-
-def _with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
 
 
 def _reset(url: str) -> None:
@@ -89,21 +85,13 @@ def run_release(url: str, count: int, workers: int) -> tuple[float, float, float
     with psycopg.connect(url) as conn:
         released = conn.execute("SELECT count(*) FROM followup_step_runs").fetchone()
         lags = [
-            row[0]
+            float(row[0])
             for row in conn.execute(
                 "SELECT extract(epoch FROM ran_at - due_at) * 1000 FROM followup_step_runs ORDER BY 1"
             )
         ]
     assert released is not None and released[0] == count, f"released {released} of {count}"
-    return count / elapsed, _percentile(lags, 50), _percentile(lags, 99)
-
-
-def _percentile(values: list[Any], pct: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(float(v) for v in values)
-    index = min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))
-    return ordered[index]
+    return count / elapsed, percentile(lags, 50), percentile(lags, 99)
 
 
 # --- the pure-SQL ceiling -------------------------------------------------------------------------------
@@ -156,29 +144,25 @@ def _pgbench_statement(sql: str, gset: bool = False, **overrides: str) -> str:
 
 
 def pgbench_script() -> str:
-    """The release transaction of a one-step sequence as a pgbench script, from the release path's SQL."""
+    """The release transaction of a one-step sequence as a pgbench script, from the release path's SQL.
+
+    Like the release path, it reads the claim, the contact and the conversation one at a time, then
+    sends every write and the COMMIT in one pipeline. The message id the release path makes in Python
+    comes from the conversation query here.
+    """
     q, o, x = release.QUERIES, outbound.QUERIES, outbox.QUERIES
     enrollment = "NULLIF(:id, '')::uuid"
+    conversation = o["lock_open_conversation"].replace(
+        "SELECT id, number_id", "SELECT id AS conversation_id, gen_random_uuid() AS message_id", 1
+    )
     statements = [
         "BEGIN;",
         _pgbench_statement(q["claim_due_enrollment"], gset=True),
         _pgbench_statement(q["lock_contact"]),
+        _pgbench_statement(conversation, gset=True),
+        "\\startpipeline",
         _pgbench_statement(
-            o["lock_open_conversation"].replace("SELECT id, number_id", "SELECT id AS conversation_id"),
-            gset=True,
-        ),
-        _pgbench_statement(
-            o["insert_queued_message"].replace(
-                "SELECT id FROM message", "SELECT id AS message_id FROM message"
-            ),
-            gset=True,
-            followup_enrollment_id=enrollment,
-        ),
-        _pgbench_statement(
-            x["insert_event"],
-            type="'message.queued'",
-            aggregate_type="'message'",
-            aggregate_id="NULLIF(:message_id, '')::uuid",
+            o["insert_queued_message"], id="NULLIF(:message_id, '')::uuid", followup_enrollment_id=enrollment
         ),
         _pgbench_statement(
             q["record_step_queued"],
@@ -195,6 +179,7 @@ def pgbench_script() -> str:
             aggregate_id=enrollment,
         ),
         "COMMIT;",
+        "\\endpipeline",
     ]
     return "\n".join(statements) + "\n"
 
@@ -296,26 +281,18 @@ def main() -> None:
     parser.add_argument("--claim-small", type=int, default=10_000)
     args = parser.parse_args()
 
-    server = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DATABASE}")
-    url = _with_database(server, BENCH_DATABASE)
-    migrate(url)
     print(f"release benchmark: {args.enrollments} enrollments, {args.workers} worker processes")
-
-    steps_per_s, lag_p50, lag_p99 = run_release(url, args.enrollments, args.workers)
-    print(f"  release path: {steps_per_s:.0f} steps/s, lag p50 {lag_p50:.0f} ms, p99 {lag_p99:.0f} ms")
-    ceiling = run_ceiling(url, args.enrollments, args.workers)
-    print(f"  pgbench ceiling (same statements, {args.workers} clients): {ceiling:.0f} tps")
-    small = claim_latency(url, args.claim_small)
-    large = claim_latency(url, args.claim_large)
+    with bench_database(BENCH_DATABASE) as url:
+        steps_per_s, lag_p50, lag_p99 = run_release(url, args.enrollments, args.workers)
+        print(f"  release path: {steps_per_s:.0f} steps/s, lag p50 {lag_p50:.0f} ms, p99 {lag_p99:.0f} ms")
+        ceiling = run_ceiling(url, args.enrollments, args.workers)
+        print(f"  pgbench ceiling (same statements, {args.workers} clients): {ceiling:.0f} tps")
+        small = claim_latency(url, args.claim_small)
+        large = claim_latency(url, args.claim_large)
     print(
         f"  claim median: {small:.3f} ms with {args.claim_small} not due,"
         f" {large:.3f} ms with {args.claim_large}"
     )
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
     print(
         f"release: steps_per_s={steps_per_s:.0f} ceiling_tps={ceiling:.0f} ratio={steps_per_s / ceiling:.2f} "
         f"lag_p99_ms={lag_p99:.0f} claim_ratio_1m_10k={large / small:.2f}"

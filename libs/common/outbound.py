@@ -9,7 +9,6 @@ from typing import Any
 
 from psycopg import Connection
 
-from libs.common.outbox import write_event
 from libs.common.sql import load_queries
 
 QUERIES = load_queries("libs.common", "outbound.sql")
@@ -67,7 +66,11 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
         assert row is not None
     conversation_id: uuid.UUID = row[0]
     number_id = message.number_id or row[1]
+    # the id is made here, so nothing waits for the insert's result: under a pipeline the writes that
+    # follow travel with it in one round trip
+    message_id = uuid.uuid4()
     params |= {
+        "id": message_id,
         "conversation_id": conversation_id,
         "number_id": number_id,
         "source": message.source,
@@ -78,26 +81,5 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
         "followup_enrollment_id": message.followup_enrollment_id,
         "followup_step_index": message.followup_step_index,
     }
-    inserted = conn.execute(QUERIES["insert_queued_message"], params).fetchone()
-    assert inserted is not None
-    message_id: uuid.UUID = inserted[0]
-    write_event(
-        conn,
-        project_id=message.project_id,
-        type="message.queued",
-        aggregate_type="message",
-        aggregate_id=message_id,
-        data={
-            "message_id": str(message_id),
-            "conversation_id": str(conversation_id),
-            "contact_id": str(message.contact_id),
-            "number_id": str(number_id) if number_id else None,
-            "source": message.source,
-            "priority": message.priority,
-            "followup_enrollment_id": str(message.followup_enrollment_id)
-            if message.followup_enrollment_id
-            else None,
-        },
-        occurred_at=now,
-    )
+    conn.execute(QUERIES["insert_queued_message"], params)
     return QueuedMessage(message_id, conversation_id)

@@ -83,7 +83,9 @@ def release_one(pool: ConnectionPool, clock: Clock, settings: FollowupSettings) 
     now = clock.now()
     claimed_id: uuid.UUID | None = None
     try:
-        with pool.connection() as conn:
+        # Pipeline mode: a statement whose result is read waits for it; the writes that follow the last
+        # read travel together with the COMMIT in one round trip.
+        with pool.connection() as conn, conn.pipeline():
             with conn.cursor(row_factory=dict_row) as cur:
                 row = cur.execute(QUERIES["claim_due_enrollment"], {"now": now}).fetchone()
                 if row is None:
@@ -91,9 +93,14 @@ def release_one(pool: ConnectionPool, clock: Clock, settings: FollowupSettings) 
                 claimed_id = row["id"]
                 contact = cur.execute(QUERIES["lock_contact"], row | {"now": now}).fetchone()
             if contact is None:
-                return _defer(conn, row["id"], now + timedelta(seconds=settings.busy_retry_seconds), "busy")
-            claim = _Claim(row, contact, version_definition(conn, row["version_id"]), now)
-            return _release(conn, claim, settings)
+                released = _defer(
+                    conn, row["id"], now + timedelta(seconds=settings.busy_retry_seconds), "busy"
+                )
+            else:
+                claim = _Claim(row, contact, version_definition(conn, row["version_id"]), now)
+                released = _release(conn, claim, settings)
+            conn.commit()
+            return released
     except Exception as exc:
         if claimed_id is None:
             raise

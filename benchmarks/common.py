@@ -1,0 +1,40 @@
+"""What the benchmarks share: a database of their own on the configured server, and percentiles."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from libs.common.migrate import migrate
+
+
+def server_url() -> str:
+    return os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@contextmanager
+def bench_database(name: str) -> Iterator[str]:
+    """A freshly migrated database ``name`` on the configured server, dropped afterwards."""
+    server = server_url()
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    url = urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
+    migrate(url)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """The ``pct`` percentile (nearest rank) of ``values``."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
