@@ -676,8 +676,8 @@ def test_list_shows_only_the_callers_contacts(client: TestClient[Any], other_pro
 @pytest.mark.parametrize(
     ("params", "status", "field"),
     [
-        ({"limit": 0}, 400, "limit"),
-        ({"limit": 501}, 400, "limit"),
+        ({"limit": 0}, 422, "limit"),
+        ({"limit": 501}, 422, "limit"),
         ({"limit": "ten"}, 400, "limit"),
         ({"after": "not-a-uuid"}, 400, "after"),
         ({"phone": "12345"}, 422, "phone"),

@@ -6,16 +6,18 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row, kwargs_row
 from psycopg.types.json import Jsonb
 
+from libs.common import validation
 from libs.common.db import map_errors
 from libs.common.errors import Conflict, InvalidInput, NotFound
 from libs.common.metrics import FOLLOWUP_ENROLLMENTS, FOLLOWUP_FINISHED
+from libs.common.outbox import write_event
 from libs.common.sequences import (
     Definition,
     Step,
@@ -32,6 +34,9 @@ QUERIES = load_queries("libs.common", "enrollments.sql")
 
 EnrollmentStatus = Literal["active", "paused", "completed", "stopped", "failed"]
 
+#: A moment in time with its offset (RFC 3339): a naive time would be read in the server's zone.
+AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
+
 
 class EnrollRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Enroll a contact in a sequence's current version, or in a one-off follow-up of its own ``steps``."""
@@ -41,7 +46,7 @@ class EnrollRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     steps: list[Step] | None = None
     stop_on: StopFlags | None = None
     variables: dict[str, Any] = msgspec.field(default_factory=dict)
-    anchor_at: datetime | None = None
+    anchor_at: AwareDatetime | None = None
     dedupe_key: str | None = None
     number_id: uuid.UUID | None = None
     conversation_id: uuid.UUID | None = None
@@ -50,7 +55,7 @@ class EnrollRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class EnrollmentUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Reschedule (a new ``anchor_at``) or change the template variables of a live enrollment."""
 
-    anchor_at: datetime | msgspec.UnsetType | None = msgspec.UNSET
+    anchor_at: AwareDatetime | msgspec.UnsetType | None = msgspec.UNSET
     variables: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -194,6 +199,7 @@ def _enroll(
     if request.dedupe_key is not None:
         if not 1 <= len(request.dedupe_key) <= 200:
             raise InvalidInput("dedupe_key must be 1 to 200 characters", field="dedupe_key")
+        validation.text(request.dedupe_key, "dedupe_key")
         existing = _by_dedupe_key(conn, project_id, request.dedupe_key)
         if existing is not None:
             return existing, False
@@ -205,6 +211,7 @@ def _enroll(
         raise InvalidInput("stop_on is set by the sequence; give it only with steps", field="stop_on")
     else:
         stop_on = request.stop_on or StopFlags()
+    validation.json_value(request.variables, "variables")
 
     contact = conn.execute(
         QUERIES["enrollment_contact"],
@@ -287,15 +294,38 @@ def _sequence_version(
             field="sequence_id",
         )
     definition = version_definition(conn, version_id)
-    params = {"sequence_id": sequence_id, "contact_id": contact_id, "now": now}
+    params = {"project_id": project_id, "sequence_id": sequence_id, "contact_id": contact_id, "now": now}
     if definition.reentry == "never":
         if conn.execute(QUERIES["enrolled_before"], params).fetchone():
             raise ReentryNotAllowed(field="contact_id")
     elif definition.reentry == "always":
-        for (replaced,) in conn.execute(QUERIES["stop_live_for_reentry"], params).fetchall():
-            FOLLOWUP_FINISHED.labels("stopped", "reentered").inc()
-            log.info("enrollment replaced", extra={"enrollment_id": str(replaced), "reason": "reentered"})
+        with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
+            replaced = cur.execute(QUERIES["stop_live_for_reentry"], params).fetchall()
+        for enrollment in replaced:
+            _stopped(conn, project_id, enrollment, now=now)
+            log.info(
+                "enrollment replaced", extra={"enrollment_id": str(enrollment.id), "reason": "reentered"}
+            )
     return definition, version_id
+
+
+def _stopped(conn: Connection[Any], project_id: uuid.UUID, enrollment: Enrollment, *, now: datetime) -> None:
+    """Count a stop and write its ``followup.stopped`` event (as the release path does for its stops)."""
+    FOLLOWUP_FINISHED.labels("stopped", enrollment.reason or "none").inc()
+    write_event(
+        conn,
+        project_id=project_id,
+        type="followup.stopped",
+        aggregate_type="followup_enrollment",
+        aggregate_id=enrollment.id,
+        data={
+            "enrollment_id": str(enrollment.id),
+            "sequence_id": str(enrollment.sequence_id) if enrollment.sequence_id else None,
+            "contact_id": str(enrollment.contact_id),
+            "reason": enrollment.reason,
+        },
+        occurred_at=now,
+    )
 
 
 def get_enrollment(conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID) -> Enrollment:
@@ -374,8 +404,10 @@ def stop_enrollment(
     """Stop a live enrollment by hand (reason ``manual``, with an optional note)."""
     if note is not None and len(note) > 500:
         raise InvalidInput("note must be at most 500 characters", field="note")
+    if note is not None:
+        validation.text(note, "note")
     stopped = _transition(conn, "stop_manually", project_id, enrollment_id, note=note, now=now)
-    FOLLOWUP_FINISHED.labels("stopped", "manual").inc()
+    _stopped(conn, project_id, stopped, now=now)
     return stopped
 
 
@@ -387,8 +419,19 @@ def update_enrollment(
     *,
     now: datetime,
 ) -> Enrollment:
-    """Change variables or reschedule: a new ``anchor_at`` moves an anchor-timed pending step with it."""
-    current = get_enrollment(conn, project_id, enrollment_id)
+    """Change variables or reschedule: a new ``anchor_at`` moves an anchor-timed pending step with it.
+
+    The enrollment is locked first, so a release cannot advance it to another step between the read and
+    the write (which would give the next step the due time computed for this one).
+    """
+    if not isinstance(data.variables, msgspec.UnsetType):
+        validation.json_value(data.variables, "variables")
+    with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
+        current = cur.execute(
+            QUERIES["lock_enrollment"], {"project_id": project_id, "id": enrollment_id}
+        ).fetchone()
+    if current is None:
+        raise NotFound("enrollment not found", field="enrollment_id")
     if current.status not in ("active", "paused"):
         raise Conflict(f"the enrollment is {current.status}", field="enrollment_id")
     anchor_at = current.anchor_at if isinstance(data.anchor_at, msgspec.UnsetType) else data.anchor_at

@@ -23,14 +23,17 @@ WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: enrolled_before
 -- Whether the contact was ever enrolled in the sequence (re-entry policy never).
-SELECT 1 FROM followup_enrollments WHERE contact_id = %(contact_id)s AND sequence_id = %(sequence_id)s LIMIT 1
+SELECT 1 FROM followup_enrollments
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND sequence_id = %(sequence_id)s
+LIMIT 1
 
 -- name: stop_live_for_reentry
 -- Re-entry policy always: the new enrollment replaces the live one.
 UPDATE followup_enrollments
 SET status = 'stopped', reason = 'reentered', finished_at = %(now)s, updated_at = %(now)s
-WHERE contact_id = %(contact_id)s AND sequence_id = %(sequence_id)s AND status IN ('active', 'paused')
-RETURNING id
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND sequence_id = %(sequence_id)s
+  AND status IN ('active', 'paused')
+RETURNING *
 
 -- name: lock_project_and_count_live
 -- Lock the project (serialising its enrollments) and count its live enrollments.
@@ -59,6 +62,13 @@ RETURNING *
 SELECT *
 FROM followup_enrollments
 WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: lock_enrollment
+-- One enrollment of a project, locked for a change (a release holding it makes this wait).
+SELECT *
+FROM followup_enrollments
+WHERE project_id = %(project_id)s AND id = %(id)s
+FOR UPDATE
 
 -- name: step_runs
 -- An enrollment's step runs.

@@ -8,17 +8,20 @@ optional ``only_if``. A draft may be incomplete; publishing validates it and fre
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from libs.common import validation
 from libs.common.errors import Conflict, InvalidInput, NotFound
 from libs.common.sql import load_queries
 from libs.common.templates import TemplateError, parse_template
@@ -123,24 +126,39 @@ class Version(msgspec.Struct, kw_only=True, frozen=True):
     created_at: datetime
 
 
+def _field_path(path: str) -> str:
+    """A msgspec error path (``$.steps[0].kind``) in the API's dotted style (``steps.0.kind``)."""
+    return re.sub(r"\[(\d+)\]", r".\1", path.removeprefix("$")).strip(".")
+
+
 def decode_definition(raw: Any, field: str = "definition") -> Definition:
     """A definition from JSON-like data; a malformed one raises InvalidInput naming the field."""
     try:
         return msgspec.convert(raw, Definition)
     except msgspec.ValidationError as exc:
-        message, _, path = str(exc).partition(" - at `$")
-        where = field + path.rstrip("`")
+        message, _, path = str(exc).partition(" - at `")
+        where = ".".join(part for part in (field, _field_path(path.rstrip("`"))) if part)
         raise InvalidInput(f"{where}: {message}", field=where) from None
 
 
+def _steps_field(field: str) -> str:
+    """Where a definition's steps are: ``definition.steps``, or ``steps`` for an inline (one-off) list."""
+    return f"{field}.steps" if field else "steps"
+
+
 def validate_definition(definition: Definition, field: str = "definition") -> Definition:
-    """The checks a definition must pass to be published; each error names the step and field."""
+    """The checks a definition must pass to be published; each error names the step and field.
+
+    Field paths are dotted (``definition.steps.0.text``); ``field=""`` validates an inline list of steps
+    (a one-off follow-up), named ``steps.0.text``.
+    """
+    steps_field = _steps_field(field)
     if not definition.steps:
-        raise InvalidInput("a sequence needs at least one step", field=f"{field}.steps")
+        raise InvalidInput("a sequence needs at least one step", field=steps_field)
     if len(definition.steps) > MAX_STEPS:
-        raise InvalidInput(f"a sequence has at most {MAX_STEPS} steps", field=f"{field}.steps")
+        raise InvalidInput(f"a sequence has at most {MAX_STEPS} steps", field=steps_field)
     for index, step in enumerate(definition.steps):
-        where = f"{field}.steps[{index}]"
+        where = f"{steps_field}.{index}"
         if step.anchor_offset_seconds is not None and step.delay_seconds:
             raise InvalidInput(
                 "a step is timed either by delay_seconds or by anchor_offset_seconds, not both",
@@ -150,6 +168,8 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
             raise InvalidInput("the first step has no previous step", field=f"{where}.only_if")
         if index == 0 and "previous_not_read" in step.only_if:
             raise InvalidInput("the first step has no previous follow-up", field=f"{where}.only_if")
+        if isinstance(step, MessageStep):
+            _check_media(step, where)
         texts = {"text": step.text} if isinstance(step, MessageStep) else {"instructions": step.instructions}
         if isinstance(step, AiStep) and isinstance(step.fallback, TemplateFallback):
             texts["fallback.text"] = step.fallback.text
@@ -160,6 +180,31 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
                 parse_template(text)
             except TemplateError as exc:
                 raise InvalidInput(str(exc), field=f"{where}.{name}") from None
+    return definition
+
+
+def _check_media(step: MessageStep, where: str) -> None:
+    """Media is an http(s) URL with its kind; a kind without a URL is a mistake, not a text message."""
+    if step.media_url is None:
+        if step.media_kind is not None:
+            raise InvalidInput("media_kind needs a media_url", field=f"{where}.media_url")
+        return
+    try:
+        url = urlsplit(step.media_url)
+    except ValueError:  # an unbalanced IPv6 bracket, say
+        url = urlsplit("")
+    if url.scheme not in ("http", "https") or not url.netloc or any(c.isspace() for c in step.media_url):
+        raise InvalidInput("media_url must be an http or https URL", field=f"{where}.media_url")
+    if step.media_kind is None:
+        raise InvalidInput(
+            "media_kind (image, video, audio or document) is needed with a media_url",
+            field=f"{where}.media_kind",
+        )
+
+
+def _storable(definition: Definition, field: str) -> Definition:
+    """A definition PostgreSQL can store (no NUL character in any text), else InvalidInput naming it."""
+    validation.json_value(msgspec.to_builtins(definition.steps), _steps_field(field))
     return definition
 
 
@@ -213,14 +258,18 @@ def _encode(definition: Definition) -> Jsonb:
 
 
 def _name(name: str) -> str:
-    name = name.strip()
+    name = validation.text(name, "name").strip()
     if not 1 <= len(name) <= 200:
         raise InvalidInput("name must be 1 to 200 characters", field="name")
     return name
 
 
 def create_sequence(conn: Connection[Any], project_id: uuid.UUID, data: SequenceCreate) -> Sequence:
-    params = {"project_id": project_id, "name": _name(data.name), "draft": _encode(data.definition)}
+    params = {
+        "project_id": project_id,
+        "name": _name(data.name),
+        "draft": _encode(_storable(data.definition, "definition")),
+    }
     with conn.cursor(row_factory=class_row(Sequence)) as cur:
         sequence = cur.execute(QUERIES["insert_sequence"], params).fetchone()
     assert sequence is not None
@@ -238,7 +287,11 @@ def update_sequence(
         "project_id": project_id,
         "id": sequence_id,
         "name": None if isinstance(data.name, msgspec.UnsetType) else _name(data.name),
-        "draft": None if isinstance(data.definition, msgspec.UnsetType) else _encode(data.definition),
+        "draft": (
+            None
+            if isinstance(data.definition, msgspec.UnsetType)
+            else _encode(_storable(data.definition, "definition"))
+        ),
     }
     with conn.cursor(row_factory=class_row(Sequence)) as cur:
         sequence = cur.execute(QUERIES["update_sequence"], params).fetchone()
@@ -291,7 +344,7 @@ def publish_sequence(conn: Connection[Any], project_id: uuid.UUID, sequence_id: 
 
 def create_one_off_version(conn: Connection[Any], project_id: uuid.UUID, definition: Definition) -> Version:
     """An inline version with no sequence, for an enrollment that carries its own steps."""
-    definition = validate_definition(definition, field="steps")
+    definition = validate_definition(_storable(definition, ""), field="")
     params = {
         "project_id": project_id,
         "sequence_id": None,
@@ -325,13 +378,15 @@ def change_sequence_status(
     """Pause, resume or archive a sequence.
 
     A paused sequence pauses each of its enrollments when it next comes up for release; resuming
-    reactivates the enrollments it paused. Archiving stops new enrollments; running ones carry on.
+    reactivates the enrollments it paused. Archiving stops new enrollments; running ones carry on, so
+    archiving a paused sequence reactivates the enrollments its pause paused (nothing could resume them
+    afterwards: they would stay live forever, blocking re-entry and counting against the plan limit).
     """
     allowed, target = TRANSITIONS[action]
     status, _ = _lock(conn, project_id, sequence_id)
     if status not in allowed:
         raise Conflict(f"a {status} sequence cannot be {target}", field="sequence_id")
     conn.execute(QUERIES["set_status"], {"id": sequence_id, "status": target})
-    if action == "resume":
+    if status == "paused":
         conn.execute(QUERIES["resume_paused_enrollments"], {"sequence_id": sequence_id, "now": now})
     return get_sequence(conn, project_id, sequence_id)

@@ -32,6 +32,7 @@ class SequenceStatistics(msgspec.Struct, kw_only=True):
     stopped: int = 0
     failed: int = 0
     stopped_by_reason: dict[str, int] = msgspec.field(default_factory=dict)
+    #: One entry per step of the sequence's published versions (the longest one), in step order.
     steps: list[StepStatistics] = msgspec.field(default_factory=list)
 
 
@@ -47,7 +48,9 @@ def sequence_statistics(
         if status == "stopped":
             key = reason or "unknown"
             stats.stopped_by_reason[key] = stats.stopped_by_reason.get(key, 0) + count
-    steps: dict[int, StepStatistics] = {}
+    # every step of the published versions, those nothing has reached yet included (with zeros)
+    row = conn.execute(QUERIES["step_count"], params).fetchone()
+    steps = {index: StepStatistics(step_index=index) for index in range(row[0] if row else 0)}
     for step_index, outcome, reason, count in conn.execute(QUERIES["step_runs_by_outcome"], params):
         step = steps.setdefault(step_index, StepStatistics(step_index=step_index))
         if outcome == "queued":

@@ -14,17 +14,29 @@ WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s
 GROUP BY r.step_index, r.outcome, r.reason
 
 -- name: replies_after_step
--- Per step: enrollments whose contact replied after the step's message and before the next message.
+-- Per step: enrollments whose contact replied after the step's message and before the next follow-up message
+-- of this sequence to the contact (the enrollment's next step, or the first step of a later enrollment after
+-- a re-entry), so one reply is counted once, for the message it answers.
 SELECT r.step_index, count(*)::int
 FROM followup_step_runs r
 JOIN followup_enrollments e ON e.id = r.enrollment_id
 WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND r.outcome = 'queued'
   AND EXISTS (
       SELECT 1 FROM messages m
-      WHERE m.contact_id = e.contact_id AND m.direction = 'inbound' AND m.created_at > r.ran_at
-        AND m.created_at <= coalesce(
-            (SELECT min(n.ran_at) FROM followup_step_runs n
-             WHERE n.enrollment_id = r.enrollment_id AND n.step_index > r.step_index AND n.outcome = 'queued'),
+      WHERE m.project_id = e.project_id AND m.contact_id = e.contact_id AND m.direction = 'inbound'
+        AND m.created_at > r.ran_at
+        AND m.created_at < coalesce(
+            (SELECT min(n.ran_at)
+             FROM followup_step_runs n
+             JOIN followup_enrollments ne ON ne.id = n.enrollment_id
+             WHERE ne.project_id = e.project_id AND ne.sequence_id = e.sequence_id
+               AND ne.contact_id = e.contact_id AND n.outcome = 'queued' AND n.ran_at > r.ran_at),
             'infinity')
   )
 GROUP BY r.step_index
+
+-- name: step_count
+-- The most steps any published version of the sequence has (0 before the first publish).
+SELECT coalesce(max(step_count), 0)::int
+FROM followup_sequence_versions
+WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s

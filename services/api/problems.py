@@ -1,4 +1,11 @@
-"""Every error as a problem-details body (RFC 9457) naming the offending field."""
+"""Every error as a problem-details body (RFC 9457) naming the offending field.
+
+Field paths are dotted, list indexes included: ``definition.steps.0.kind``, ``tags.0``. Input that does
+not decode is 400 when its *shape* is wrong (malformed JSON, an unknown or missing field, a wrong type)
+and 422 when a well-typed *value* is refused (an unknown step kind, a value outside an enum, a number or
+length outside its bounds), the same status the domain gives the values it rejects. A domain error with a
+stable ``code`` (``already_enrolled``, ``plan_limit``, ...) carries it as the ``code`` member.
+"""
 
 from __future__ import annotations
 
@@ -45,6 +52,12 @@ _TITLES = {
 
 _NAMED_FIELD = re.compile(r"(?:unknown|missing required) field `([^`]+)`")
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`")
+#: msgspec messages about a value of the right type that a constraint refuses: an unknown tag
+#: ("Invalid value 'sms'"), a Literal / enum ("Invalid enum value 'x'"), bounds, lengths, patterns, zones.
+_VALUE_ERROR = re.compile(
+    r"^(?:Invalid (?:enum )?value\b"
+    r"|Expected `[^`]+` (?:>=|<=|>|<|that's a multiple of|of length|matching regex|with (?:a|no) timezone))"
+)
 
 
 def problem(
@@ -53,6 +66,7 @@ def problem(
     *,
     errors: list[dict[str, str]] | None = None,
     headers: dict[str, str] | None = None,
+    code: str | None = None,
 ) -> Response[Any]:
     body: dict[str, Any] = {
         "type": "about:blank",
@@ -60,6 +74,8 @@ def problem(
         "status": status,
         "detail": detail,
     }
+    if code is not None:
+        body["code"] = code
     if errors:
         body["errors"] = errors
     return Response(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
@@ -83,7 +99,7 @@ def _domain_error(request: Request[Any, Any, Any], exc: FollowupsError) -> Respo
     status = next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
     errors = [{"field": exc.field, "message": exc.message}] if exc.field else None
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return problem(status, exc.message, errors=errors, headers=headers)
+    return problem(status, exc.message, errors=errors, headers=headers, code=exc.code)
 
 
 def _validation_error(request: Request[Any, Any, Any], exc: ValidationException) -> Response[Any]:
@@ -95,7 +111,9 @@ def _validation_error(request: Request[Any, Any, Any], exc: ValidationException)
     if not errors and exc.detail:
         errors.append({"field": _field_of(exc.detail, None), "message": _AT_PATH.sub("", exc.detail)})
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "The request is not valid."
-    return problem(400, detail, errors=errors)
+    # 422 only when every error is about a value; any shape error makes the request a bad request
+    status = 422 if errors and all(_VALUE_ERROR.match(e["message"]) for e in errors) else 400
+    return problem(status, detail, errors=errors)
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:

@@ -78,10 +78,12 @@ class EnrollmentsController(Controller):
     ) -> Enrollment:
         """Change variables, or reschedule with a new ``anchor_at``."""
         runtime = runtime_of(request)
+        now = runtime.clock.now()
         with transaction(runtime) as conn:
-            return enrollments.update_enrollment(
-                conn, project_id, enrollment_id, data, now=runtime.clock.now()
-            )
+            enrollment = enrollments.update_enrollment(conn, project_id, enrollment_id, data, now=now)
+        if enrollment.status == "active" and enrollment.next_run_at <= now:
+            nudge_release(runtime, project_id, enrollment.id)
+        return enrollment
 
     @post("/{enrollment_id:uuid}/pause", sync_to_thread=True, status_code=200)
     def pause(
