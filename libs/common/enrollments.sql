@@ -36,11 +36,12 @@ WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND sequence_i
 RETURNING *
 
 -- name: lock_project_and_count_live
--- Lock the project (serialising its enrollments) and count its live enrollments.
+-- Lock the project (serialising its enrollments) and count its live enrollments. NO KEY UPDATE: it does
+-- not block the foreign key checks of the rows releases insert, which reference the project.
 SELECT (SELECT count(*) FROM followup_enrollments
         WHERE project_id = p.id AND status IN ('active', 'paused'))
 FROM projects p WHERE p.id = %(project_id)s
-FOR UPDATE
+FOR NO KEY UPDATE
 
 -- name: insert_enrollment
 -- Enroll a contact in a pinned version, with the stop flags copied from it; nothing on a known dedupe key.

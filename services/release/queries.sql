@@ -12,9 +12,9 @@ FOR UPDATE SKIP LOCKED
 
 -- name: lock_contact
 -- Share-lock the contact (a contact locked by a stop path is skipped: the releaser never waits) and read
--- what the checks, the only_if conditions and the templates need. The project row is key-share locked
--- too, SKIP LOCKED: the rows a queued step inserts (message, conversation, activity, usage) reference it,
--- and those foreign key checks would otherwise wait for a transaction holding the project FOR UPDATE.
+-- what the checks, the only_if conditions and the templates need. The project row is not locked here:
+-- nothing takes it FOR UPDATE (a plan-limited enrollment takes FOR NO KEY UPDATE), so the foreign key
+-- checks of the rows a queued step inserts never wait for it, and the hot row is spared a lock per step.
 SELECT c.opted_out_at IS NOT NULL AS opted_out,
        c.erased_at IS NOT NULL AS erased,
        c.name, c.phone, c.attributes, c.timezone,
@@ -33,7 +33,6 @@ JOIN projects p ON p.id = c.project_id
 LEFT JOIN followup_sequences s ON s.id = %(sequence_id)s
 WHERE c.id = %(contact_id)s
 FOR SHARE OF c SKIP LOCKED
-FOR KEY SHARE OF p SKIP LOCKED
 
 -- name: record_step_queued
 -- The step run (its primary key makes a second send impossible), the followup_sent activity and the
