@@ -86,7 +86,12 @@ def create_conversation(
     conversation_id: uuid.UUID | None = None,
     number_id: uuid.UUID | None = None,
     status: ConversationStatus = "open",
-) -> Conversation:
+) -> tuple[Conversation, bool]:
+    """Create a conversation for a contact of the project; returns it and whether it was created.
+
+    A repeat with the same ``conversation_id`` for the same contact returns the existing conversation
+    (created False); an id taken by another contact or project is a conflict.
+    """
     params = {
         "project_id": project_id,
         "id": conversation_id or uuid.uuid4(),
@@ -97,9 +102,21 @@ def create_conversation(
     }
     with map_errors(_CONSTRAINTS), conn.cursor(row_factory=class_row(Conversation)) as cur:
         created = cur.execute(QUERIES["insert_conversation"], params).fetchone()
-    if created is None:
-        raise NotFound("contact or number not found", field="contact_id")
-    return created
+    if created is not None:
+        return created, True
+    if conversation_id is not None:
+        with conn.cursor(row_factory=class_row(Conversation)) as cur:
+            existing = cur.execute(QUERIES["get_conversation"], params).fetchone()
+        if existing is not None and existing.contact_id == contact_id:
+            return existing, False
+    found = conn.execute(QUERIES["contact_and_number_exist"], params).fetchone()
+    assert found is not None
+    contact_found, number_found = found
+    if not contact_found:
+        raise NotFound("contact not found", field="contact_id")
+    if not number_found:
+        raise NotFound("number not found", field="number_id")
+    raise AlreadyExists("the conversation exists", field="conversation_id")
 
 
 def change_status(
@@ -117,7 +134,7 @@ def change_status(
     """
     current = lock_conversation(conn, project_id, conversation_id)
     with conn.cursor(row_factory=class_row(Conversation)) as cur:
-        params = {"id": conversation_id, "status": status, "now": now}
+        params = {"project_id": project_id, "id": conversation_id, "status": status, "now": now}
         changed = cur.execute(QUERIES["set_status"], params).fetchone()
     assert changed is not None
     stopped = None
@@ -145,6 +162,26 @@ def follow_up(
     if not 0 <= request.delay_seconds <= MAX_DELAY_SECONDS:
         raise InvalidInput(f"delay_seconds must be 0 to {MAX_DELAY_SECONDS}", field="delay_seconds")
     conversation = get_conversation(conn, project_id, conversation_id)
+    try:
+        return _enroll_one_off(conn, project_id, conversation, request, now=now)
+    except InvalidInput as exc:
+        # the one-off's only step is this request: name its fields (``text``), not ``steps.0.text``
+        if exc.field is not None and exc.field.startswith(_STEP_FIELD):
+            raise type(exc)(exc.message, field=exc.field.removeprefix(_STEP_FIELD)) from None
+        raise
+
+
+_STEP_FIELD = "steps.0."
+
+
+def _enroll_one_off(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    conversation: Conversation,
+    request: FollowUpRequest,
+    *,
+    now: datetime,
+) -> tuple[Enrollment, bool]:
     step = MessageStep(
         text=request.text,
         delay_seconds=request.delay_seconds,
@@ -159,7 +196,7 @@ def follow_up(
             contact_id=conversation.contact_id,
             steps=[step],
             stop_on=StopFlags(reply=request.only_if_no_reply),
-            conversation_id=conversation_id,
+            conversation_id=conversation.id,
             number_id=conversation.number_id,
             variables=request.variables,
             dedupe_key=request.dedupe_key,

@@ -31,7 +31,7 @@ from libs.common.conversations import (
     create_conversation,
     lock_conversation,
 )
-from libs.common.errors import InvalidInput, NotFound
+from libs.common.errors import AlreadyExists, InvalidInput, NotFound
 from libs.common.outbox import write_event
 from libs.common.send_lane import ReportedStatus, StatusReport, report_status
 from libs.common.sql import load_queries
@@ -184,9 +184,17 @@ def apply_event(
     return result
 
 
-def _lock_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> None:
+def require_project(conn: Connection[Any], project_id: uuid.UUID) -> None:
+    """404 for an unknown project: the broker path has no API key that already proved the project."""
+    if conn.execute(QUERIES["project_exists"], {"project_id": project_id}).fetchone() is None:
+        raise NotFound("project not found", field="project_id")
+
+
+def _lock_contact(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, query: str = "lock_contact"
+) -> None:
     """Lock the contact (stop paths of contact events); 404 for another project's or an erased one."""
-    if conn.execute(QUERIES["lock_contact"], {"project_id": project_id, "id": contact_id}).fetchone() is None:
+    if conn.execute(QUERIES[query], {"project_id": project_id, "id": contact_id}).fetchone() is None:
         raise NotFound("contact not found", field="contact_id")
 
 
@@ -269,11 +277,14 @@ def _conversation_for(
     if row is not None:
         conversation_id: uuid.UUID = row[0]
         return conversation_id
-    return create_conversation(conn, project_id, contact_id, now=now).id
+    return create_conversation(conn, project_id, contact_id, now=now)[0].id
 
 
 def _human(conn: Connection[Any], project_id: uuid.UUID, event: HumanMessage, now: datetime) -> EventResult:
     conversation = lock_conversation(conn, project_id, event.conversation_id)
+    contact = {"project_id": project_id, "id": conversation.contact_id}
+    if conn.execute(QUERIES["share_contact"], contact).fetchone() is None:
+        raise NotFound("the conversation's contact was erased", field="conversation_id")
     params = {
         "project_id": project_id,
         "contact_id": conversation.contact_id,
@@ -319,7 +330,8 @@ def _opted_out(
     conn: Connection[Any], project_id: uuid.UUID, event: ContactOptedOut, now: datetime
 ) -> EventResult:
     _lock_contact(conn, project_id, event.contact_id)
-    changed = conn.execute(QUERIES["opt_out"], {"id": event.contact_id, "now": now}).fetchone() is not None
+    params = {"project_id": project_id, "id": event.contact_id, "now": now}
+    changed = conn.execute(QUERIES["opt_out"], params).fetchone() is not None
     result = EventResult(type="contact.opted_out", applied=changed, contact_id=event.contact_id)
     return _stop(conn, project_id, event.contact_id, "opt_out", now, result)
 
@@ -328,13 +340,14 @@ def _opted_in(
     conn: Connection[Any], project_id: uuid.UUID, event: ContactOptedIn, now: datetime
 ) -> EventResult:
     _lock_contact(conn, project_id, event.contact_id)
-    changed = conn.execute(QUERIES["opt_in"], {"id": event.contact_id, "now": now}).fetchone() is not None
+    params = {"project_id": project_id, "id": event.contact_id, "now": now}
+    changed = conn.execute(QUERIES["opt_in"], params).fetchone() is not None
     return EventResult(type="contact.opted_in", applied=changed, contact_id=event.contact_id)
 
 
 def _erased(conn: Connection[Any], project_id: uuid.UUID, event: ContactErased, now: datetime) -> EventResult:
     """Privacy erasure: stop everything, delete the messages, anonymise the contact and its follow-ups."""
-    _lock_contact(conn, project_id, event.contact_id)
+    _lock_contact(conn, project_id, event.contact_id, "lock_contact_for_erasure")
     result = _stop(
         conn,
         project_id,
@@ -368,8 +381,11 @@ def _lead_created(
         "status": event.status,
         "now": now,
     }
-    row = conn.execute(QUERIES["insert_lead"], params).fetchone()
-    applied = row is not None
+    applied = conn.execute(QUERIES["insert_lead"], params).fetchone() is not None
+    if not applied:  # a repeat is fine; an id held by another contact or project is not
+        holder = conn.execute(QUERIES["lead_contact"], params).fetchone()
+        if holder is None or holder[0] != event.contact_id:
+            raise AlreadyExists("a lead with this id exists", field="lead_id")
     return EventResult(
         type="lead.created",
         applied=applied,
@@ -382,19 +398,35 @@ def _lead_created(
 def _lead_status(
     conn: Connection[Any], project_id: uuid.UUID, event: LeadStatusChanged | LeadClosed, now: datetime
 ) -> EventResult:
-    kind = "lead.closed" if isinstance(event, LeadClosed) else "lead.status_changed"
-    lead = conn.execute(QUERIES["lead_contact"], {"project_id": project_id, "id": event.lead_id}).fetchone()
+    """A lead's new status; the lead-closed stop path runs when the lead goes from open to closed.
+
+    A repeated event changes nothing (applied false) and stops nothing: follow-ups started after the lead
+    closed are not stopped by a late duplicate of the close. A status change other than a close reopens a
+    closed lead.
+    """
+    closed = isinstance(event, LeadClosed)
+    kind = "lead.closed" if closed else "lead.status_changed"
+    params = {"project_id": project_id, "id": event.lead_id}
+    lead = conn.execute(QUERIES["lead_contact"], params).fetchone()
     if lead is None:
         raise NotFound("lead not found", field="lead_id")
     contact_id: uuid.UUID = lead[0]
     _lock_contact(conn, project_id, contact_id)
-    closed = isinstance(event, LeadClosed)
-    conn.execute(
-        QUERIES["set_lead_status"],
-        {"id": event.lead_id, "status": event.status, "closed": closed, "now": now},
+    current = conn.execute(QUERIES["lock_lead"], params).fetchone()
+    assert current is not None  # leads are deleted only with their contact, which is locked
+    status, was_closed = current
+    # a close applies to an open lead (or changes how it closed); another status change applies when the
+    # status differs, and reopens a closed lead
+    applied = status != event.status or (closed and not was_closed)
+    result = EventResult(
+        type=kind, applied=applied, contact_id=contact_id, lead_id=event.lead_id, status=event.status
     )
-    result = EventResult(type=kind, contact_id=contact_id, lead_id=event.lead_id, status=event.status)
-    return _stop(conn, project_id, contact_id, "lead_closed", now, result) if closed else result
+    if not applied:
+        return result
+    conn.execute(QUERIES["set_lead_status"], params | {"status": event.status, "closed": closed, "now": now})
+    if closed and not was_closed:
+        return _stop(conn, project_id, contact_id, "lead_closed", now, result)
+    return result
 
 
 def _deal_stage(
@@ -408,6 +440,8 @@ def _deal_stage(
         "stage": event.stage,
         "now": now,
     }
+    if event.lead_id is not None and conn.execute(QUERIES["lead_exists"], params).fetchone() is None:
+        raise NotFound("lead not found", field="lead_id")
     row = conn.execute(QUERIES["set_deal_stage"], params).fetchone()
     if row is None and event.contact_id is not None:
         row = conn.execute(QUERIES["insert_deal"], params).fetchone()
@@ -421,7 +455,7 @@ def _deal_stage(
 def _conversation_created(
     conn: Connection[Any], project_id: uuid.UUID, event: ConversationCreated, now: datetime
 ) -> EventResult:
-    conversation = create_conversation(
+    conversation, created = create_conversation(
         conn,
         project_id,
         event.contact_id,
@@ -432,6 +466,7 @@ def _conversation_created(
     )
     return EventResult(
         type="conversation.created",
+        applied=created,
         contact_id=conversation.contact_id,
         conversation_id=conversation.id,
         status=conversation.status,

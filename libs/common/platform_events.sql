@@ -1,8 +1,30 @@
+-- name: project_exists
+-- Whether the project exists (events over the broker name their project without an API key).
+SELECT 1 FROM projects WHERE id = %(project_id)s
+
 -- name: lock_contact
--- Lock a contact of the project for a stop path (erased contacts are gone for good).
+-- Lock a contact of the project for a stop path (erased contacts are gone for good). NO KEY UPDATE: it
+-- still makes the releaser's FOR SHARE SKIP LOCKED skip the contact, but it does not block the foreign-key
+-- checks of rows that reference the contact (an agent's message inserted by a transaction that holds the
+-- conversation), which would otherwise deadlock with a reply that holds the contact and waits for the
+-- conversation.
+SELECT id FROM contacts
+WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
+FOR NO KEY UPDATE
+
+-- name: lock_contact_for_erasure
+-- Lock a contact of the project for erasure: FOR UPDATE, as erasing clears its phone (a key column), so
+-- nothing may reference it meanwhile.
 SELECT id FROM contacts
 WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
 FOR UPDATE
+
+-- name: share_contact
+-- The conversation's contact may be written to (it is not erased): key-share locked, so an erasure waits
+-- for this transaction, or this one sees the erasure once it committed.
+SELECT id FROM contacts
+WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
+FOR KEY SHARE
 
 -- name: message_by_provider_id
 -- A message already recorded under this provider id.
@@ -68,22 +90,30 @@ SELECT id FROM message
 -- name: opt_out
 -- Record an opt-out (nothing when already opted out).
 UPDATE contacts SET opted_out_at = %(now)s, consent = 'revoked', updated_at = %(now)s
-WHERE id = %(id)s AND opted_out_at IS NULL
+WHERE project_id = %(project_id)s AND id = %(id)s AND opted_out_at IS NULL
 RETURNING id
 
 -- name: opt_in
 -- Record an opt-in (nothing when not opted out and consent already granted).
 UPDATE contacts SET opted_out_at = NULL, consent = 'granted', updated_at = %(now)s
-WHERE id = %(id)s AND (opted_out_at IS NOT NULL OR consent <> 'granted')
+WHERE project_id = %(project_id)s AND id = %(id)s AND (opted_out_at IS NOT NULL OR consent <> 'granted')
 RETURNING id
 
 -- name: erase_contact
--- Privacy erasure: the contact's messages and activities are deleted, the contact is anonymised, and its
+-- Privacy erasure: the contact's messages, activities and recorded triggers are deleted, the contact is
+-- anonymised, its conversations keep no provider thread or pointers to the deleted messages, and its
 -- follow-ups keep no variables or keys that could identify the person.
 WITH deleted_messages AS (
     DELETE FROM messages WHERE project_id = %(project_id)s AND contact_id = %(id)s
 ), deleted_activities AS (
     DELETE FROM activities WHERE project_id = %(project_id)s AND contact_id = %(id)s
+), deleted_triggers AS (
+    DELETE FROM followup_triggers WHERE project_id = %(project_id)s AND contact_id = %(id)s
+), conversations AS (
+    UPDATE conversations
+    SET inbox_thread = NULL, last_incoming_message_id = NULL, last_outgoing_message_id = NULL,
+        waiting_since = NULL, updated_at = %(now)s
+    WHERE project_id = %(project_id)s AND contact_id = %(id)s
 ), enrollments AS (
     UPDATE followup_enrollments
     SET variables = '{}'::jsonb, dedupe_key = NULL, note = NULL, last_error = NULL, updated_at = %(now)s
@@ -102,14 +132,27 @@ ON CONFLICT (id) DO NOTHING
 RETURNING id
 
 -- name: lead_contact
--- The contact of a lead of the project.
+-- The contact of a lead of the project (also: who holds a lead id that was given again).
 SELECT contact_id FROM leads WHERE project_id = %(project_id)s AND id = %(id)s
 
+-- name: lock_lead
+-- A lead's current status, locked (taken after its contact's lock, so lead events apply one at a time).
+SELECT status, closed_at IS NOT NULL AS closed FROM leads
+WHERE project_id = %(project_id)s AND id = %(id)s
+FOR NO KEY UPDATE
+
 -- name: set_lead_status
--- A lead's new status; closing it records when.
+-- A lead's new status: closing it records when (once: a repeated close keeps the first time); any other
+-- status reopens it.
 UPDATE leads
-SET status = %(status)s, closed_at = CASE WHEN %(closed)s THEN %(now)s ELSE closed_at END, updated_at = %(now)s
-WHERE id = %(id)s
+SET status = %(status)s,
+    closed_at = CASE WHEN %(closed)s THEN coalesce(closed_at, %(now)s) END,
+    updated_at = %(now)s
+WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: lead_exists
+-- Whether a lead belongs to the project (a deal may only point at the project's own leads).
+SELECT 1 FROM leads WHERE project_id = %(project_id)s AND id = %(lead_id)s
 
 -- name: set_deal_stage
 -- A known deal's new stage; returns its contact.

@@ -1,6 +1,11 @@
 """Ingress actors: platform events and send-lane claims over RabbitMQ, calling the same domain functions
 as the REST API. A malformed or rejected message is logged with its reason and dead-lettered; it never
-crashes the worker and never half-applies (decoding happens before any transaction opens)."""
+crashes the worker and never half-applies (decoding happens before any transaction opens, and each event
+is applied in one transaction that a failure rolls back).
+
+A platform event that fails only because the database is unreachable is retried with backoff instead:
+dead-lettering it would lose a reply, and with it the stop of the contact's follow-ups.
+"""
 
 from __future__ import annotations
 
@@ -11,40 +16,63 @@ import dramatiq
 import msgspec
 
 from libs.common import contracts
-from libs.common.errors import FollowupsError
-from libs.common.platform_events import apply_event
+from libs.common.db import map_errors
+from libs.common.errors import DatabaseUnavailable, FollowupsError
+from libs.common.platform_events import apply_event, require_project
 from libs.common.runtime import Runtime, Service
 from libs.common.send_lane import ClaimRequest, claim_messages
 
 log = logging.getLogger(__name__)
+
+#: How often a platform event is retried while the database is unreachable, and the backoff bounds (ms).
+TRANSIENT_RETRIES = 10
+MIN_BACKOFF_MS = 1_000
+MAX_BACKOFF_MS = 60_000
 
 
 class Rejected(Exception):
     """An ingress message that cannot be applied; it goes to the dead-letter queue."""
 
 
+def retry_when(retries: int, exception: BaseException) -> bool:
+    """Retry only transient failures (the database unreachable), a bounded number of times."""
+    return isinstance(exception, DatabaseUnavailable) and retries < TRANSIENT_RETRIES
+
+
 def build(runtime: Runtime) -> Service:
     def platform_event(payload: dict[str, Any]) -> None:
         message = _decode(contracts.PLATFORM_EVENT, payload)
+        context = {"project_id": str(message.project_id), "event_type": _event_type(message.event)}
         try:
-            with runtime.pool.connection() as conn:
+            with map_errors(), runtime.pool.connection() as conn:
+                require_project(conn, message.project_id)
                 apply_event(conn, message.project_id, message.event, now=runtime.clock.now())
+        except DatabaseUnavailable:
+            log.warning("ingress event deferred: database unavailable", extra=context)
+            raise
         except FollowupsError as exc:
-            log.error(
-                "ingress event rejected",
-                extra={"project_id": str(message.project_id), "reason": exc.message, "field": exc.field},
-            )
+            log.error("ingress event rejected", extra=context | {"reason": exc.message, "field": exc.field})
             raise Rejected(exc.message) from exc
+        except Exception as exc:  # a constraint or a bug: retrying would fail the same way
+            log.exception("ingress event failed", extra=context | {"reason": str(exc), "field": None})
+            raise Rejected(str(exc)) from exc
 
     def claim(payload: dict[str, Any]) -> None:
         message = _decode(contracts.CLAIM_MESSAGES, payload)
         request = ClaimRequest(limit=message.limit, number_id=message.number_id)
-        with runtime.pool.connection() as conn:
+        with map_errors(), runtime.pool.connection() as conn:
             claim_messages(conn, message.project_id, request, now=runtime.clock.now())
 
-    for contract, function in ((contracts.PLATFORM_EVENT, platform_event), (contracts.CLAIM_MESSAGES, claim)):
-        dramatiq.actor(broker=runtime.broker, **contracts.actor_options(contract))(function)
+    event_options = {"retry_when": retry_when, "min_backoff": MIN_BACKOFF_MS, "max_backoff": MAX_BACKOFF_MS}
+    dramatiq.actor(
+        broker=runtime.broker, **contracts.actor_options(contracts.PLATFORM_EVENT) | event_options
+    )(platform_event)
+    dramatiq.actor(broker=runtime.broker, **contracts.actor_options(contracts.CLAIM_MESSAGES))(claim)
     return Service("ingress", contracts.INGRESS_QUEUE)
+
+
+def _event_type(event: Any) -> str:
+    return str(type(event).__struct_config__.tag)
 
 
 def _decode(contract: contracts.Contract[contracts.P], payload: Any) -> contracts.P:

@@ -1,0 +1,211 @@
+"""The indexes that carry the design are the ones the planner picks, on its own, once the tables hold enough
+rows: the stop UPDATE, the release claim, the send-lane claim and the cancel of queued follow-ups.
+
+Each query is explained twice: with its parameters bound (the custom plan of the first executions) and as a
+generic plan (what a prepared statement settles on after a few executions: psycopg prepares a query it
+has run five times)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+
+from libs.common import send_lane, stops
+from libs.common.clock import ManualClock
+from libs.common.sequences import MessageStep
+from libs.common.settings import FollowupSettings
+from libs.common.sql import load_queries
+from services.release.release import release_batch
+from tests.conftest import Project
+from tests.factories import make_contact, make_enrollment, make_sequence
+
+RELEASE_QUERIES = load_queries("services.release", "queries.sql")
+
+#: Rows of other contacts in the tables, enough that a sequential scan is clearly the worse plan.
+OTHER_CONTACTS = 5000
+NOW = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
+
+
+def plan_nodes(plan: Any) -> Iterator[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan tree, init plans and CTEs included."""
+    if isinstance(plan, list):
+        for item in plan:
+            yield from plan_nodes(item)
+    elif isinstance(plan, dict):
+        if "Node Type" in plan:
+            yield plan
+        for key in ("Plan", "Plans"):
+            if key in plan:
+                yield from plan_nodes(plan[key])
+
+
+def explain(conn: Connection[Any], query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    row = conn.execute(f"EXPLAIN (FORMAT JSON) {query}", params).fetchone()
+    assert row is not None
+    return list(plan_nodes(row[0]))
+
+
+def explain_generic(conn: Connection[Any], query: str) -> list[dict[str, Any]]:
+    """The generic plan (parameters as ``$n``, values unknown), as a prepared statement may come to use."""
+    numbers: dict[str, int] = {}
+
+    def placeholder(match: re.Match[str]) -> str:
+        return f"${numbers.setdefault(match.group(1), len(numbers) + 1)}"
+
+    generic = re.sub(r"%\((\w+)\)s", placeholder, query)
+    row = conn.execute(f"EXPLAIN (GENERIC_PLAN, FORMAT JSON) {generic}".replace("%", "%%")).fetchone()
+    assert row is not None
+    return list(plan_nodes(row[0]))
+
+
+def index_names(nodes: list[dict[str, Any]]) -> set[str]:
+    return {n["Index Name"] for n in nodes if "Index Name" in n}
+
+
+def seq_scanned(nodes: list[dict[str, Any]]) -> set[str]:
+    return {n["Relation Name"] for n in nodes if n["Node Type"] == "Seq Scan"}
+
+
+class Seeded:
+    """A project with OTHER_CONTACTS contacts, each enrolled and with a sent message (a tenth also with a
+    queued one), and one contact of interest whose follow-up message is QUEUED."""
+
+    def __init__(self, pool: ConnectionPool, project_id: uuid.UUID) -> None:
+        clock = ManualClock(NOW)
+        sequence = make_sequence(pool, project_id)
+        self.contact = make_contact(pool, project_id)
+        two_steps = make_sequence(
+            pool, project_id, MessageStep(text="now"), MessageStep(text="tomorrow", delay_seconds=86400)
+        )
+        self.enrollment = make_enrollment(pool, clock, project_id, two_steps, self.contact).id
+        assert release_batch(pool, clock, FollowupSettings()) == 1
+        with pool.connection() as conn:
+            params = {"project_id": project_id, "sequence_id": sequence, "n": OTHER_CONTACTS, "now": NOW}
+            conn.execute(
+                """
+                INSERT INTO contacts (project_id, phone)
+                SELECT %(project_id)s, '+1666' || lpad(g::text, 7, '0') FROM generate_series(1, %(n)s) g
+                """,
+                params,
+            )
+            conn.execute(
+                """
+                INSERT INTO followup_enrollments (project_id, sequence_id, version_id, contact_id, status,
+                                                  next_run_at, enrolled_at, updated_at, finished_at)
+                SELECT c.project_id, s.id, s.current_version_id, c.id,
+                       CASE WHEN n %% 10 < 6 THEN 'active' WHEN n %% 10 = 6 THEN 'paused'
+                            WHEN n %% 10 < 9 THEN 'completed' ELSE 'stopped' END,
+                       %(now)s + make_interval(mins => n::int), %(now)s, %(now)s,
+                       CASE WHEN n %% 10 > 6 THEN %(now)s END
+                FROM (SELECT c.*, row_number() OVER (ORDER BY c.id) AS n
+                      FROM contacts c WHERE c.project_id = %(project_id)s AND c.id <> %(contact)s) c
+                JOIN followup_sequences s ON s.id = %(sequence_id)s
+                """,
+                params | {"contact": self.contact},
+            )
+            conn.execute(
+                """
+                INSERT INTO messages (project_id, contact_id, direction, status, source, priority,
+                                      body, followup_enrollment_id, followup_step_index, created_at,
+                                      status_changed_at)
+                SELECT c.project_id, c.id, 'outbound', m.status, 'followup', 5, 'hello', e.id, m.step,
+                       %(now)s - make_interval(mins => m.age), %(now)s
+                FROM contacts c
+                JOIN followup_enrollments e ON e.contact_id = c.id
+                CROSS JOIN LATERAL (VALUES ('READ', 120, 0), ('SENT', 60, 1),
+                    (CASE WHEN right(c.phone, 1) = '0' THEN 'QUEUED' ELSE 'DELIVERED' END, 30, 2))
+                    AS m(status, age, step)
+                WHERE c.project_id = %(project_id)s AND c.id <> %(contact)s
+                """,
+                params | {"contact": self.contact},
+            )
+            for table in ("contacts", "followup_enrollments", "messages"):
+                conn.execute(f"ANALYZE {table}")
+        self.project_id = project_id
+
+
+@pytest.fixture
+def seeded(pool: ConnectionPool, project: Project) -> Seeded:
+    return Seeded(pool, project.id)
+
+
+def _stop_params(seeded: Seeded, conversation_id: uuid.UUID | None = None) -> dict[str, Any]:
+    return {
+        "project_id": seeded.project_id,
+        "contact_id": seeded.contact,
+        "flag": "reply",
+        "reason": "replied",
+        "conversation_id": conversation_id,
+        "now": NOW,
+    }
+
+
+def test_the_stop_update_uses_the_live_contact_index(pool: ConnectionPool, seeded: Seeded) -> None:
+    query = stops.QUERIES["stop_live_enrollments"]
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        for nodes in (
+            explain(conn, query, _stop_params(seeded)),
+            explain(conn, query, _stop_params(seeded, uuid.uuid4())),
+            explain_generic(conn, query),
+        ):
+            assert "followup_enrollments_live_contact_idx" in index_names(nodes), nodes
+            assert "followup_enrollments" not in seq_scanned(nodes)
+        # the plan is the real one: run, the UPDATE stops exactly the contact's follow-up
+        stopped = conn.execute(query, _stop_params(seeded)).fetchall()
+        assert stopped == [(seeded.enrollment,)]
+
+
+def test_the_cancel_of_queued_follow_ups_uses_the_queued_contact_index(
+    pool: ConnectionPool, seeded: Seeded
+) -> None:
+    query = stops.QUERIES["cancel_queued_followups"]
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        for nodes in (explain(conn, query, _stop_params(seeded)), explain_generic(conn, query)):
+            assert "messages_queued_contact_idx" in index_names(nodes), nodes
+            assert "messages" not in seq_scanned(nodes)
+        cancelled = conn.execute(query, _stop_params(seeded)).fetchall()
+        assert len(cancelled) == 1
+
+
+def test_the_release_claim_uses_the_claim_index(pool: ConnectionPool, seeded: Seeded) -> None:
+    query = RELEASE_QUERIES["claim_due_enrollment"]
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        for nodes in (explain(conn, query, {"now": NOW}), explain_generic(conn, query)):
+            assert "followup_enrollments_claim_idx" in index_names(nodes), nodes
+            assert "followup_enrollments" not in seq_scanned(nodes)
+
+
+def test_the_send_lane_claim_uses_the_send_queue_index(pool: ConnectionPool, seeded: Seeded) -> None:
+    query = send_lane.QUERIES["claim_queued_messages"]
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        for project_id in (seeded.project_id, None):
+            params = {"project_id": project_id, "number_id": None, "limit": 50, "now": NOW}
+            nodes = explain(conn, query, params)
+            assert "messages_send_queue_idx" in index_names(nodes), nodes
+            assert "messages" not in seq_scanned(nodes)
+        claimed = conn.execute(
+            query, {"project_id": seeded.project_id, "number_id": None, "limit": 50, "now": NOW}
+        )
+        assert len(claimed.fetchall()) == 50
+
+
+def test_the_send_lane_claim_is_never_a_prepared_statement(pool: ConnectionPool, seeded: Seeded) -> None:
+    """A generic plan of the claim cannot tell which optional filters are NULL: it guesses a few rows and
+    sorts the whole QUEUED backlog instead of walking the index. So the claim must never be prepared
+    (psycopg would prepare it after five runs on a connection, and PostgreSQL then switch to that plan)."""
+    query = send_lane.QUERIES["claim_queued_messages"]
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        generic = explain_generic(conn, query)
+        assert "messages_send_queue_idx" not in index_names(generic)  # why: the plan it would come to use
+        request = send_lane.ClaimRequest(limit=1)
+        for _ in range(12):
+            assert len(send_lane.claim_messages(conn, seeded.project_id, request, now=NOW)) == 1
+        prepared = conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+        assert not [s for (s,) in prepared if "message.claimed" in s]
