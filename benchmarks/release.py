@@ -30,7 +30,7 @@ import psycopg
 
 from benchmarks.common import bench_database, percentile
 from benchmarks.seed import seed_due_enrollments, seed_project
-from libs.common import outbound, outbox
+from libs.common import outbound
 from libs.common.clock import SYSTEM_CLOCK
 from libs.common.db import create_pool
 from libs.common.settings import DatabaseSettings, FollowupSettings
@@ -150,7 +150,7 @@ def pgbench_script() -> str:
     sends every write and the COMMIT in one pipeline. The message id the release path makes in Python
     comes from the conversation query here.
     """
-    q, o, x = release.QUERIES, outbound.QUERIES, outbox.QUERIES
+    q, o = release.QUERIES, outbound.QUERIES
     enrollment = "NULLIF(:id, '')::uuid"
     conversation = o["lock_open_conversation"].replace(
         "SELECT id, number_id", "SELECT id AS conversation_id, gen_random_uuid() AS message_id", 1
@@ -170,13 +170,8 @@ def pgbench_script() -> str:
             step_index="0",
             due_at="NULLIF(:next_run_at, '')::timestamptz",
         ),
-        _pgbench_statement(q["advance"], step_index="1", next_run_at="now()"),
-        _pgbench_statement(q["finish"], status="'completed'"),
         _pgbench_statement(
-            x["insert_event"],
-            type="'followup.completed'",
-            aggregate_type="'followup_enrollment'",
-            aggregate_id=enrollment,
+            q["finish"], status="'completed'", step_index="1", message_id="NULLIF(:message_id, '')::uuid"
         ),
         "COMMIT;",
         "\\endpipeline",

@@ -182,9 +182,10 @@ def test_each_stop_path_stops_flagged_follow_ups_and_cancels_their_queued_messag
     stop_events = {e["enrollment_id"]: e["reason"] for e in outbox(pool, "followup.stopped")}
     assert stop_events == {str(e): reason for e in expected_stopped}
 
-    # ... and the QUEUED messages of those (and of the completed one) are CANCELLED with message.failed
+    # ... and the QUEUED messages of those (and of the completed one) are CANCELLED with message.failed;
+    # an erasure or an opt-out cancels every queued follow-up: nothing is ever sent to an opted-out contact
     cancelled = {messages[setup.stops], messages[setup.paused], messages[setup.completed]}
-    if erased:
+    if erased or reason == "opted_out":
         cancelled.add(messages[setup.keeps])
     assert set(map(uuid.UUID, result["cancelled_message_ids"])) == cancelled
     failed = failed_events(pool)
@@ -200,7 +201,8 @@ def test_each_stop_path_stops_flagged_follow_ups_and_cancels_their_queued_messag
                 r[0]
                 for r in rows(pool, "SELECT status FROM message_status_events WHERE message_id = %s", message)
             ]
-        assert one(pool, "SELECT status FROM messages WHERE id = %s", messages[setup.keeps]) == "QUEUED"
+        if reason != "opted_out":
+            assert one(pool, "SELECT status FROM messages WHERE id = %s", messages[setup.keeps]) == "QUEUED"
     assert one(pool, "SELECT status FROM messages WHERE id = %s", bystander_message) == "QUEUED"
 
     # And a stopped follow-up is never released again

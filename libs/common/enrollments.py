@@ -27,6 +27,7 @@ from libs.common.sequences import (
     version_definition,
 )
 from libs.common.sql import load_queries
+from libs.common.stops import cancel_queued_followups_of
 
 log = logging.getLogger(__name__)
 
@@ -310,8 +311,11 @@ def _sequence_version(
 
 
 def _stopped(conn: Connection[Any], project_id: uuid.UUID, enrollment: Enrollment, *, now: datetime) -> None:
-    """Count a stop and write its ``followup.stopped`` event (as the release path does for its stops)."""
-    FOLLOWUP_FINISHED.labels("stopped", enrollment.reason or "none").inc()
+    """Cancel the stopped enrollment's message still QUEUED, count the stop and write its
+    ``followup.stopped`` event (as the stop paths do)."""
+    reason = enrollment.reason or "none"
+    cancel_queued_followups_of(conn, project_id, enrollment.contact_id, enrollment.id, reason, now=now)
+    FOLLOWUP_FINISHED.labels("stopped", reason).inc()
     write_event(
         conn,
         project_id=project_id,

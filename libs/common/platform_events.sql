@@ -102,13 +102,17 @@ RETURNING id
 -- name: erase_contact
 -- Privacy erasure: the contact's messages, activities and recorded triggers are deleted, the contact is
 -- anonymised, its conversations keep no provider thread or pointers to the deleted messages, and its
--- follow-ups keep no variables or keys that could identify the person.
+-- follow-ups keep no variables or keys that could identify the person. Its message.claimed events (they
+-- carry the phone and the text for the send lane) are deleted from the outbox too.
 WITH deleted_messages AS (
     DELETE FROM messages WHERE project_id = %(project_id)s AND contact_id = %(id)s
 ), deleted_activities AS (
     DELETE FROM activities WHERE project_id = %(project_id)s AND contact_id = %(id)s
 ), deleted_triggers AS (
     DELETE FROM followup_triggers WHERE project_id = %(project_id)s AND contact_id = %(id)s
+), deleted_events AS (
+    DELETE FROM outbox
+    WHERE project_id = %(project_id)s AND type = 'message.claimed' AND data->>'contact_id' = %(id)s::text
 ), conversations AS (
     UPDATE conversations
     SET inbox_thread = NULL, last_incoming_message_id = NULL, last_outgoing_message_id = NULL,

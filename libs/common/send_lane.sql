@@ -1,6 +1,7 @@
 -- name: claim_queued_messages
 -- Claim QUEUED outbound messages in priority then age order (SKIP LOCKED: claimers never wait for each
--- other); each becomes PROCESSING with a status event and a message.claimed event.
+-- other); each becomes PROCESSING with a status event and a message.claimed event that carries what the
+-- send lane needs to send it (a send lane that claims over RabbitMQ learns of its messages from it).
 WITH picked AS (
     SELECT id FROM messages
     WHERE status = 'QUEUED' AND direction = 'outbound'
@@ -19,8 +20,14 @@ WITH picked AS (
     SELECT project_id, id, 'PROCESSING', %(now)s FROM claimed
 ), events AS (
     INSERT INTO outbox (project_id, type, aggregate_type, aggregate_id, data, occurred_at)
-    SELECT project_id, 'message.claimed', 'message', id, jsonb_build_object('message_id', id), %(now)s
-    FROM claimed
+    SELECT claimed.project_id, 'message.claimed', 'message', claimed.id,
+           jsonb_build_object('message_id', claimed.id, 'contact_id', claimed.contact_id, 'phone', c.phone,
+                              'conversation_id', claimed.conversation_id, 'number_id', claimed.number_id,
+                              'priority', claimed.priority, 'body', claimed.body, 'media_url', claimed.media_url,
+                              'media_kind', claimed.media_kind, 'source', claimed.source,
+                              'followup_enrollment_id', claimed.followup_enrollment_id),
+           %(now)s
+    FROM claimed JOIN contacts c ON c.id = claimed.contact_id
 )
 SELECT claimed.id, claimed.project_id, claimed.contact_id, c.phone, claimed.conversation_id, claimed.number_id,
        claimed.priority, claimed.body, claimed.media_url, claimed.media_kind, claimed.source,

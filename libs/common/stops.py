@@ -72,6 +72,7 @@ def stop_followups_for_contact(
         "flag": flag,
         "reason": reason,
         "conversation_id": conversation_id,
+        "enrollment_id": None,
         "now": now,
     }
     stopped = [row[0] for row in conn.execute(QUERIES["stop_live_enrollments"], params).fetchall()]
@@ -90,3 +91,25 @@ def stop_followups_for_contact(
             },
         )
     return Stopped(stopped, cancelled)
+
+
+def cancel_queued_followups_of(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    enrollment_id: uuid.UUID,
+    reason: str,
+    *,
+    now: datetime,
+) -> list[uuid.UUID]:
+    """Cancel one enrollment's follow-up messages still QUEUED (stopped by hand, or replaced)."""
+    params = {
+        "project_id": project_id,
+        "contact_id": contact_id,
+        "flag": "any",
+        "reason": reason,
+        "conversation_id": None,
+        "enrollment_id": enrollment_id,
+        "now": now,
+    }
+    return [row[0] for row in conn.execute(QUERIES["cancel_queued_followups"], params).fetchall()]

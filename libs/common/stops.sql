@@ -31,7 +31,8 @@ SELECT id FROM stopped
 -- name: cancel_queued_followups
 -- The contact's follow-up messages still QUEUED (not yet claimed by the send lane) whose enrollment
 -- carries the stop flag: CANCELLED, with a status event and a message.failed event (reason CANCELLED).
--- This also covers the last message of an enrollment that completed before the event arrived.
+-- This also covers the last message of an enrollment that completed before the event arrived. An opt-out
+-- cancels every queued follow-up, whatever the flag: nothing is ever sent to an opted-out contact.
 WITH cancelled AS (
     UPDATE messages m
     SET status = 'CANCELLED', error = 'CANCELLED', status_changed_at = %(now)s
@@ -43,10 +44,11 @@ WITH cancelled AS (
       AND e.id = m.followup_enrollment_id
       AND (%(conversation_id)s::uuid IS NULL OR e.conversation_id IS NULL
            OR e.conversation_id = %(conversation_id)s::uuid)
+      AND (%(enrollment_id)s::uuid IS NULL OR e.id = %(enrollment_id)s::uuid)
       AND CASE %(flag)s::text
               WHEN 'reply' THEN e.stop_on_reply
               WHEN 'human_message' THEN e.stop_on_human_message
-              WHEN 'opt_out' THEN e.stop_on_opt_out
+              WHEN 'opt_out' THEN true
               WHEN 'lead_closed' THEN e.stop_on_lead_closed
               WHEN 'conversation_resolved' THEN e.stop_on_conversation_resolved
               ELSE true

@@ -74,10 +74,23 @@ WHERE id = %(id)s
 UPDATE followup_enrollments SET status = 'paused', reason = %(reason)s, updated_at = %(now)s WHERE id = %(id)s
 
 -- name: finish
--- Finish an enrollment: completed, stopped or failed, with its reason.
-UPDATE followup_enrollments
-SET status = %(status)s, reason = %(reason)s, finished_at = %(now)s, updated_at = %(now)s
-WHERE id = %(id)s
+-- Finish an enrollment (completed, stopped or failed, with its reason) and write its followup.<status>
+-- event. The last step's advance folds in here: step_index, last message and last step time, when given.
+WITH finished AS (
+    UPDATE followup_enrollments
+    SET status = %(status)s, reason = %(reason)s, finished_at = %(now)s, updated_at = %(now)s,
+        step_index = coalesce(%(step_index)s, step_index),
+        last_message_id = coalesce(%(message_id)s, last_message_id),
+        last_step_at = CASE WHEN %(step_index)s::integer IS NULL THEN last_step_at ELSE %(now)s END
+    WHERE id = %(id)s
+    RETURNING id, project_id, sequence_id, contact_id
+)
+INSERT INTO outbox (project_id, type, aggregate_type, aggregate_id, data, occurred_at)
+SELECT project_id, 'followup.' || %(status)s, 'followup_enrollment', id,
+       jsonb_build_object('enrollment_id', id, 'sequence_id', sequence_id, 'contact_id', contact_id,
+                          'reason', %(reason)s::text),
+       %(now)s
+FROM finished
 
 -- name: defer
 -- Try again later (the lease stays free).

@@ -29,7 +29,6 @@ from psycopg_pool import ConnectionPool
 from libs.common.clock import Clock
 from libs.common.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
 from libs.common.outbound import ConversationBusy, OutboundMessage, queue_contact_message
-from libs.common.outbox import write_event
 from libs.common.sequences import (
     AiStep,
     Definition,
@@ -289,28 +288,20 @@ def _advance(conn: Connection[Any], claim: _Claim, message_id: uuid.UUID | None)
         due = step_due_at(next_step, now=claim.now, anchor_at=claim.row["anchor_at"]) or claim.now
         conn.execute(QUERIES["advance"], params | {"next_run_at": due})
     else:
-        conn.execute(QUERIES["advance"], params | {"next_run_at": claim.now})
-        _finish(conn, claim, "completed", None)
+        _finish(conn, claim, "completed", None, step_index=next_index, message_id=message_id)
 
 
-def _finish(conn: Connection[Any], claim: _Claim, status: str, reason: str | None) -> Released:
-    row = claim.row
-    conn.execute(QUERIES["finish"], {"id": claim.id, "status": status, "reason": reason, "now": claim.now})
-    event = "followup.completed" if status == "completed" else "followup.stopped"
-    write_event(
-        conn,
-        project_id=row["project_id"],
-        type=event,
-        aggregate_type="followup_enrollment",
-        aggregate_id=claim.id,
-        data={
-            "enrollment_id": str(claim.id),
-            "sequence_id": str(row["sequence_id"]) if row["sequence_id"] else None,
-            "contact_id": str(row["contact_id"]),
-            "reason": reason,
-        },
-        occurred_at=claim.now,
-    )
+def _finish(
+    conn: Connection[Any],
+    claim: _Claim,
+    status: str,
+    reason: str | None,
+    *,
+    step_index: int | None = None,
+    message_id: uuid.UUID | None = None,
+) -> Released:
+    params = {"id": claim.id, "status": status, "reason": reason, "now": claim.now}
+    conn.execute(QUERIES["finish"], params | {"step_index": step_index, "message_id": message_id})
     FOLLOWUP_FINISHED.labels(status, reason or "none").inc()
     if status != "completed":
         FOLLOWUP_STEPS.labels("stop", reason or "none").inc()
@@ -347,7 +338,15 @@ def _record_failure(
         failures: int = row[0]
         if failures >= settings.max_failures:
             conn.execute(
-                QUERIES["finish"], {"id": enrollment_id, "status": "failed", "reason": "error", "now": now}
+                QUERIES["finish"],
+                {
+                    "id": enrollment_id,
+                    "status": "failed",
+                    "reason": "error",
+                    "now": now,
+                    "step_index": None,
+                    "message_id": None,
+                },
             )
             FOLLOWUP_FINISHED.labels("failed", "error").inc()
             action = "fail"
