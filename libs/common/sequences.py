@@ -328,26 +328,23 @@ def publish_sequence(conn: Connection[Any], project_id: uuid.UUID, sequence_id: 
     status, draft = _lock(conn, project_id, sequence_id)
     if status == "archived":
         raise Conflict("an archived sequence cannot be published", field="sequence_id")
-    definition = validate_definition(decode_definition(draft))
-    params = {
-        "project_id": project_id,
-        "sequence_id": sequence_id,
-        "definition": _encode(definition),
-        "step_count": len(definition.steps),
-    }
-    with conn.cursor(row_factory=class_row(Version)) as cur:
-        version = cur.execute(QUERIES["insert_version"], params).fetchone()
-    assert version is not None
+    version = _insert_version(conn, project_id, sequence_id, validate_definition(decode_definition(draft)))
     conn.execute(QUERIES["set_current_version"], {"id": sequence_id, "version_id": version.id})
     return version
 
 
 def create_one_off_version(conn: Connection[Any], project_id: uuid.UUID, definition: Definition) -> Version:
     """An inline version with no sequence, for an enrollment that carries its own steps."""
-    definition = validate_definition(_storable(definition, ""), field="")
+    return _insert_version(conn, project_id, None, validate_definition(_storable(definition, ""), field=""))
+
+
+def _insert_version(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID | None, definition: Definition
+) -> Version:
+    """Freeze a validated definition as a version (the sequence's next, or a one-off)."""
     params = {
         "project_id": project_id,
-        "sequence_id": None,
+        "sequence_id": sequence_id,
         "definition": _encode(definition),
         "step_count": len(definition.steps),
     }
