@@ -143,6 +143,7 @@ def _stop_params(seeded: Seeded, conversation_id: uuid.UUID | None = None) -> di
         "flag": "reply",
         "reason": "replied",
         "conversation_id": conversation_id,
+        "enrollment_id": None,
         "now": NOW,
     }
 
