@@ -6,10 +6,11 @@ import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 from litestar import Request
 from litestar.di import NamedDependency
+from litestar.params import QueryParameter
 from psycopg import Connection
 
 from libs.common import contracts
@@ -32,6 +33,9 @@ def transaction(runtime: Runtime) -> Iterator[Connection[Any]]:
     with map_errors(), runtime.pool.connection() as conn:
         yield conn
 
+
+#: A list handler's ``limit`` query parameter: 1 to 500 items a page.
+PageLimit = Annotated[int, QueryParameter(ge=1, le=500)]
 
 #: A handler parameter ``project_id: ProjectId`` receives the caller's project (see :func:`project_id`).
 ProjectId = NamedDependency[uuid.UUID]

@@ -21,12 +21,9 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
        p.timezone AS project_timezone,
        p.plan_active,
        s.status AS sequence_status,
-       EXISTS (SELECT 1 FROM messages m
-               WHERE m.contact_id = c.id AND m.direction = 'inbound'
-                 AND m.created_at > %(enrolled_at)s) AS replied_since_enrollment,
-       EXISTS (SELECT 1 FROM messages m
-               WHERE m.contact_id = c.id AND m.direction = 'inbound'
-                 AND m.created_at > coalesce(%(last_step_at)s, %(enrolled_at)s)) AS replied_since_last_step,
+       (SELECT max(m.created_at) FROM messages m
+        WHERE m.contact_id = c.id AND m.direction = 'inbound'
+          AND m.created_at > %(enrolled_at)s) AS replied_at,
        (SELECT m.status FROM messages m WHERE m.id = %(last_message_id)s) AS last_message_status
 FROM contacts c
 JOIN projects p ON p.id = c.project_id

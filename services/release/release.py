@@ -140,7 +140,7 @@ def _checks(conn: Connection[Any], claim: _Claim) -> Released | None:
         return _finish(conn, claim, "stopped", "contact_erased")
     if contact["opted_out"]:
         return _finish(conn, claim, "stopped", "opted_out")
-    if row["stop_on_reply"] and contact["replied_since_enrollment"]:
+    if row["stop_on_reply"] and contact["replied_at"] is not None:
         # the backstop: the reply's own stop path normally got here first
         return _finish(conn, claim, "stopped", "replied")
     return None
@@ -160,13 +160,19 @@ def _timing(conn: Connection[Any], claim: _Claim) -> Released | None:
     contact = claim.contact
     for condition in step.only_if:
         met = {
-            "no_reply_since_previous_step": not contact["replied_since_last_step"],
-            "no_reply_since_enrollment": not contact["replied_since_enrollment"],
+            "no_reply_since_previous_step": not _replied_since(contact, row["last_step_at"]),
+            "no_reply_since_enrollment": contact["replied_at"] is None,
             "previous_not_read": contact["last_message_status"] != "READ",
         }[condition]
         if not met:
             return _skip(conn, claim, f"only_if:{condition}")
     return None
+
+
+def _replied_since(contact: dict[str, Any], moment: datetime | None) -> bool:
+    """Whether the contact's last reply since enrollment came after ``moment`` (None: since enrollment)."""
+    replied_at: datetime | None = contact["replied_at"]
+    return replied_at is not None and (moment is None or replied_at > moment)
 
 
 def _sending_constraints(conn: Connection[Any], claim: _Claim) -> Released | None:

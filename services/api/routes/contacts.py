@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Any
 
 from litestar import Controller, Request, Response, delete, get, patch, post, put
-from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common import contacts, validation
 from libs.common.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
-from services.api.deps import ProjectId, page, runtime_of, transaction
+from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 
 
 class ContactsController(Controller):
@@ -43,7 +43,7 @@ class ContactsController(Controller):
         self,
         request: Request[Any, Any, Any],
         project_id: ProjectId,
-        limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
+        limit: PageLimit = 50,
         after: FromQuery[uuid.UUID | None] = None,
         tag: FromQuery[str | None] = None,
         phone: FromQuery[str | None] = None,

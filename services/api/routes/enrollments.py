@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Any
 
 from litestar import Controller, Request, Response, get, patch, post
-from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common import enrollments
 from libs.common.enrollments import (
@@ -17,7 +17,7 @@ from libs.common.enrollments import (
     EnrollRequest,
     StopRequest,
 )
-from services.api.deps import ProjectId, nudge_release, page, runtime_of, transaction
+from services.api.deps import PageLimit, ProjectId, nudge_release, page, runtime_of, transaction
 
 
 class EnrollmentsController(Controller):
@@ -42,7 +42,7 @@ class EnrollmentsController(Controller):
         self,
         request: Request[Any, Any, Any],
         project_id: ProjectId,
-        limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
+        limit: PageLimit = 50,
         after: FromQuery[uuid.UUID | None] = None,
         sequence_id: FromQuery[uuid.UUID | None] = None,
         contact_id: FromQuery[uuid.UUID | None] = None,

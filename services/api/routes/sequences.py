@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from litestar import Controller, Request, get, patch, post
-from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common import sequences, statistics
 from libs.common.sequences import Sequence, SequenceCreate, SequenceUpdate, Version
 from libs.common.statistics import SequenceStatistics
-from services.api.deps import ProjectId, page, runtime_of, transaction
+from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 
 SequenceStatus = Literal["draft", "active", "paused", "archived"]
 
@@ -33,7 +33,7 @@ class SequencesController(Controller):
         self,
         request: Request[Any, Any, Any],
         project_id: ProjectId,
-        limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
+        limit: PageLimit = 50,
         after: FromQuery[uuid.UUID | None] = None,
         status: FromQuery[SequenceStatus | None] = None,
     ) -> dict[str, Any]:
