@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from libs.common.migrate import migrate
+from libs.common.core.migrate import migrate
 
 
 def server_url() -> str:

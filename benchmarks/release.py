@@ -30,10 +30,13 @@ import psycopg
 
 from benchmarks.common import bench_database, percentile
 from benchmarks.seed import seed_due_enrollments, seed_project
-from libs.common import outbound
-from libs.common.clock import SYSTEM_CLOCK
-from libs.common.db import create_pool
-from libs.common.settings import DatabaseSettings, FollowupSettings
+from libs.common.core import outbox
+from libs.common.core.clock import SYSTEM_CLOCK
+from libs.common.core.db import create_pool
+from libs.common.core.settings import DatabaseSettings, FollowupSettings
+from libs.common.followups import release_step, transitions
+from libs.common.platform import contacts
+from libs.common.platform import messages as platform_messages
 from services.release import release
 
 BENCH_DATABASE = "followups_bench"
@@ -150,28 +153,48 @@ def pgbench_script() -> str:
     sends every write and the COMMIT in one pipeline. The message id the release path makes in Python
     comes from the conversation query here.
     """
-    q, o = release.QUERIES, outbound.QUERIES
+    claim, step, messages = release.QUERIES, release_step.QUERIES, platform_messages.QUERIES
     enrollment = "NULLIF(:id, '')::uuid"
-    conversation = o["lock_open_conversation"].replace(
+    message = "NULLIF(:message_id, '')::uuid"
+    conversation = messages["lock_open_conversation"].replace(
         "SELECT id, number_id", "SELECT id AS conversation_id, gen_random_uuid() AS message_id", 1
     )
     statements = [
         "BEGIN;",
-        _pgbench_statement(q["claim_due_enrollment"], gset=True),
-        _pgbench_statement(q["lock_contact"]),
+        _pgbench_statement(claim["claim_due_enrollment"], gset=True),
+        _pgbench_statement(step["release_state"]),
         _pgbench_statement(conversation, gset=True),
         "\\startpipeline",
+        _pgbench_statement(messages["insert_queued_message"], id=message, followup_enrollment_id=enrollment),
         _pgbench_statement(
-            o["insert_queued_message"], id="NULLIF(:message_id, '')::uuid", followup_enrollment_id=enrollment
-        ),
-        _pgbench_statement(
-            q["record_step_queued"],
+            step["insert_step_run"],
             enrollment_id=enrollment,
             step_index="0",
+            message_id=message,
             due_at="NULLIF(:next_run_at, '')::timestamptz",
         ),
+        _pgbench_statement(contacts.QUERIES["insert_activity"], kind="'followup_sent'"),
         _pgbench_statement(
-            q["finish"], status="'completed'", step_index="1", message_id="NULLIF(:message_id, '')::uuid"
+            outbox.QUERIES["insert_events"],
+            types="ARRAY['message.queued', 'followup.step_queued']",
+            aggregate_types="ARRAY['message', 'followup_enrollment']",
+            aggregate_ids=f"ARRAY[{message}, {enrollment}]",
+            data="ARRAY['{}', '{}']",
+        ),
+        _pgbench_statement(
+            transitions.QUERIES["finish"],
+            ids=f"ARRAY[{enrollment}]",
+            status="'completed'",
+            note="NULL",
+            step_index="1",
+            message_id=message,
+        ),
+        _pgbench_statement(
+            outbox.QUERIES["insert_events"],
+            types="ARRAY['followup.completed']",
+            aggregate_types="ARRAY['followup_enrollment']",
+            aggregate_ids=f"ARRAY[{enrollment}]",
+            data="ARRAY['{}']",
         ),
         "COMMIT;",
         "\\endpipeline",

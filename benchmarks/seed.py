@@ -8,8 +8,9 @@ from typing import Any
 
 from psycopg import Connection
 
-from libs.common.projects import create_project
-from libs.common.sequences import Definition, MessageStep, SequenceCreate, create_sequence, publish_sequence
+from libs.common.followups.definition import Definition, MessageStep
+from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
+from libs.common.platform.projects import create_project
 
 
 def seed_project(

@@ -21,7 +21,7 @@ import psycopg
 
 from benchmarks.common import bench_database, percentile
 from benchmarks.seed import seed_project
-from libs.common.stops import stop_followups_for_contact
+from libs.common.followups.stops import stop_followups_for_contact
 
 BENCH_DATABASE = "followups_bench_stop"
 

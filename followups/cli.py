@@ -8,15 +8,15 @@ import sys
 from collections.abc import Sequence
 
 from followups.runner import SERVICES, serve_metrics, shutdown_requested, start_services
-from libs.common.broker import create_broker
-from libs.common.clock import SYSTEM_CLOCK
-from libs.common.db import create_pool
-from libs.common.logs import configure_logging
-from libs.common.migrate import migrate
-from libs.common.outbox import AmqpPublisher
-from libs.common.projects import create_project
-from libs.common.runtime import Runtime
-from libs.common.settings import Settings, SettingsError
+from libs.common.core.broker import create_broker
+from libs.common.core.clock import SYSTEM_CLOCK
+from libs.common.core.db import create_pool
+from libs.common.core.logs import configure_logging
+from libs.common.core.migrate import migrate
+from libs.common.core.outbox import AmqpPublisher
+from libs.common.core.runtime import Runtime
+from libs.common.core.settings import Settings, SettingsError
+from libs.common.platform.projects import create_project
 
 log = logging.getLogger("followups")
 

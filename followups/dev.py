@@ -15,17 +15,18 @@ import warnings
 from pathlib import Path
 
 from followups.runner import SERVICES, start_services
-from libs.common.broker import create_broker
-from libs.common.clock import SYSTEM_CLOCK
-from libs.common.contacts import ContactFields, upsert_contact
-from libs.common.db import create_pool
-from libs.common.enrollments import EnrollRequest, enroll
-from libs.common.migrate import migrate
-from libs.common.outbox import LogPublisher
-from libs.common.projects import create_api_key, create_project
-from libs.common.runtime import Runtime
-from libs.common.sequences import Definition, MessageStep, SequenceCreate, create_sequence, publish_sequence
-from libs.common.settings import DatabaseSettings, Settings
+from libs.common.core.broker import create_broker
+from libs.common.core.clock import SYSTEM_CLOCK
+from libs.common.core.db import create_pool
+from libs.common.core.migrate import migrate
+from libs.common.core.outbox import LogPublisher
+from libs.common.core.runtime import Runtime
+from libs.common.core.settings import DatabaseSettings, Settings
+from libs.common.followups.definition import Definition, MessageStep
+from libs.common.followups.enrollments import EnrollRequest, enroll
+from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
+from libs.common.platform.contacts import ContactFields, upsert_contact
+from libs.common.platform.projects import create_api_key, create_project
 
 log = logging.getLogger("followups.dev")
 

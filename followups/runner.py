@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 import dramatiq
 from prometheus_client import start_http_server
 
-from libs.common import metrics
-from libs.common.loops import PollingLoop
-from libs.common.outbox import Publisher, relay_batch
-from libs.common.runtime import Runtime, Service
-from libs.common.schedule import CronScheduler
+from libs.common.core import metrics
+from libs.common.core.loops import PollingLoop
+from libs.common.core.outbox import Publisher, relay_batch
+from libs.common.core.runtime import Runtime, Service
+from libs.common.core.schedule import CronScheduler
 from services.ai_steps.service import build as build_ai_steps
 from services.api.ingress import build as build_ingress
 from services.release.service import build as build_release

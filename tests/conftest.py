@@ -20,13 +20,13 @@ import pytest
 from litestar.testing import TestClient
 from psycopg_pool import ConnectionPool
 
-from libs.common.broker import create_broker
-from libs.common.clock import ManualClock
-from libs.common.db import create_pool
-from libs.common.migrate import migrate
-from libs.common.projects import create_project
-from libs.common.runtime import Runtime
-from libs.common.settings import BrokerSettings, DatabaseSettings, Settings
+from libs.common.core.broker import create_broker
+from libs.common.core.clock import ManualClock
+from libs.common.core.db import create_pool
+from libs.common.core.migrate import migrate
+from libs.common.core.runtime import Runtime
+from libs.common.core.settings import BrokerSettings, DatabaseSettings, Settings
+from libs.common.platform.projects import create_project
 from services.api.app import create_app
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"

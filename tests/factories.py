@@ -7,10 +7,12 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from libs.common.clock import Clock
-from libs.common.contacts import ContactCreate, create_contact
-from libs.common.enrollments import Enrollment, EnrollRequest, enroll
-from libs.common.sequences import Definition, MessageStep, SequenceCreate, create_sequence, publish_sequence
+from libs.common.core.clock import Clock
+from libs.common.followups.definition import Definition, MessageStep
+from libs.common.followups.enrollments import EnrollRequest, enroll
+from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
+from libs.common.followups.transitions import Enrollment
+from libs.common.platform.contacts import ContactCreate, create_contact
 
 _counter = iter(range(10**9))
 

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import psycopg
 
-from libs.common.clock import SYSTEM_CLOCK
-from libs.common.platform_events import InboundMessage, MessageStatus, apply_event
-from libs.common.send_lane import ClaimRequest, claim_messages
+from libs.common.contracts.platform_events import InboundMessage, MessageStatus
+from libs.common.core.clock import SYSTEM_CLOCK
+from libs.common.ingress import apply_event
+from libs.common.platform.send_lane import ClaimRequest, claim_messages
 
 
 def _wall() -> datetime:

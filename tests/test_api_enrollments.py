@@ -16,8 +16,8 @@ import pytest
 from litestar.testing import TestClient
 from psycopg_pool import ConnectionPool
 
-from libs.common.clock import ManualClock
-from libs.common.runtime import Runtime
+from libs.common.core.clock import ManualClock
+from libs.common.core.runtime import Runtime
 from tests.conftest import Project
 from tests.test_api_sequences import (
     assert_problem,

@@ -16,8 +16,8 @@ from litestar.testing import TestClient
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from libs.common.clock import ManualClock
-from libs.common.runtime import Runtime
+from libs.common.core.clock import ManualClock
+from libs.common.core.runtime import Runtime
 from services.release.release import release_batch
 from tests.conftest import Project
 

@@ -11,11 +11,11 @@ import pytest
 from litestar.testing import TestClient
 from psycopg_pool import ConnectionPool
 
-from libs.common.broker import create_broker
-from libs.common.clock import ManualClock
-from libs.common.db import create_pool
-from libs.common.runtime import Runtime
-from libs.common.settings import BrokerSettings, DatabaseSettings, Settings
+from libs.common.core.broker import create_broker
+from libs.common.core.clock import ManualClock
+from libs.common.core.db import create_pool
+from libs.common.core.runtime import Runtime
+from libs.common.core.settings import BrokerSettings, DatabaseSettings, Settings
 from services.api.app import create_app
 
 PROBLEM_JSON = "application/problem+json"

@@ -21,8 +21,8 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from followups.cli import build_parser
-from libs.common import metrics
-from libs.common.settings import ENVIRONMENT, Settings, SettingsError
+from libs.common.core import metrics
+from libs.common.core.settings import ENVIRONMENT, Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
@@ -373,7 +373,7 @@ def _selectors(expr: str) -> Iterator[tuple[str, dict[str, str]]]:
 
 
 def _product_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Exposed name -> (type, label names) of every metric libs.common.metrics defines."""
+    """Exposed name -> (type, label names) of every metric libs.common.core.metrics defines."""
     found: dict[str, tuple[str, tuple[str, ...]]] = {}
     for value in vars(metrics).values():
         if isinstance(value, MetricWrapperBase):
@@ -414,7 +414,7 @@ def test_alerts_select_metrics_and_labels_the_product_exports(alert_rules: list[
     product = _product_metrics()
     for rule in alert_rules:
         for name in _metric_names(rule["expr"]) - {"up"}:
-            assert name in product, f"{rule['alert']}: libs.common.metrics does not define {name}"
+            assert name in product, f"{rule['alert']}: libs.common.core.metrics does not define {name}"
         for name, labels in _selectors(rule["expr"]):
             family = next(
                 (name.removesuffix(s) for s in HISTOGRAM_SUFFIXES if name.removesuffix(s) in product), name

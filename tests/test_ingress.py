@@ -15,11 +15,11 @@ from dramatiq.brokers.stub import StubBroker
 from prometheus_client import REGISTRY
 from psycopg_pool import ConnectionPool
 
-from libs.common import contracts
-from libs.common.outbound import OutboundMessage, queue_contact_message
-from libs.common.platform_events import ContactOptedOut, InboundMessage
-from libs.common.runtime import Runtime
-from libs.common.sequences import MessageStep
+from libs.common.contracts import actors
+from libs.common.contracts.platform_events import ContactOptedOut, InboundMessage
+from libs.common.core.runtime import Runtime
+from libs.common.followups.definition import MessageStep
+from libs.common.platform.messages import OutboundMessage, queue_contact_message
 from services.api.ingress import build
 from services.release.release import release_batch
 from tests.conftest import Project
@@ -49,16 +49,16 @@ class Ingress:
         self.worker = dramatiq.Worker(runtime.broker, queues={self.service.queue}, worker_threads=1)
 
     def send_event(self, project_id: uuid.UUID, event: Any) -> None:
-        contracts.send(
+        actors.send(
             self.runtime.broker,
-            contracts.PLATFORM_EVENT,
-            contracts.PlatformEventMessage(project_id=project_id, event=event),
+            actors.PLATFORM_EVENT,
+            actors.PlatformEventMessage(project_id=project_id, event=event),
         )
 
     def send_raw(self, actor: str, *args: Any) -> None:
         self.runtime.broker.enqueue(
             dramatiq.Message(
-                queue_name=contracts.INGRESS_QUEUE, actor_name=actor, args=args, kwargs={}, options={}
+                queue_name=actors.INGRESS_QUEUE, actor_name=actor, args=args, kwargs={}, options={}
             )
         )
 
@@ -169,7 +169,7 @@ def test_a_malformed_event_is_dead_lettered_with_its_reason_and_the_worker_goes_
     outbox_before = rows(pool, "SELECT count(*) FROM outbox")
 
     with caplog.at_level(logging.ERROR, logger="services.api.ingress"):
-        ingress.send_raw(contracts.PLATFORM_EVENT.actor, payload)
+        ingress.send_raw(actors.PLATFORM_EVENT.actor, payload)
         ingress.drain()
 
     # the message is dead-lettered at once (no retries), with its reason logged ...
@@ -194,8 +194,8 @@ def test_a_malformed_event_is_dead_lettered_with_its_reason_and_the_worker_goes_
 
 
 def test_a_message_with_the_wrong_arguments_is_dead_lettered(ingress: Ingress, project: Project) -> None:
-    ingress.send_raw(contracts.PLATFORM_EVENT.actor)
-    ingress.send_raw(contracts.PLATFORM_EVENT.actor, {"project_id": str(project.id)}, {"extra": True})
+    ingress.send_raw(actors.PLATFORM_EVENT.actor)
+    ingress.send_raw(actors.PLATFORM_EVENT.actor, {"project_id": str(project.id)}, {"extra": True})
     ingress.drain()
     assert len(ingress.dead) == 2
 
@@ -261,13 +261,11 @@ def test_the_claim_actor_claims_queued_messages_with_claimed_events(
                 if into is not None:
                     into.append(queued.message_id)
 
-    contracts.send(
-        runtime.broker, contracts.CLAIM_MESSAGES, contracts.ClaimMessages(project_id=project.id, limit=2)
-    )
+    actors.send(runtime.broker, actors.CLAIM_MESSAGES, actors.ClaimMessages(project_id=project.id, limit=2))
     ingress.drain()
     processing = {r[0] for r in rows(pool, "SELECT id FROM messages WHERE status = 'PROCESSING'")}
     assert len(processing) == 2 and processing <= set(mine)
-    contracts.send(runtime.broker, contracts.CLAIM_MESSAGES, contracts.ClaimMessages(project_id=project.id))
+    actors.send(runtime.broker, actors.CLAIM_MESSAGES, actors.ClaimMessages(project_id=project.id))
     ingress.drain()
     processing = {r[0] for r in rows(pool, "SELECT id FROM messages WHERE status = 'PROCESSING'")}
     assert processing == set(mine)  # the other project's messages stay QUEUED
@@ -278,7 +276,7 @@ def test_the_claim_actor_claims_queued_messages_with_claimed_events(
     assert ingress.dead == []
 
     # a malformed claim is dead-lettered
-    ingress.send_raw(contracts.CLAIM_MESSAGES.actor, {"limit": 0})
+    ingress.send_raw(actors.CLAIM_MESSAGES.actor, {"limit": 0})
     ingress.drain()
     assert len(ingress.dead) == 1
 
@@ -286,14 +284,14 @@ def test_the_claim_actor_claims_queued_messages_with_claimed_events(
 def test_an_event_that_meets_an_unreachable_database_is_retried_not_dead_lettered(
     ingress: Ingress, runtime: Runtime, project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from libs.common import platform_events
-    from libs.common.errors import DatabaseUnavailable
+    from libs.common import ingress as domain_ingress
+    from libs.common.core.errors import DatabaseUnavailable
     from services.api import ingress as ingress_module
 
     pool = runtime.pool
     contact = make_contact(pool, project.id)
     enrollment, message = queued_follow_up(runtime, project.id, contact)
-    real = platform_events.apply_event
+    real = domain_ingress.handle_event
     calls: list[int] = []
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -302,7 +300,7 @@ def test_an_event_that_meets_an_unreachable_database_is_retried_not_dead_lettere
             raise DatabaseUnavailable()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ingress_module, "apply_event", flaky)
+    monkeypatch.setattr(ingress_module, "handle_event", flaky)
     ingress.send_event(project.id, InboundMessage(contact_id=contact, provider_message_id="late"))
     ingress.drain()
 

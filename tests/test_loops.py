@@ -12,9 +12,9 @@ import dramatiq
 import msgspec
 from psycopg_pool import ConnectionPool
 
-from libs.common import contracts
-from libs.common.loops import PollingLoop
-from libs.common.runtime import Runtime
+from libs.common.contracts import actors
+from libs.common.core.loops import PollingLoop
+from libs.common.core.runtime import Runtime
 from services.release.service import RELEASE_LOOP, build
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
@@ -86,10 +86,10 @@ def test_a_nudge_wakes_the_release_loop_long_before_its_next_poll(
             pool, runtime.clock, project.id, sequence, make_contact(pool, project.id)
         )
         # When a nudge arrives over the broker
-        contracts.send(
+        actors.send(
             runtime.broker,
-            contracts.RELEASE_NUDGE,
-            contracts.ReleaseNudge(project_id=project.id, enrollment_id=enrollment.id),
+            actors.RELEASE_NUDGE,
+            actors.ReleaseNudge(project_id=project.id, enrollment_id=enrollment.id),
         )
         # Then the step is released within seconds, not a minute
         deadline = time.monotonic() + 10
@@ -116,20 +116,20 @@ def test_a_malformed_nudge_fails_without_retry(runtime: Runtime) -> None:
                 event.set()
 
     runtime.broker.add_middleware(Watch())
-    worker = dramatiq.Worker(runtime.broker, queues={contracts.RELEASE_QUEUE}, worker_threads=1)
+    worker = dramatiq.Worker(runtime.broker, queues={actors.RELEASE_QUEUE}, worker_threads=1)
     worker.start()
     try:
         runtime.broker.enqueue(
             dramatiq.Message(
-                queue_name=contracts.RELEASE_QUEUE,
-                actor_name=contracts.RELEASE_NUDGE.actor,
+                queue_name=actors.RELEASE_QUEUE,
+                actor_name=actors.RELEASE_NUDGE.actor,
                 args=({"project_id": "not-a-uuid", "enrollment_id": str(uuid.uuid4())},),
                 kwargs={},
                 options={},
             )
         )
         assert event.wait(5)
-        runtime.broker.join(contracts.RELEASE_QUEUE, fail_fast=False)
+        runtime.broker.join(actors.RELEASE_QUEUE, fail_fast=False)
         worker.join()
     finally:
         worker.stop()

@@ -5,7 +5,7 @@ import threading
 import psycopg
 import pytest
 
-from libs.common.migrate import available_migrations, migrate
+from libs.common.core.migrate import available_migrations, migrate
 from tests.conftest import with_database
 
 #: The indexes the design rests on (seed 000 Data, DESIGN section 3).

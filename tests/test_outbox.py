@@ -3,29 +3,40 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from psycopg_pool import ConnectionPool
 
-from libs.common.clock import ManualClock
-from libs.common.outbox import AmqpPublisher, Envelope, LogPublisher, relay_batch, write_event
+from libs.common.contracts.events import Event
+from libs.common.core.clock import ManualClock
+from libs.common.core.outbox import AmqpPublisher, Envelope, LogPublisher, relay_batch, write_events
 from tests.conftest import Project
 from tests.helpers import EventsConsumer
 
 
+class Happened(Event, kw_only=True, frozen=True):
+    """An event of the tests' own: the n-th thing that happened to one aggregate."""
+
+    type: ClassVar[str] = "test.happened"
+    aggregate_type: ClassVar[str] = "thing"
+
+    thing_id: uuid.UUID
+    seq: int
+
+    @property
+    def aggregate_id(self) -> uuid.UUID:
+        return self.thing_id
+
+
 def write(pool: ConnectionPool, clock: ManualClock, project: Project, aggregate: uuid.UUID, n: int) -> None:
+    """``n`` events of one aggregate: one transaction each, but the first two in one statement."""
     with pool.connection() as conn:
-        for i in range(n):
-            write_event(
-                conn,
-                project_id=project.id,
-                type="test.happened",
-                aggregate_type="thing",
-                aggregate_id=aggregate,
-                data={"seq": i},
-                occurred_at=clock.now(),
-            )
+        events = [Happened(thing_id=aggregate, seq=i) for i in range(n)]
+        write_events(conn, project.id, events[:2], occurred_at=clock.now())
+        for event in events[2:]:
+            conn.commit()
+            write_events(conn, project.id, [event], occurred_at=clock.now())
 
 
 class FailingPublisher:
@@ -54,18 +65,17 @@ def test_relay_publishes_in_order_once(pool: ConnectionPool, clock: ManualClock,
 def test_an_event_written_in_a_rolled_back_transaction_is_never_published(
     pool: ConnectionPool, clock: ManualClock, project: Project
 ) -> None:
+    # Given a committed control event and one written in a transaction that rolls back
     with pool.connection() as conn:
-        write_event(
-            conn,
-            project_id=project.id,
-            type="test.happened",
-            aggregate_type="thing",
-            aggregate_id=uuid.uuid4(),
-            data={},
-            occurred_at=clock.now(),
-        )
+        write_events(conn, project.id, [Happened(thing_id=uuid.uuid4(), seq=1)], occurred_at=clock.now())
+    with pool.connection() as conn:
+        write_events(conn, project.id, [Happened(thing_id=uuid.uuid4(), seq=2)], occurred_at=clock.now())
         conn.rollback()
-    assert relay_batch(pool, LogPublisher()) == 0
+    # When the relay runs, Then only the committed one is published
+    publisher = LogPublisher()
+    assert relay_batch(pool, publisher) == 1
+    assert [e.data["seq"] for e in publisher.published] == [1]
+    assert relay_batch(pool, publisher) == 0
 
 
 def test_a_failed_publish_keeps_the_events_for_the_next_run(

@@ -15,10 +15,10 @@ from litestar.testing import TestClient
 from prometheus_client import REGISTRY
 from psycopg_pool import ConnectionPool
 
-from libs.common.outbound import OutboundMessage, queue_contact_message
-from libs.common.runtime import Runtime
-from libs.common.send_lane import ClaimRequest, claim_messages
-from libs.common.sequences import MessageStep, StopFlags
+from libs.common.core.runtime import Runtime
+from libs.common.followups.definition import MessageStep, StopFlags
+from libs.common.platform.messages import OutboundMessage, queue_contact_message
+from libs.common.platform.send_lane import ClaimRequest, claim_messages
 from services.release.release import release_batch
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence, new_phone
@@ -336,7 +336,7 @@ def test_status_reports_are_idempotent_and_monotonic(
         str(message),
     )
     assert report("READ")["applied"] is True
-    with caplog.at_level(logging.WARNING, logger="libs.common.send_lane"):
+    with caplog.at_level(logging.WARNING, logger="libs.common.platform.send_lane"):
         late = report("SENT")
         failed = report("FAILED", error="too late")
     assert (late["applied"], late["status"]) == (False, "READ")
@@ -344,7 +344,7 @@ def test_status_reports_are_idempotent_and_monotonic(
     ignored = [r for r in caplog.records if "backwards" in r.getMessage()]
     assert [(r.current, r.reported) for r in ignored] == [("READ", "SENT"), ("READ", "FAILED")]  # type: ignore[attr-defined]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="libs.common.send_lane"):
+    with caplog.at_level(logging.WARNING, logger="libs.common.platform.send_lane"):
         assert report("READ")["applied"] is False  # a repeat is not a regression: not logged
     assert not [r for r in caplog.records if "backwards" in r.getMessage()]
 

@@ -17,16 +17,17 @@ import pytest
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from libs.common import send_lane, stops
-from libs.common.clock import ManualClock
-from libs.common.sequences import MessageStep
-from libs.common.settings import FollowupSettings
-from libs.common.sql import load_queries
+from libs.common.core.clock import ManualClock
+from libs.common.core.settings import FollowupSettings
+from libs.common.core.sql import load_queries
+from libs.common.followups import stops
+from libs.common.followups.definition import MessageStep
+from libs.common.platform import send_lane
 from services.release.release import release_batch
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
 
-RELEASE_QUERIES = load_queries("services.release", "queries.sql")
+RELEASE_QUERIES = load_queries("services.release", "claim.sql")
 
 #: Rows of other contacts in the tables, enough that a sequential scan is clearly the worse plan.
 OTHER_CONTACTS = 5000
@@ -141,15 +142,13 @@ def _stop_params(seeded: Seeded, conversation_id: uuid.UUID | None = None) -> di
         "project_id": seeded.project_id,
         "contact_id": seeded.contact,
         "flag": "reply",
-        "reason": "replied",
         "conversation_id": conversation_id,
         "enrollment_id": None,
-        "now": NOW,
     }
 
 
-def test_the_stop_update_uses_the_live_contact_index(pool: ConnectionPool, seeded: Seeded) -> None:
-    query = stops.QUERIES["stop_live_enrollments"]
+def test_the_stop_lock_uses_the_live_contact_index(pool: ConnectionPool, seeded: Seeded) -> None:
+    query = stops.QUERIES["lock_stoppable"]
     with pool.connection() as conn, conn.transaction(force_rollback=True):
         for nodes in (
             explain(conn, query, _stop_params(seeded)),
@@ -158,21 +157,21 @@ def test_the_stop_update_uses_the_live_contact_index(pool: ConnectionPool, seede
         ):
             assert "followup_enrollments_live_contact_idx" in index_names(nodes), nodes
             assert "followup_enrollments" not in seq_scanned(nodes)
-        # the plan is the real one: run, the UPDATE stops exactly the contact's follow-up
-        stopped = conn.execute(query, _stop_params(seeded)).fetchall()
-        assert stopped == [(seeded.enrollment,)]
+        # the plan is the real one: run, it locks exactly the contact's follow-up
+        stoppable = conn.execute(query, _stop_params(seeded)).fetchall()
+        assert [row[0] for row in stoppable] == [seeded.enrollment]
 
 
-def test_the_cancel_of_queued_follow_ups_uses_the_queued_contact_index(
+def test_the_queued_follow_ups_to_cancel_are_found_by_the_queued_contact_index(
     pool: ConnectionPool, seeded: Seeded
 ) -> None:
-    query = stops.QUERIES["cancel_queued_followups"]
+    query = stops.QUERIES["queued_followups"]
     with pool.connection() as conn, conn.transaction(force_rollback=True):
         for nodes in (explain(conn, query, _stop_params(seeded)), explain_generic(conn, query)):
             assert "messages_queued_contact_idx" in index_names(nodes), nodes
             assert "messages" not in seq_scanned(nodes)
-        cancelled = conn.execute(query, _stop_params(seeded)).fetchall()
-        assert len(cancelled) == 1
+        queued = conn.execute(query, _stop_params(seeded)).fetchall()
+        assert len(queued) == 1
 
 
 def test_the_release_claim_uses_the_claim_index(pool: ConnectionPool, seeded: Seeded) -> None:

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from psycopg_pool import ConnectionPool
 
-from libs.common.clock import ManualClock
-from libs.common.sequences import MessageStep
-from libs.common.settings import FollowupSettings
-from services.release import release as release_module
-from services.release.release import backoff, release_batch, release_one
+from libs.common.core.clock import ManualClock
+from libs.common.core.settings import FollowupSettings
+from libs.common.followups import release_step
+from libs.common.followups.definition import MessageStep
+from libs.common.followups.release_step import backoff
+from services.release.release import release_batch, release_one
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
 
@@ -115,7 +116,7 @@ def test_a_poison_row_backs_off_exponentially_then_fails(
     def explode(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(release_module, "queue_contact_message", explode)
+    monkeypatch.setattr(release_step, "queue_contact_message", explode)
     delays = []
     for _ in range(SETTINGS.max_failures - 1):
         started = clock.now()

@@ -17,25 +17,28 @@ from prometheus_client import REGISTRY
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from libs.common.clock import ManualClock
-from libs.common.enrollments import EnrollmentUpdate, EnrollRequest, enroll, update_enrollment
-from libs.common.sequences import (
+from libs.common.core.clock import ManualClock
+from libs.common.core.settings import FollowupSettings
+from libs.common.followups.definition import (
     AiStep,
     Definition,
     MessageStep,
-    SequenceCreate,
-    SequenceUpdate,
     SkipFallback,
     Step,
     StopFlags,
     TemplateFallback,
+)
+from libs.common.followups.enrollments import EnrollmentUpdate, EnrollRequest, enroll, update_enrollment
+from libs.common.followups.release_step import Released
+from libs.common.followups.sequences import (
+    SequenceCreate,
+    SequenceUpdate,
     change_sequence_status,
     create_sequence,
     publish_sequence,
     update_sequence,
 )
-from libs.common.settings import FollowupSettings
-from services.release.release import Released, release_batch, release_one
+from services.release.release import release_batch, release_one
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment
 
@@ -309,7 +312,7 @@ def test_a_paused_sequence_pauses_its_enrollments_at_release_and_resuming_releas
 def test_a_manually_paused_enrollment_is_not_resumed_by_resuming_the_sequence(
     pool: ConnectionPool, clock: ManualClock, project: Project
 ) -> None:
-    from libs.common.enrollments import pause_enrollment
+    from libs.common.followups.enrollments import pause_enrollment
 
     seq = sequence(pool, project.id, MessageStep(text="hello", delay_seconds=60))
     by_hand = make_enrollment(pool, clock, project.id, seq, make_contact(pool, project.id))

@@ -9,9 +9,9 @@ import dramatiq
 import pendulum
 from periodiq import cron
 
-from libs.common.metrics import LAST_JOB_SUCCESS
-from libs.common.runtime import Runtime
-from libs.common.schedule import CronScheduler
+from libs.common.core.metrics import LAST_JOB_SUCCESS
+from libs.common.core.runtime import Runtime
+from libs.common.core.schedule import CronScheduler
 from services.retention.service import FOLLOWUP_RETENTION_SCHEDULE, build
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from libs.common.settings import ENVIRONMENT, Settings, SettingsError, markdown_table
+from libs.common.core.settings import ENVIRONMENT, Settings, SettingsError, markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,7 +65,7 @@ def test_the_process_stops_at_start_naming_the_variable() -> None:
 def test_every_variable_is_documented_in_the_readme_table() -> None:
     readme = (ROOT / "README.md").read_text()
     assert markdown_table() in readme, (
-        "README configuration table is stale: paste `python -m libs.common.settings`"
+        "README configuration table is stale: paste `python -m libs.common.core.settings`"
     )
     for variables in ENVIRONMENT.values():
         for var in variables:

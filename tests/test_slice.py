@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from litestar.testing import TestClient
 
-from libs.common.broker import create_broker
-from libs.common.clock import SYSTEM_CLOCK
-from libs.common.runtime import Runtime
-from libs.common.settings import BrokerSettings, Settings
+from libs.common.core.broker import create_broker
+from libs.common.core.clock import SYSTEM_CLOCK
+from libs.common.core.runtime import Runtime
+from libs.common.core.settings import BrokerSettings, Settings
 from services.api.app import create_app
 from tests.conftest import Project
 from tests.helpers import EventsConsumer, start_worker

@@ -6,7 +6,7 @@ from typing import Any
 
 from litestar.testing import TestClient
 
-from libs.common.runtime import Runtime
+from libs.common.core.runtime import Runtime
 from services.release.release import release_batch
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from libs.common.templates import (
+from libs.common.followups.templates import (
     RenderContext,
     Rendered,
     Template,

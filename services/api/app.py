@@ -8,7 +8,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
-from libs.common.runtime import Runtime
+from libs.common.core.runtime import Runtime
 from services.api.deps import project_id
 from services.api.problems import EXCEPTION_HANDLERS
 from services.api.routes.contacts import ContactsController

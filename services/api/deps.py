@@ -13,11 +13,11 @@ from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 from psycopg import Connection
 
-from libs.common import contracts
-from libs.common.db import map_errors
-from libs.common.errors import Unauthorized
-from libs.common.projects import authenticate
-from libs.common.runtime import Runtime
+from libs.common.contracts import actors
+from libs.common.core.db import map_errors
+from libs.common.core.errors import Unauthorized
+from libs.common.core.runtime import Runtime
+from libs.common.platform.projects import authenticate
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,10 @@ def project_id(request: Request[Any, Any, Any]) -> uuid.UUID:
 def nudge_release(runtime: Runtime, project: uuid.UUID, enrollment_id: uuid.UUID) -> None:
     """Wake a release worker now; a lost nudge only costs latency (the loops poll), so errors are logged."""
     try:
-        contracts.send(
+        actors.send(
             runtime.broker,
-            contracts.RELEASE_NUDGE,
-            contracts.ReleaseNudge(project_id=project, enrollment_id=enrollment_id),
+            actors.RELEASE_NUDGE,
+            actors.ReleaseNudge(project_id=project, enrollment_id=enrollment_id),
         )
     except Exception:
         log.warning("release nudge not sent", extra={"enrollment_id": str(enrollment_id)}, exc_info=True)

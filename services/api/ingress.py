@@ -15,12 +15,12 @@ from typing import Any
 import dramatiq
 import msgspec
 
-from libs.common import contracts
-from libs.common.db import map_errors
-from libs.common.errors import DatabaseUnavailable, FollowupsError
-from libs.common.platform_events import apply_event, require_project
-from libs.common.runtime import Runtime, Service
-from libs.common.send_lane import ClaimRequest, claim_messages
+from libs.common.contracts import actors
+from libs.common.core.db import map_errors
+from libs.common.core.errors import DatabaseUnavailable, FollowupsError
+from libs.common.core.runtime import Runtime, Service
+from libs.common.ingress import handle_event
+from libs.common.platform.send_lane import ClaimRequest, claim_messages
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,12 @@ def retry_when(retries: int, exception: BaseException) -> bool:
 
 def build(runtime: Runtime) -> Service:
     def platform_event(payload: dict[str, Any]) -> None:
-        message = _decode(contracts.PLATFORM_EVENT, payload)
+        message = _decode(actors.PLATFORM_EVENT, payload)
         context = {"project_id": str(message.project_id), "event_type": _event_type(message.event)}
         try:
-            with map_errors(), runtime.pool.connection() as conn:
-                require_project(conn, message.project_id)
-                apply_event(conn, message.project_id, message.event, now=runtime.clock.now())
+            handle_event(
+                runtime.pool, message.project_id, message.event, now=runtime.clock.now(), check_project=True
+            )
         except DatabaseUnavailable:
             log.warning("ingress event deferred: database unavailable", extra=context)
             raise
@@ -58,24 +58,24 @@ def build(runtime: Runtime) -> Service:
             raise Rejected(str(exc)) from exc
 
     def claim(payload: dict[str, Any]) -> None:
-        message = _decode(contracts.CLAIM_MESSAGES, payload)
+        message = _decode(actors.CLAIM_MESSAGES, payload)
         request = ClaimRequest(limit=message.limit, number_id=message.number_id)
         with map_errors(), runtime.pool.connection() as conn:
             claim_messages(conn, message.project_id, request, now=runtime.clock.now())
 
     event_options = {"retry_when": retry_when, "min_backoff": MIN_BACKOFF_MS, "max_backoff": MAX_BACKOFF_MS}
-    dramatiq.actor(
-        broker=runtime.broker, **contracts.actor_options(contracts.PLATFORM_EVENT) | event_options
-    )(platform_event)
-    dramatiq.actor(broker=runtime.broker, **contracts.actor_options(contracts.CLAIM_MESSAGES))(claim)
-    return Service("ingress", contracts.INGRESS_QUEUE)
+    dramatiq.actor(broker=runtime.broker, **actors.actor_options(actors.PLATFORM_EVENT) | event_options)(
+        platform_event
+    )
+    dramatiq.actor(broker=runtime.broker, **actors.actor_options(actors.CLAIM_MESSAGES))(claim)
+    return Service("ingress", actors.INGRESS_QUEUE)
 
 
 def _event_type(event: Any) -> str:
     return str(type(event).__struct_config__.tag)
 
 
-def _decode(contract: contracts.Contract[contracts.P], payload: Any) -> contracts.P:
+def _decode(contract: actors.Contract[actors.P], payload: Any) -> actors.P:
     try:
         return contract.decode(payload)
     except (msgspec.ValidationError, TypeError) as exc:

@@ -17,7 +17,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 
-from libs.common.errors import (
+from libs.common.core.errors import (
     Conflict,
     DatabaseUnavailable,
     FollowupsError,

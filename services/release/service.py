@@ -6,9 +6,9 @@ from typing import Any
 
 import dramatiq
 
-from libs.common import contracts
-from libs.common.loops import PollingLoop
-from libs.common.runtime import Runtime, Service
+from libs.common.contracts import actors
+from libs.common.core.loops import PollingLoop
+from libs.common.core.runtime import Runtime, Service
 from services.release.release import release_batch
 
 #: Name of the release polling loop.
@@ -25,8 +25,8 @@ def build(runtime: Runtime) -> Service:
     )
 
     def release_nudge(payload: dict[str, Any]) -> None:
-        contracts.RELEASE_NUDGE.decode(payload)
+        actors.RELEASE_NUDGE.decode(payload)
         loop.wake()
 
-    dramatiq.actor(broker=runtime.broker, **contracts.actor_options(contracts.RELEASE_NUDGE))(release_nudge)
-    return Service("release", contracts.RELEASE_QUEUE, [loop])
+    dramatiq.actor(broker=runtime.broker, **actors.actor_options(actors.RELEASE_NUDGE))(release_nudge)
+    return Service("release", actors.RELEASE_QUEUE, [loop])

@@ -8,9 +8,9 @@ import time
 import dramatiq
 from periodiq import cron
 
-from libs.common import contracts
-from libs.common.metrics import LAST_JOB_SUCCESS
-from libs.common.runtime import Runtime, Service
+from libs.common.contracts import actors
+from libs.common.core.metrics import LAST_JOB_SUCCESS
+from libs.common.core.runtime import Runtime, Service
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def build(runtime: Runtime) -> Service:
     dramatiq.actor(
         broker=runtime.broker,
         actor_name="followup_retention",
-        queue_name=contracts.RETENTION_QUEUE,
+        queue_name=actors.RETENTION_QUEUE,
         periodic=cron(FOLLOWUP_RETENTION_SCHEDULE),
     )(followup_retention)
-    return Service("retention", contracts.RETENTION_QUEUE)
+    return Service("retention", actors.RETENTION_QUEUE)

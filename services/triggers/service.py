@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from libs.common import contracts
-from libs.common.runtime import Runtime, Service
+from libs.common.contracts import actors
+from libs.common.core.runtime import Runtime, Service
 
 
 def build(runtime: Runtime) -> Service:
-    return Service("triggers", contracts.TRIGGERS_QUEUE)
+    return Service("triggers", actors.TRIGGERS_QUEUE)

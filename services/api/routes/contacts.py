@@ -8,8 +8,9 @@ from typing import Any
 from litestar import Controller, Request, Response, delete, get, patch, post, put
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from libs.common import contacts, validation
-from libs.common.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
+from libs.common.core import validation
+from libs.common.platform import contacts
+from libs.common.platform.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 
 

@@ -8,9 +8,10 @@ from typing import Any
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, JSONBody
 
-from libs.common import conversations
-from libs.common.conversations import Conversation, FollowUpRequest
-from libs.common.enrollments import Enrollment
+from libs.common.followups.shortcut import FollowUpRequest, follow_up
+from libs.common.followups.transitions import Enrollment
+from libs.common.platform import conversations
+from libs.common.platform.conversations import Conversation
 from services.api.deps import ProjectId, nudge_release, runtime_of, transaction
 
 
@@ -38,7 +39,7 @@ class ConversationsController(Controller):
         runtime = runtime_of(request)
         now = runtime.clock.now()
         with transaction(runtime) as conn:
-            enrollment, created = conversations.follow_up(conn, project_id, conversation_id, data, now=now)
+            enrollment, created = follow_up(conn, project_id, conversation_id, data, now=now)
         if created and enrollment.next_run_at <= now:
             nudge_release(runtime, project_id, enrollment.id)
         return Response(enrollment, status_code=201 if created else 200)

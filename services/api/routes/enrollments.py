@@ -8,15 +8,10 @@ from typing import Any
 from litestar import Controller, Request, Response, get, patch, post
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from libs.common import enrollments
-from libs.common.enrollments import (
-    Enrollment,
-    EnrollmentDetail,
-    EnrollmentStatus,
-    EnrollmentUpdate,
-    EnrollRequest,
-    StopRequest,
-)
+from libs.common.followups import enrollments
+from libs.common.followups.enrollments import EnrollmentDetail, EnrollmentUpdate, EnrollRequest, StopRequest
+from libs.common.followups.stops import count_stopped
+from libs.common.followups.transitions import Enrollment, EnrollmentStatus
 from services.api.deps import PageLimit, ProjectId, nudge_release, page, runtime_of, transaction
 
 
@@ -117,6 +112,8 @@ class EnrollmentsController(Controller):
         runtime = runtime_of(request)
         note = data.note if data is not None else None
         with transaction(runtime) as conn:
-            return enrollments.stop_enrollment(
+            enrollment, stopped = enrollments.stop_enrollment(
                 conn, project_id, enrollment_id, note=note, now=runtime.clock.now()
             )
+        count_stopped(stopped)
+        return enrollment

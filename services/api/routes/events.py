@@ -7,8 +7,9 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 from litestar.params import JSONBody
 
-from libs.common.platform_events import EventResult, PlatformEvent, apply_event
-from services.api.deps import ProjectId, runtime_of, transaction
+from libs.common.contracts.platform_events import PlatformEvent
+from libs.common.ingress import EventResult, handle_event
+from services.api.deps import ProjectId, runtime_of
 
 #: Events that create something: 201 the first time, 200 when repeated.
 _CREATING = {"message.inbound", "message.human", "lead.created", "conversation.created"}
@@ -24,7 +25,6 @@ class EventsController(Controller):
     ) -> Response[EventResult]:
         """Apply one platform event (a reply, an opt-out, a status report, ...) and its stop paths."""
         runtime = runtime_of(request)
-        with transaction(runtime) as conn:
-            result = apply_event(conn, project_id, data, now=runtime.clock.now())
+        result = handle_event(runtime.pool, project_id, data, now=runtime.clock.now())
         created = result.applied and result.type in _CREATING
         return Response(result, status_code=201 if created else 200)

@@ -7,7 +7,7 @@ from typing import Any
 from litestar import Controller, Request, post
 from litestar.params import JSONBody
 
-from libs.common.send_lane import ClaimedMessage, ClaimRequest, claim_messages
+from libs.common.platform.send_lane import ClaimedMessage, ClaimRequest, claim_messages
 from services.api.deps import ProjectId, runtime_of, transaction
 
 

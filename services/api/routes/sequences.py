@@ -8,9 +8,9 @@ from typing import Any, Literal
 from litestar import Controller, Request, get, patch, post
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from libs.common import sequences, statistics
-from libs.common.sequences import Sequence, SequenceCreate, SequenceUpdate, Version
-from libs.common.statistics import SequenceStatistics
+from libs.common.followups import sequences, statistics
+from libs.common.followups.sequences import Sequence, SequenceCreate, SequenceUpdate, Version
+from libs.common.followups.statistics import SequenceStatistics
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 
 SequenceStatus = Literal["draft", "active", "paused", "archived"]

@@ -6,7 +6,7 @@ from typing import Any
 
 from litestar import Request, Response, get
 
-from libs.common import metrics
+from libs.common.core import metrics
 from services.api.deps import runtime_of
 from services.api.problems import problem
 

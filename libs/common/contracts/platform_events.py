@@ -1,0 +1,122 @@
+"""Platform events: what happens on the messaging platform that the engine must know about.
+
+The same structs are taken by ``POST /v1/events`` and by the ``platform_event`` ingress actor; they are
+applied by :func:`libs.common.ingress.apply_event`. A tagged union on ``type``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+import msgspec
+
+#: A conversation's status.
+ConversationStatus = Literal["open", "pending", "snoozed", "resolved"]
+
+#: What a send lane may report about an outbound message.
+ReportedStatus = Literal["SENT", "DELIVERED", "READ", "FAILED"]
+
+
+class _Event(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
+    pass
+
+
+class InboundMessage(_Event, kw_only=True, tag="message.inbound"):
+    """A message from a contact, by ``contact_id`` or by ``phone`` (a new phone creates the contact)."""
+
+    provider_message_id: str
+    contact_id: uuid.UUID | None = None
+    phone: str | None = None
+    conversation_id: uuid.UUID | None = None
+    body: str | None = None
+    media_url: str | None = None
+    media_kind: Literal["image", "video", "audio", "document"] | None = None
+
+
+class HumanMessage(_Event, kw_only=True, tag="message.human"):
+    """An agent's message in a conversation (sent by the platform, not by the engine)."""
+
+    conversation_id: uuid.UUID
+    provider_message_id: str | None = None
+    body: str | None = None
+
+
+class MessageStatus(_Event, kw_only=True, tag="message.status"):
+    status: ReportedStatus
+    message_id: uuid.UUID | None = None
+    provider_message_id: str | None = None
+    error: str | None = None
+
+
+class ContactOptedOut(_Event, kw_only=True, tag="contact.opted_out"):
+    contact_id: uuid.UUID
+
+
+class ContactOptedIn(_Event, kw_only=True, tag="contact.opted_in"):
+    contact_id: uuid.UUID
+
+
+class ContactErased(_Event, kw_only=True, tag="contact.erased"):
+    contact_id: uuid.UUID
+
+
+class LeadCreated(_Event, kw_only=True, tag="lead.created"):
+    contact_id: uuid.UUID
+    lead_id: uuid.UUID | None = None
+    status: str = "open"
+
+
+class LeadStatusChanged(_Event, kw_only=True, tag="lead.status_changed"):
+    lead_id: uuid.UUID
+    status: str
+
+
+class LeadClosed(_Event, kw_only=True, tag="lead.closed"):
+    lead_id: uuid.UUID
+    status: Literal["won", "lost", "closed"] = "closed"
+
+
+class DealStageChanged(_Event, kw_only=True, tag="deal.stage_changed"):
+    deal_id: uuid.UUID
+    stage: str
+    contact_id: uuid.UUID | None = None
+    lead_id: uuid.UUID | None = None
+
+
+class ConversationCreated(_Event, kw_only=True, tag="conversation.created"):
+    contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None = None
+    number_id: uuid.UUID | None = None
+    status: ConversationStatus = "open"
+
+
+class ConversationOpened(_Event, kw_only=True, tag="conversation.opened"):
+    conversation_id: uuid.UUID
+
+
+class ConversationStatusChanged(_Event, kw_only=True, tag="conversation.status_changed"):
+    conversation_id: uuid.UUID
+    status: ConversationStatus
+
+
+class ConversationResolved(_Event, kw_only=True, tag="conversation.resolved"):
+    conversation_id: uuid.UUID
+
+
+PlatformEvent = (
+    InboundMessage
+    | HumanMessage
+    | MessageStatus
+    | ContactOptedOut
+    | ContactOptedIn
+    | ContactErased
+    | LeadCreated
+    | LeadStatusChanged
+    | LeadClosed
+    | DealStageChanged
+    | ConversationCreated
+    | ConversationOpened
+    | ConversationStatusChanged
+    | ConversationResolved
+)

@@ -1,0 +1,24 @@
+-- name: insert_events
+-- Record domain events of one project in the caller's transaction, in the order given (the one writer of
+-- the outbox).
+INSERT INTO outbox (project_id, type, aggregate_type, aggregate_id, data, occurred_at)
+SELECT %(project_id)s, e.type, e.aggregate_type, e.aggregate_id, e.data::jsonb, %(occurred_at)s
+FROM unnest(%(types)s::text[], %(aggregate_types)s::text[], %(aggregate_ids)s::uuid[], %(data)s::text[])
+     WITH ORDINALITY AS e(type, aggregate_type, aggregate_id, data, n)
+ORDER BY e.n
+
+-- name: try_relay_lock
+-- Only one relay publishes at a time, so events leave in commit order.
+SELECT pg_try_advisory_xact_lock(%(key)s)
+
+-- name: unpublished_events
+-- The oldest unpublished events, in id order.
+SELECT id, event_id, type, project_id, aggregate_type, aggregate_id, data, occurred_at
+FROM outbox
+WHERE published_at IS NULL
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: mark_published
+-- Mark a published batch.
+UPDATE outbox SET published_at = now() WHERE id = ANY(%(ids)s)

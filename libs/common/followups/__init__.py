@@ -1,0 +1,15 @@
+"""Follow-up sequences (seed 000): definitions and templates, sequences and their immutable versions,
+``enroll()``, the conversation shortcut, the stop paths, the release step, statistics and erasure.
+
+    definition     step kinds, timing, stop flags; validation; when a step is due
+    sequences      drafts, versions (and the per-process version cache)
+    enrollments    enroll(), reads, pause / resume / stop / reschedule by hand
+    transitions    every change to an enrollment after it was created (the one writer of that table)
+    stops          the stop paths of platform events
+    release_step   one step, one transaction (the release service claims; the AI step's second pass too)
+
+Owns: ``followup_sequences``, ``followup_sequence_versions``, ``followup_enrollments``,
+``followup_step_runs``, ``followup_triggers`` (until rules have their context), ``followup_bulk_jobs``,
+``followup_instance_pacing``, ``followup_settings``.
+May import: ``platform``, ``core``, ``contracts``.
+"""

@@ -1,0 +1,183 @@
+"""A sequence's definition: its steps (a tagged union on ``kind``: ``message`` or ``ai``), their timing,
+``only_if`` conditions, stop flags and re-entry policy; decoding and the checks a definition must pass to
+be published; and when a step falls due.
+
+Each step has its timing: a delay after the previous step (or after enrollment), or an offset from the
+enrollment's anchor time (a reminder, for example 2 hours before ``anchor_at``) with a grace period after
+which it is skipped as past due; and an optional ``only_if``.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import msgspec
+
+from libs.common.core import validation
+from libs.common.core.errors import InvalidInput
+from libs.common.followups.templates import TemplateError, parse_template
+
+#: Most steps one sequence may have.
+MAX_STEPS = 50
+#: Longest wait a step may declare (a year).
+MAX_DELAY_SECONDS = 366 * 86400
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0, le=MAX_DELAY_SECONDS)]
+Offset = Annotated[int, msgspec.Meta(ge=-MAX_DELAY_SECONDS, le=MAX_DELAY_SECONDS)]
+
+#: ``only_if`` conditions: the step is skipped unless every one holds at release.
+OnlyIf = Literal["no_reply_since_previous_step", "no_reply_since_enrollment", "previous_not_read"]
+
+
+class _Def(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class TemplateFallback(_Def, kw_only=True, tag="template", tag_field="kind"):
+    """Send this template instead."""
+
+    text: str
+
+
+class SkipFallback(_Def, kw_only=True, tag="skip", tag_field="kind"):
+    """Skip the step."""
+
+
+class _Step(_Def, kw_only=True):
+    delay_seconds: NonNegative = 0
+    anchor_offset_seconds: Offset | None = None
+    grace_seconds: NonNegative = 3600
+    only_if: list[OnlyIf] = msgspec.field(default_factory=list)
+
+
+class MessageStep(_Step, kw_only=True, tag="message", tag_field="kind"):
+    """Send a text (a template), with optional media."""
+
+    text: str
+    media_url: str | None = None
+    media_kind: Literal["image", "video", "audio", "document"] | None = None
+
+
+class AiStep(_Step, kw_only=True, tag="ai", tag_field="kind"):
+    """A message written by the model from ``instructions``; ``fallback`` when it cannot be used."""
+
+    instructions: str
+    fallback: TemplateFallback | SkipFallback
+
+
+Step = MessageStep | AiStep
+
+
+class StopFlags(_Def, kw_only=True):
+    """What stops an enrollment; copied onto each enrollment when it is created."""
+
+    reply: bool = True
+    human_message: bool = True
+    opt_out: bool = True
+    lead_closed: bool = True
+    conversation_resolved: bool = True
+
+
+class Definition(_Def, kw_only=True):
+    steps: list[Step] = msgspec.field(default_factory=list)
+    #: never: a contact enters once; after_finished: again once the previous enrollment finished;
+    #: always: a new enrollment replaces the live one.
+    reentry: Literal["never", "after_finished", "always"] = "after_finished"
+    stop_on: StopFlags = msgspec.field(default_factory=StopFlags)
+
+
+def _field_path(path: str) -> str:
+    """A msgspec error path (``$.steps[0].kind``) in the API's dotted style (``steps.0.kind``)."""
+    return re.sub(r"\[(\d+)\]", r".\1", path.removeprefix("$")).strip(".")
+
+
+def decode_definition(raw: Any, field: str = "definition") -> Definition:
+    """A definition from JSON-like data; a malformed one raises InvalidInput naming the field."""
+    try:
+        return msgspec.convert(raw, Definition)
+    except msgspec.ValidationError as exc:
+        message, _, path = str(exc).partition(" - at `")
+        where = ".".join(part for part in (field, _field_path(path.rstrip("`"))) if part)
+        raise InvalidInput(f"{where}: {message}", field=where) from None
+
+
+def _steps_field(field: str) -> str:
+    """Where a definition's steps are: ``definition.steps``, or ``steps`` for an inline (one-off) list."""
+    return f"{field}.steps" if field else "steps"
+
+
+def validate_definition(definition: Definition, field: str = "definition") -> Definition:
+    """The checks a definition must pass to be published; each error names the step and field.
+
+    Field paths are dotted (``definition.steps.0.text``); ``field=""`` validates an inline list of steps
+    (a one-off follow-up), named ``steps.0.text``.
+    """
+    steps_field = _steps_field(field)
+    if not definition.steps:
+        raise InvalidInput("a sequence needs at least one step", field=steps_field)
+    if len(definition.steps) > MAX_STEPS:
+        raise InvalidInput(f"a sequence has at most {MAX_STEPS} steps", field=steps_field)
+    for index, step in enumerate(definition.steps):
+        where = f"{steps_field}.{index}"
+        if step.anchor_offset_seconds is not None and step.delay_seconds:
+            raise InvalidInput(
+                "a step is timed either by delay_seconds or by anchor_offset_seconds, not both",
+                field=f"{where}.anchor_offset_seconds",
+            )
+        if index == 0 and "no_reply_since_previous_step" in step.only_if:
+            raise InvalidInput("the first step has no previous step", field=f"{where}.only_if")
+        if index == 0 and "previous_not_read" in step.only_if:
+            raise InvalidInput("the first step has no previous follow-up", field=f"{where}.only_if")
+        if isinstance(step, MessageStep):
+            _check_media(step, where)
+        texts = {"text": step.text} if isinstance(step, MessageStep) else {"instructions": step.instructions}
+        if isinstance(step, AiStep) and isinstance(step.fallback, TemplateFallback):
+            texts["fallback.text"] = step.fallback.text
+        for name, text in texts.items():
+            if not text.strip():
+                raise InvalidInput(f"{name} must not be empty", field=f"{where}.{name}")
+            try:
+                parse_template(text)
+            except TemplateError as exc:
+                raise InvalidInput(str(exc), field=f"{where}.{name}") from None
+    return definition
+
+
+def _check_media(step: MessageStep, where: str) -> None:
+    """Media is an http(s) URL with its kind; a kind without a URL is a mistake, not a text message."""
+    if step.media_url is None:
+        if step.media_kind is not None:
+            raise InvalidInput("media_kind needs a media_url", field=f"{where}.media_url")
+        return
+    try:
+        url = urlsplit(step.media_url)
+    except ValueError:  # an unbalanced IPv6 bracket, say
+        url = urlsplit("")
+    if url.scheme not in ("http", "https") or not url.netloc or any(c.isspace() for c in step.media_url):
+        raise InvalidInput("media_url must be an http or https URL", field=f"{where}.media_url")
+    if step.media_kind is None:
+        raise InvalidInput(
+            "media_kind (image, video, audio or document) is needed with a media_url",
+            field=f"{where}.media_kind",
+        )
+
+
+def storable(definition: Definition, field: str) -> Definition:
+    """A definition PostgreSQL can store (no NUL character in any text), else InvalidInput naming it."""
+    validation.json_value(msgspec.to_builtins(definition.steps), _steps_field(field))
+    return definition
+
+
+def step_due_at(step: Step, *, now: datetime, anchor_at: datetime | None) -> datetime | None:
+    """When ``step`` is due if the previous step (or the enrollment) happened at ``now``.
+
+    None for an anchor-timed step of an enrollment without an anchor: it is due now and will be skipped.
+    """
+    if step.anchor_offset_seconds is None:
+        return now + timedelta(seconds=step.delay_seconds)
+    if anchor_at is None:
+        return None
+    return anchor_at + timedelta(seconds=step.anchor_offset_seconds)

@@ -1,0 +1,99 @@
+-- name: by_dedupe_key
+-- The enrollment holding a dedupe key in a project.
+SELECT *
+FROM followup_enrollments
+WHERE project_id = %(project_id)s AND dedupe_key = %(dedupe_key)s
+
+-- name: enrollment_contact
+-- The contact (not erased) and whether it opted out; whether the number and conversation belong to it;
+-- the project's plan limit.
+SELECT c.opted_out_at IS NOT NULL,
+       EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = c.project_id AND n.id = %(number_id)s),
+       EXISTS (SELECT 1 FROM conversations v
+               WHERE v.project_id = c.project_id AND v.id = %(conversation_id)s AND v.contact_id = c.id),
+       p.max_active_enrollments
+FROM contacts c
+JOIN projects p ON p.id = c.project_id
+WHERE c.project_id = %(project_id)s AND c.id = %(contact_id)s AND c.erased_at IS NULL
+
+-- name: sequence_for_enrollment
+-- The sequence's status and the version new enrollments pin.
+SELECT status, current_version_id FROM followup_sequences
+WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: enrolled_before
+-- Whether the contact was ever enrolled in the sequence (re-entry policy never).
+SELECT 1 FROM followup_enrollments
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND sequence_id = %(sequence_id)s
+LIMIT 1
+
+-- name: lock_live_in_sequence
+-- Re-entry policy always: the contact's live enrollment in the sequence, locked (the new one replaces it).
+SELECT id, sequence_id, contact_id
+FROM followup_enrollments
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND sequence_id = %(sequence_id)s
+  AND status IN ('active', 'paused')
+FOR UPDATE
+
+-- name: lock_project_and_count_live
+-- Lock the project (serialising its enrollments) and count its live enrollments. NO KEY UPDATE: it does
+-- not block the foreign key checks of the rows releases insert, which reference the project.
+SELECT (SELECT count(*) FROM followup_enrollments
+        WHERE project_id = p.id AND status IN ('active', 'paused'))
+FROM projects p WHERE p.id = %(project_id)s
+FOR NO KEY UPDATE
+
+-- name: insert_enrollment
+-- Enroll a contact in a pinned version, with the stop flags copied from it; nothing on a known dedupe key.
+INSERT INTO followup_enrollments (
+    project_id, sequence_id, version_id, contact_id, conversation_id, number_id, source, next_run_at,
+    anchor_at, variables, dedupe_key, stop_on_reply, stop_on_human_message, stop_on_opt_out,
+    stop_on_lead_closed, stop_on_conversation_resolved, enrolled_at, updated_at
+) VALUES (
+    %(project_id)s, %(sequence_id)s, %(version_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s,
+    %(source)s, %(next_run_at)s, %(anchor_at)s, %(variables)s, %(dedupe_key)s, %(stop_on_reply)s,
+    %(stop_on_human_message)s, %(stop_on_opt_out)s, %(stop_on_lead_closed)s,
+    %(stop_on_conversation_resolved)s, %(now)s, %(now)s
+)
+ON CONFLICT (project_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+RETURNING *
+
+-- name: get_enrollment
+-- One enrollment of a project.
+SELECT *
+FROM followup_enrollments
+WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: lock_enrollment
+-- One enrollment of a project, locked for a change (a release holding it makes this wait).
+SELECT *
+FROM followup_enrollments
+WHERE project_id = %(project_id)s AND id = %(id)s
+FOR UPDATE
+
+-- name: step_runs
+-- An enrollment's step runs.
+SELECT r.step_index, r.outcome, r.reason, r.message_id, r.due_at, r.ran_at
+FROM followup_step_runs r
+JOIN followup_enrollments e ON e.id = r.enrollment_id
+WHERE e.project_id = %(project_id)s AND r.enrollment_id = %(id)s
+ORDER BY r.step_index
+
+-- name: enrollment_messages
+-- The messages an enrollment queued.
+SELECT id, followup_step_index AS step_index, status, body, created_at
+FROM messages
+WHERE project_id = %(project_id)s AND followup_enrollment_id = %(id)s
+ORDER BY created_at, followup_step_index
+
+-- name: list_enrollments
+-- A page of enrollments in id order, optionally by sequence, contact and status.
+SELECT *
+FROM followup_enrollments
+WHERE project_id = %(project_id)s
+  AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
+  AND (%(sequence_id)s::uuid IS NULL OR sequence_id = %(sequence_id)s::uuid)
+  AND (%(contact_id)s::uuid IS NULL OR contact_id = %(contact_id)s::uuid)
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+ORDER BY id
+LIMIT %(limit)s

@@ -1,0 +1,417 @@
+"""One step, one transaction: the release step of seed 000, for an enrollment the caller has claimed.
+
+    contact   FOR SHARE SKIP LOCKED (busy: retry in FOLLOWUP_BUSY_RETRY_SECONDS; never wait for a lock)
+    checks    sequence paused -> pause; plan lost -> stop; opted out / erased -> stop; replied -> stop
+    timing    rescheduled -> defer; reminder past grace -> skip; only_if not met -> skip
+    sending   constraints (send window, consent, number, pacing, quotas, caps): see _sending_constraints
+    render    missing vars.* / anchor.* -> skip
+    queue     queue_contact_message -> followup_sent activity -> step run -> followup.step_queued -> advance
+
+The release service claims (``FOR UPDATE SKIP LOCKED``) and calls :func:`release_claimed`; the AI step's
+second pass calls it too, under its own lock. Each returns a :class:`Released`, which the caller counts
+with :func:`observe` once its transaction committed. An unexpected error rolls the transaction back;
+:func:`record_failure` then backs the enrollment off exponentially and fails it after
+FOLLOWUP_MAX_FAILURES, so a poison row cannot hot-loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import msgspec
+from psycopg import Connection
+from psycopg.rows import class_row
+from psycopg_pool import ConnectionPool
+
+from libs.common.contracts.events import StepQueued, StepSkipped
+from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
+from libs.common.core.outbox import write_events
+from libs.common.core.settings import FollowupSettings
+from libs.common.core.sql import load_queries
+from libs.common.followups import transitions
+from libs.common.followups.definition import (
+    AiStep,
+    Definition,
+    MessageStep,
+    Step,
+    TemplateFallback,
+    step_due_at,
+)
+from libs.common.followups.sequences import version_definition
+from libs.common.followups.templates import RenderContext, render
+from libs.common.followups.transitions import FinalStatus
+from libs.common.platform.contacts import record_activity
+from libs.common.platform.messages import ConversationBusy, OutboundMessage, queue_contact_message
+
+log = logging.getLogger(__name__)
+
+QUERIES = load_queries("libs.common.followups", "release_step.sql")
+
+#: What one release transaction did.
+Action = Literal["queue", "skip", "defer", "pause", "stop", "retry", "fail"]
+
+
+class ClaimedEnrollment(msgspec.Struct, kw_only=True, frozen=True):
+    """The claimed enrollment: what the release step reads of it."""
+
+    id: uuid.UUID
+    project_id: uuid.UUID
+    sequence_id: uuid.UUID | None
+    version_id: uuid.UUID
+    contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    number_id: uuid.UUID | None
+    step_index: int
+    next_run_at: datetime
+    anchor_at: datetime | None
+    variables: dict[str, Any]
+    enrolled_at: datetime
+    last_step_at: datetime | None
+    last_message_id: uuid.UUID | None
+    stop_on_reply: bool
+
+
+class ReleaseState(msgspec.Struct, kw_only=True, frozen=True):
+    """The contact's state (read under its share lock), its project's and its sequence's."""
+
+    opted_out: bool
+    erased: bool
+    name: str | None
+    phone: str | None
+    attributes: dict[str, Any]
+    timezone: str | None
+    project_timezone: str
+    plan_active: bool
+    sequence_status: str | None
+    #: The contact's last reply since enrollment, if any.
+    replied_at: datetime | None
+    last_message_status: str | None
+
+
+@dataclass(frozen=True)
+class Released:
+    """What one release transaction did: queue, skip, defer, pause, stop, retry or fail."""
+
+    enrollment_id: uuid.UUID
+    action: Action
+    reason: str | None = None
+    message_id: uuid.UUID | None = None
+    #: Queued time minus the step's due time (queue only).
+    lag_seconds: float | None = None
+    #: The status the enrollment finished with in this transaction (its last step, a stop, a failure).
+    finished: FinalStatus | None = None
+
+
+def observe(released: Released) -> None:
+    """Count a committed release: the one place ``whatstig_followup_steps_total``, the release lag and the
+    finished counter are incremented from the release path."""
+    if released.action in ("retry", "fail"):
+        outcome = "error"
+    elif released.action == "queue":
+        outcome = _category(released.reason) if released.reason else "sent"
+    else:
+        outcome = _category(released.reason or "none")
+    FOLLOWUP_STEPS.labels(released.action, outcome).inc()
+    if released.lag_seconds is not None:
+        FOLLOWUP_RELEASE_LAG.observe(released.lag_seconds)
+    if released.finished == "stopped":
+        FOLLOWUP_FINISHED.labels("stopped", released.reason or "none").inc()
+    elif released.finished is not None:
+        FOLLOWUP_FINISHED.labels(
+            released.finished, "error" if released.finished == "failed" else "none"
+        ).inc()
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """The claimed enrollment, its contact's state, and the step due."""
+
+    row: ClaimedEnrollment
+    state: ReleaseState
+    definition: Definition
+    now: datetime
+
+    @property
+    def id(self) -> uuid.UUID:
+        return self.row.id
+
+    @property
+    def step(self) -> Step:
+        return self.definition.steps[self.row.step_index]
+
+
+def release_claimed(
+    conn: Connection[Any], row: ClaimedEnrollment, settings: FollowupSettings, *, now: datetime
+) -> Released:
+    """Release the claimed enrollment's due step, in the caller's transaction (which holds its lock)."""
+    params = {
+        "contact_id": row.contact_id,
+        "sequence_id": row.sequence_id,
+        "enrolled_at": row.enrolled_at,
+        "last_message_id": row.last_message_id,
+    }
+    with conn.cursor(row_factory=class_row(ReleaseState)) as cur:
+        state = cur.execute(QUERIES["release_state"], params).fetchone()
+    if state is None:  # the contact is locked by a stop path: come back shortly
+        return _defer(conn, row.id, now + timedelta(seconds=settings.busy_retry_seconds), "busy")
+    claim = _Claim(row, state, version_definition(conn, row.version_id), now)
+    checked = _checks(conn, claim) or _timing(conn, claim) or _sending_constraints(conn, claim)
+    if checked is not None:
+        return checked
+    text, reason = _render(claim)
+    if text is None:
+        assert reason is not None
+        return _skip(conn, claim, reason)
+    try:
+        return _queue(conn, claim, text, reason)
+    except ConversationBusy:
+        return _defer(conn, claim.id, now + timedelta(seconds=settings.busy_retry_seconds), "busy")
+
+
+def _checks(conn: Connection[Any], claim: _Claim) -> Released | None:
+    """Sequence paused -> pause; plan lost -> stop; opted out or erased -> stop; replied -> stop."""
+    state = claim.state
+    if state.sequence_status == "paused":
+        transitions.pause(conn, claim.row.project_id, [claim.id], "sequence_paused", now=claim.now)
+        return Released(claim.id, "pause", "sequence_paused")
+    if not state.plan_active:
+        return _stop(conn, claim, "plan_lost")
+    if state.erased:
+        return _stop(conn, claim, "contact_erased")
+    if state.opted_out:
+        return _stop(conn, claim, "opted_out")
+    if claim.row.stop_on_reply and state.replied_at is not None:
+        # the backstop: the reply's own stop path normally got here first
+        return _stop(conn, claim, "replied")
+    return None
+
+
+def _timing(conn: Connection[Any], claim: _Claim) -> Released | None:
+    """Rescheduled -> defer; reminder past its grace -> skip; ``only_if`` not met -> skip."""
+    step, row, now = claim.step, claim.row, claim.now
+    if step.anchor_offset_seconds is not None:
+        due = step_due_at(step, now=now, anchor_at=row.anchor_at)
+        if due is None:
+            return _skip(conn, claim, "missing_anchor")
+        if due > now:
+            return _defer(conn, claim.id, due, "rescheduled")
+        if now > due + timedelta(seconds=step.grace_seconds):
+            return _skip(conn, claim, "past_due")
+    state = claim.state
+    for condition in step.only_if:
+        met = {
+            "no_reply_since_previous_step": not _replied_since(state, row.last_step_at),
+            "no_reply_since_enrollment": state.replied_at is None,
+            "previous_not_read": state.last_message_status != "READ",
+        }[condition]
+        if not met:
+            return _skip(conn, claim, f"only_if:{condition}")
+    return None
+
+
+def _replied_since(state: ReleaseState, moment: datetime | None) -> bool:
+    """Whether the contact's last reply since enrollment came after ``moment`` (None: since enrollment)."""
+    return state.replied_at is not None and (moment is None or state.replied_at > moment)
+
+
+def _sending_constraints(conn: Connection[Any], claim: _Claim) -> Released | None:
+    """The place for sending constraints: send window (defer to its opening), consent mode (skip),
+    number choice (retry 15 s, pause after 30 min), pacing, follow-up window per number, monthly quota
+    and backlog (defer), per-contact 24 h cap (defer). None of them is enforced yet: everything may send.
+    """
+    return None
+
+
+def _render(claim: _Claim) -> tuple[str | None, str | None]:
+    """The text to send (or None) and the reason: the skip reason, or why a fallback was used."""
+    step = claim.step
+    if isinstance(step, MessageStep):
+        template, fallback_reason = step.text, None
+    else:
+        assert isinstance(step, AiStep)
+        # the model call comes with the AI steps work; until then every AI step takes its fallback
+        if not isinstance(step.fallback, TemplateFallback):
+            return None, "ai_unavailable"
+        template, fallback_reason = step.fallback.text, "ai_fallback:model_unavailable"
+    state, row = claim.state, claim.row
+    rendered = render(
+        template,
+        RenderContext(
+            variables=row.variables,
+            anchor_at=row.anchor_at,
+            timezone=state.timezone,
+            fallback_timezone=state.project_timezone,
+            contact_name=state.name,
+            contact_phone=state.phone,
+            contact_attributes=state.attributes,
+        ),
+    )
+    if rendered.text is None:
+        return None, rendered.skip_reason
+    return rendered.text, fallback_reason
+
+
+def _queue(conn: Connection[Any], claim: _Claim, text: str, reason: str | None) -> Released:
+    row, now, step = claim.row, claim.now, claim.step
+    queued = queue_contact_message(
+        conn,
+        OutboundMessage(
+            project_id=row.project_id,
+            contact_id=row.contact_id,
+            body=text,
+            source="followup",
+            media_url=step.media_url if isinstance(step, MessageStep) else None,
+            media_kind=step.media_kind if isinstance(step, MessageStep) else None,
+            number_id=row.number_id,
+            conversation_id=row.conversation_id,
+            followup_enrollment_id=claim.id,
+            followup_step_index=row.step_index,
+        ),
+        now=now,
+    )
+    _insert_step_run(conn, claim, "queued", reason, queued.message_id)
+    event = StepQueued(
+        enrollment_id=claim.id,
+        sequence_id=row.sequence_id,
+        contact_id=row.contact_id,
+        step_index=row.step_index,
+        message_id=queued.message_id,
+        reason=reason,
+    )
+    record_activity(
+        conn, row.project_id, row.contact_id, "followup_sent", msgspec.to_builtins(event), now=now
+    )
+    write_events(conn, row.project_id, [queued.event, event], occurred_at=now)
+    lag = max(0.0, (now - row.next_run_at).total_seconds())
+    log.info(
+        "step queued",
+        extra={
+            "project_id": str(row.project_id),
+            "enrollment_id": str(claim.id),
+            "step_index": row.step_index,
+            "message_id": str(queued.message_id),
+            "lag_seconds": round(lag, 3),
+        },
+    )
+    finished = _advance(conn, claim, queued.message_id)
+    return Released(claim.id, "queue", reason, queued.message_id, lag_seconds=lag, finished=finished)
+
+
+def _skip(conn: Connection[Any], claim: _Claim, reason: str) -> Released:
+    row = claim.row
+    _insert_step_run(conn, claim, "skipped", reason, None)
+    event = StepSkipped(
+        enrollment_id=claim.id,
+        sequence_id=row.sequence_id,
+        contact_id=row.contact_id,
+        step_index=row.step_index,
+        reason=reason,
+    )
+    write_events(conn, row.project_id, [event], occurred_at=claim.now)
+    log.info(
+        "step skipped", extra={"enrollment_id": str(claim.id), "step_index": row.step_index, "reason": reason}
+    )
+    finished = _advance(conn, claim, None)
+    return Released(claim.id, "skip", reason, finished=finished)
+
+
+def _insert_step_run(
+    conn: Connection[Any], claim: _Claim, outcome: str, reason: str | None, message_id: uuid.UUID | None
+) -> None:
+    row = claim.row
+    params = {
+        "enrollment_id": claim.id,
+        "step_index": row.step_index,
+        "project_id": row.project_id,
+        "outcome": outcome,
+        "reason": reason,
+        "message_id": message_id,
+        "due_at": row.next_run_at,
+        "now": claim.now,
+    }
+    conn.execute(QUERIES["insert_step_run"], params)
+
+
+def _advance(conn: Connection[Any], claim: _Claim, message_id: uuid.UUID | None) -> FinalStatus | None:
+    """Schedule the next step from now, or complete the enrollment (returns ``completed`` then)."""
+    next_index = claim.row.step_index + 1
+    if next_index < len(claim.definition.steps):
+        next_step = claim.definition.steps[next_index]
+        due = step_due_at(next_step, now=claim.now, anchor_at=claim.row.anchor_at) or claim.now
+        transitions.advance(conn, claim.id, next_index, due, message_id, now=claim.now)
+        return None
+    transitions.finish(
+        conn,
+        claim.row.project_id,
+        [claim.row],
+        "completed",
+        None,
+        now=claim.now,
+        step_index=next_index,
+        message_id=message_id,
+    )
+    return "completed"
+
+
+def _stop(conn: Connection[Any], claim: _Claim, reason: str) -> Released:
+    transitions.finish(conn, claim.row.project_id, [claim.row], "stopped", reason, now=claim.now)
+    log.info("enrollment stopped", extra={"enrollment_id": str(claim.id), "reason": reason})
+    return Released(claim.id, "stop", reason, finished="stopped")
+
+
+def _defer(conn: Connection[Any], enrollment_id: uuid.UUID, until: datetime, reason: str) -> Released:
+    transitions.defer(conn, enrollment_id, until)
+    return Released(enrollment_id, "defer", reason)
+
+
+def _category(reason: str) -> str:
+    """A reason's bounded category for metric labels (``missing_variable:vars.x`` -> ``missing_variable``)."""
+    return reason.split(":", 1)[0]
+
+
+def backoff(failures: int, settings: FollowupSettings) -> timedelta:
+    """Exponential backoff after the n-th consecutive failure: min, 2*min, ... capped at max."""
+    seconds = settings.backoff_min_seconds * 2 ** max(0, failures - 1)
+    return timedelta(seconds=min(seconds, settings.backoff_max_seconds))
+
+
+class _Finishing(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    project_id: uuid.UUID
+    sequence_id: uuid.UUID | None
+    contact_id: uuid.UUID
+
+
+def record_failure(
+    pool: ConnectionPool, enrollment_id: uuid.UUID, exc: Exception, now: datetime, settings: FollowupSettings
+) -> Released:
+    """The release transaction rolled back: count the failure, back off, or fail the enrollment."""
+    error = f"{type(exc).__name__}: {exc}"[:1000]
+    with pool.connection() as conn:
+        failures = transitions.count_failure(conn, enrollment_id, error)
+        if failures is None:  # finished meanwhile (stopped, say): nothing left to retry
+            return Released(enrollment_id, "retry", error)
+        if failures >= settings.max_failures:
+            with conn.cursor(row_factory=class_row(_Finishing)) as cur:
+                row = cur.execute(QUERIES["failing_enrollment"], {"id": enrollment_id}).fetchone()
+            assert row is not None  # counted just now, under its lock
+            transitions.finish(conn, row.project_id, [row], "failed", "error", now=now)
+            released = Released(enrollment_id, "fail", error, finished="failed")
+        else:
+            transitions.defer(conn, enrollment_id, now + backoff(failures, settings))
+            released = Released(enrollment_id, "retry", error)
+    log.warning(
+        "release failed",
+        extra={
+            "enrollment_id": str(enrollment_id),
+            "failures": failures,
+            "action": released.action,
+            "error": error,
+        },
+        exc_info=exc,
+    )
+    return released

@@ -1,0 +1,225 @@
+"""Sequences: an editable draft, published as immutable versions that enrollments pin.
+
+A draft may be incomplete; publishing validates it (:mod:`libs.common.followups.definition`) and freezes
+it as a version. Versions are immutable, so a parsed definition is cached per process by version id.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from psycopg import Connection
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+
+from libs.common.core import validation
+from libs.common.core.errors import Conflict, InvalidInput, NotFound
+from libs.common.core.sql import load_queries
+from libs.common.followups import transitions
+from libs.common.followups.definition import Definition, decode_definition, storable, validate_definition
+
+QUERIES = load_queries("libs.common.followups", "sequences.sql")
+
+
+class SequenceCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    definition: Definition = msgspec.field(default_factory=Definition)
+
+
+class SequenceUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str | msgspec.UnsetType = msgspec.UNSET
+    definition: Definition | msgspec.UnsetType = msgspec.UNSET
+
+
+class Sequence(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    name: str
+    status: str
+    draft: dict[str, Any]
+    current_version_id: uuid.UUID | None
+    current_version: int | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class Version(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    sequence_id: uuid.UUID | None
+    version: int
+    definition: dict[str, Any]
+    created_at: datetime
+
+
+class _VersionCache:
+    """Parsed definitions by version id: versions are immutable, so an entry never goes stale."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._entries: OrderedDict[uuid.UUID, Definition] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, conn: Connection[Any], version_id: uuid.UUID) -> Definition:
+        with self._lock:
+            found = self._entries.get(version_id)
+            if found is not None:
+                self._entries.move_to_end(version_id)
+                return found
+        row = conn.execute(QUERIES["version_definition"], {"id": version_id}).fetchone()
+        if row is None:
+            raise NotFound("sequence version not found", field="version_id")
+        definition = msgspec.convert(row[0], Definition)
+        with self._lock:
+            self._entries[version_id] = definition
+            if len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return definition
+
+
+_VERSIONS = _VersionCache()
+
+
+def version_definition(conn: Connection[Any], version_id: uuid.UUID) -> Definition:
+    """A pinned version's definition, parsed once per process."""
+    return _VERSIONS.get(conn, version_id)
+
+
+def _encode(definition: Definition) -> Jsonb:
+    return Jsonb(msgspec.to_builtins(definition))
+
+
+def _name(name: str) -> str:
+    name = validation.text(name, "name").strip()
+    if not 1 <= len(name) <= 200:
+        raise InvalidInput("name must be 1 to 200 characters", field="name")
+    return name
+
+
+def create_sequence(conn: Connection[Any], project_id: uuid.UUID, data: SequenceCreate) -> Sequence:
+    params = {
+        "project_id": project_id,
+        "name": _name(data.name),
+        "draft": _encode(storable(data.definition, "definition")),
+    }
+    with conn.cursor(row_factory=class_row(Sequence)) as cur:
+        sequence = cur.execute(QUERIES["insert_sequence"], params).fetchone()
+    assert sequence is not None
+    return sequence
+
+
+def update_sequence(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, data: SequenceUpdate
+) -> Sequence:
+    """Edit the draft (name, definition); running enrollments keep the version they pinned."""
+    status, _ = _lock(conn, project_id, sequence_id)
+    if status == "archived":
+        raise Conflict("an archived sequence cannot be edited", field="sequence_id")
+    params = {
+        "project_id": project_id,
+        "id": sequence_id,
+        "name": None if isinstance(data.name, msgspec.UnsetType) else _name(data.name),
+        "draft": (
+            None
+            if isinstance(data.definition, msgspec.UnsetType)
+            else _encode(storable(data.definition, "definition"))
+        ),
+    }
+    with conn.cursor(row_factory=class_row(Sequence)) as cur:
+        sequence = cur.execute(QUERIES["update_sequence"], params).fetchone()
+    assert sequence is not None
+    return sequence
+
+
+def get_sequence(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) -> Sequence:
+    with conn.cursor(row_factory=class_row(Sequence)) as cur:
+        params = {"project_id": project_id, "id": sequence_id}
+        sequence = cur.execute(QUERIES["get_sequence"], params).fetchone()
+    if sequence is None:
+        raise NotFound("sequence not found", field="sequence_id")
+    return sequence
+
+
+def list_sequences(
+    conn: Connection[Any], project_id: uuid.UUID, *, limit: int, after: uuid.UUID | None, status: str | None
+) -> list[Sequence]:
+    params = {"project_id": project_id, "limit": limit, "after": after, "status": status}
+    with conn.cursor(row_factory=class_row(Sequence)) as cur:
+        return cur.execute(QUERIES["list_sequences"], params).fetchall()
+
+
+def _lock(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) -> tuple[str, dict[str, Any]]:
+    row = conn.execute(QUERIES["lock_sequence"], {"project_id": project_id, "id": sequence_id}).fetchone()
+    if row is None:
+        raise NotFound("sequence not found", field="sequence_id")
+    return row[0], row[1]
+
+
+def publish_sequence(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) -> Version:
+    """Freeze the draft as the next immutable version and make it the one new enrollments pin."""
+    status, draft = _lock(conn, project_id, sequence_id)
+    if status == "archived":
+        raise Conflict("an archived sequence cannot be published", field="sequence_id")
+    version = _insert_version(conn, project_id, sequence_id, validate_definition(decode_definition(draft)))
+    conn.execute(QUERIES["set_current_version"], {"id": sequence_id, "version_id": version.id})
+    return version
+
+
+def create_one_off_version(conn: Connection[Any], project_id: uuid.UUID, definition: Definition) -> Version:
+    """An inline version with no sequence, for an enrollment that carries its own steps."""
+    return _insert_version(conn, project_id, None, validate_definition(storable(definition, ""), field=""))
+
+
+def _insert_version(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID | None, definition: Definition
+) -> Version:
+    """Freeze a validated definition as a version (the sequence's next, or a one-off)."""
+    params = {
+        "project_id": project_id,
+        "sequence_id": sequence_id,
+        "definition": _encode(definition),
+        "step_count": len(definition.steps),
+    }
+    with conn.cursor(row_factory=class_row(Version)) as cur:
+        version = cur.execute(QUERIES["insert_version"], params).fetchone()
+    assert version is not None
+    return version
+
+
+def list_versions(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) -> list[Version]:
+    get_sequence(conn, project_id, sequence_id)
+    with conn.cursor(row_factory=class_row(Version)) as cur:
+        params = {"project_id": project_id, "sequence_id": sequence_id}
+        return cur.execute(QUERIES["list_versions"], params).fetchall()
+
+
+#: Allowed status changes: action -> (statuses it applies to, resulting status).
+TRANSITIONS = {
+    "pause": ({"active"}, "paused"),
+    "resume": ({"paused"}, "active"),
+    "archive": ({"draft", "active", "paused"}, "archived"),
+}
+
+
+def change_sequence_status(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, action: str, *, now: datetime
+) -> Sequence:
+    """Pause, resume or archive a sequence.
+
+    A paused sequence pauses each of its enrollments when it next comes up for release; resuming
+    reactivates the enrollments it paused. Archiving stops new enrollments; running ones carry on, so
+    archiving a paused sequence reactivates the enrollments its pause paused (nothing could resume them
+    afterwards: they would stay live forever, blocking re-entry and counting against the plan limit).
+    """
+    allowed, target = TRANSITIONS[action]
+    status, _ = _lock(conn, project_id, sequence_id)
+    if status not in allowed:
+        raise Conflict(f"a {status} sequence cannot be {target}", field="sequence_id")
+    conn.execute(QUERIES["set_status"], {"id": sequence_id, "status": target})
+    if status == "paused":
+        paused = conn.execute(QUERIES["paused_by_sequence"], {"sequence_id": sequence_id}).fetchall()
+        transitions.resume(conn, project_id, [row[0] for row in paused], now=now)
+    return get_sequence(conn, project_id, sequence_id)

@@ -1,0 +1,86 @@
+-- name: insert_sequence
+-- Create a sequence with its draft definition.
+WITH s AS (
+    INSERT INTO followup_sequences (project_id, name, draft)
+    VALUES (%(project_id)s, %(name)s, %(draft)s)
+    RETURNING *
+)
+SELECT id, name, status, draft, current_version_id, NULL::integer AS current_version, created_at, updated_at
+FROM s
+
+-- name: update_sequence
+-- Edit a sequence's name and draft.
+WITH s AS (
+    UPDATE followup_sequences
+    SET name = coalesce(%(name)s, name), draft = coalesce(%(draft)s, draft), updated_at = now()
+    WHERE project_id = %(project_id)s AND id = %(id)s
+    RETURNING *
+)
+SELECT s.id, s.name, s.status, s.draft, s.current_version_id, v.version AS current_version, s.created_at,
+       s.updated_at
+FROM s LEFT JOIN followup_sequence_versions v ON v.id = s.current_version_id
+
+-- name: get_sequence
+-- One sequence of a project.
+SELECT s.id, s.name, s.status, s.draft, s.current_version_id, v.version AS current_version, s.created_at,
+       s.updated_at
+FROM followup_sequences s
+LEFT JOIN followup_sequence_versions v ON v.id = s.current_version_id
+WHERE s.project_id = %(project_id)s AND s.id = %(id)s
+
+-- name: list_sequences
+-- A page of a project's sequences in id order.
+SELECT s.id, s.name, s.status, s.draft, s.current_version_id, v.version AS current_version, s.created_at,
+       s.updated_at
+FROM followup_sequences s
+LEFT JOIN followup_sequence_versions v ON v.id = s.current_version_id
+WHERE s.project_id = %(project_id)s
+  AND (%(after)s::uuid IS NULL OR s.id > %(after)s::uuid)
+  AND (%(status)s::text IS NULL OR s.status = %(status)s::text)
+ORDER BY s.id
+LIMIT %(limit)s
+
+-- name: lock_sequence
+-- Lock a sequence; returns its status and draft.
+SELECT status, draft FROM followup_sequences
+WHERE project_id = %(project_id)s AND id = %(id)s
+FOR UPDATE
+
+-- name: insert_version
+-- Freeze a definition as the sequence's next version (or as a one-off version).
+INSERT INTO followup_sequence_versions (project_id, sequence_id, version, definition, step_count)
+VALUES (
+    %(project_id)s, %(sequence_id)s,
+    coalesce((SELECT max(version) FROM followup_sequence_versions WHERE sequence_id = %(sequence_id)s), 0) + 1,
+    %(definition)s, %(step_count)s
+)
+RETURNING id, sequence_id, version, definition, created_at
+
+-- name: list_versions
+-- A sequence's versions, newest first.
+SELECT id, sequence_id, version, definition, created_at
+FROM followup_sequence_versions
+WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s
+ORDER BY version DESC
+
+-- name: set_current_version
+-- Point new enrollments at a version; a draft becomes active.
+UPDATE followup_sequences
+SET current_version_id = %(version_id)s,
+    status = CASE WHEN status = 'draft' THEN 'active' ELSE status END,
+    updated_at = now()
+WHERE id = %(id)s
+
+-- name: set_status
+-- Pause, resume or archive.
+UPDATE followup_sequences SET status = %(status)s, updated_at = now() WHERE id = %(id)s
+
+-- name: paused_by_sequence
+-- The enrollments the sequence's pause paused, locked (resuming or archiving it reactivates them).
+SELECT id FROM followup_enrollments
+WHERE sequence_id = %(sequence_id)s AND status = 'paused' AND reason = 'sequence_paused'
+FOR UPDATE
+
+-- name: version_definition
+-- The frozen definition of a version.
+SELECT definition FROM followup_sequence_versions WHERE id = %(id)s

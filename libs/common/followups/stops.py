@@ -1,0 +1,140 @@
+"""Stop paths: a reply, a human message, an opt-out, a closed lead, a resolved conversation or an erasure
+stops the contact's live follow-ups inside the event's own transaction.
+
+The caller has locked the contact (or, for inbox events, the conversation). Then one indexed scan on
+``contact_id`` locks the live enrollments whose copied stop flag matches, they are finished as stopped
+(:func:`libs.common.followups.transitions.finish`), and the contact's follow-up messages still QUEUED for
+those enrollments are CANCELLED (with a ``message.failed`` event, reason CANCELLED). A message the send
+lane has already claimed (PROCESSING) is left alone: the reply always wins until the send lane picks the
+message up.
+
+The release path never waits for a lock (SKIP LOCKED on the contact and conversation), so the two
+cannot deadlock: if the stop commits first, the release finds the enrollment stopped; if the release
+commits first, the stop finds its message still QUEUED and cancels it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from psycopg import Connection
+from psycopg.rows import class_row
+
+from libs.common.core.metrics import FOLLOWUP_FINISHED
+from libs.common.core.sql import load_queries
+from libs.common.followups.transitions import EnrollmentRef, finish
+from libs.common.platform.messages import cancel_queued_messages
+
+log = logging.getLogger(__name__)
+
+QUERIES = load_queries("libs.common.followups", "stops.sql")
+
+#: Which copied stop flag a stop path honours (``any``: every live enrollment, as erasure does).
+StopFlag = Literal["reply", "human_message", "opt_out", "lead_closed", "conversation_resolved", "any"]
+
+#: The reason recorded on the enrollment for each stop path.
+REASONS: dict[StopFlag, str] = {
+    "reply": "replied",
+    "human_message": "human_message",
+    "opt_out": "opted_out",
+    "lead_closed": "lead_closed",
+    "conversation_resolved": "conversation_resolved",
+    "any": "contact_erased",
+}
+
+
+@dataclass(frozen=True)
+class _Stoppable:
+    id: uuid.UUID
+    sequence_id: uuid.UUID | None
+    contact_id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What a stop path did; :func:`count_stopped` counts it once the transaction committed."""
+
+    reason: str | None = None
+    enrollment_ids: list[uuid.UUID] = field(default_factory=list)
+    cancelled_message_ids: list[uuid.UUID] = field(default_factory=list)
+
+
+def count_stopped(stopped: Stopped) -> None:
+    """Count a committed stop in ``whatstig_followup_finished_total``."""
+    if stopped.enrollment_ids:
+        FOLLOWUP_FINISHED.labels("stopped", stopped.reason or "none").inc(len(stopped.enrollment_ids))
+
+
+def stop_followups_for_contact(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    flag: StopFlag,
+    *,
+    now: datetime,
+    conversation_id: uuid.UUID | None = None,
+) -> Stopped:
+    """Stop the contact's live enrollments whose ``flag`` is set and cancel their QUEUED messages.
+
+    With ``conversation_id`` (inbox events: a human reply, a resolved conversation) only enrollments
+    tied to that conversation, or to no conversation, are stopped.
+    """
+    reason = REASONS[flag]
+    params = {
+        "project_id": project_id,
+        "contact_id": contact_id,
+        "flag": flag,
+        "conversation_id": conversation_id,
+        "enrollment_id": None,
+    }
+    with conn.cursor(row_factory=class_row(_Stoppable)) as cur:
+        stoppable = cur.execute(QUERIES["lock_stoppable"], params).fetchall()
+    finish(conn, project_id, stoppable, "stopped", reason, now=now)
+    cancelled = _cancel_queued(conn, project_id, params, reason, now)
+    if stoppable or cancelled:
+        log.info(
+            "follow-ups stopped",
+            extra={
+                "project_id": str(project_id),
+                "contact_id": str(contact_id),
+                "reason": reason,
+                "enrollment_ids": [str(e.id) for e in stoppable],
+                "cancelled_message_ids": [str(i) for i in cancelled],
+            },
+        )
+    return Stopped(reason, [e.id for e in stoppable], cancelled)
+
+
+def stop_enrollment(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    enrollment: EnrollmentRef,
+    reason: str,
+    *,
+    now: datetime,
+    note: str | None = None,
+) -> Stopped:
+    """Stop one live enrollment the caller locked (by hand, or replaced on re-entry) and cancel its
+    follow-up message still QUEUED."""
+    finish(conn, project_id, [enrollment], "stopped", reason, now=now, note=note)
+    params = {
+        "project_id": project_id,
+        "contact_id": enrollment.contact_id,
+        "flag": "any",
+        "conversation_id": None,
+        "enrollment_id": enrollment.id,
+    }
+    cancelled = _cancel_queued(conn, project_id, params, reason, now)
+    log.info("enrollment stopped", extra={"enrollment_id": str(enrollment.id), "reason": reason})
+    return Stopped(reason, [enrollment.id], cancelled)
+
+
+def _cancel_queued(
+    conn: Connection[Any], project_id: uuid.UUID, params: dict[str, Any], reason: str, now: datetime
+) -> list[uuid.UUID]:
+    queued = [row[0] for row in conn.execute(QUERIES["queued_followups"], params).fetchall()]
+    return cancel_queued_messages(conn, project_id, queued, reason, now=now)

@@ -1,0 +1,186 @@
+"""The one home of every change to an enrollment after it was created (``followup_enrollments`` is
+updated here and nowhere else): advance, defer, pause, resume, finish, a counted failure, a new schedule,
+and erasure. Finishing writes the ``followup.<status>`` event of each finished enrollment.
+
+The caller has locked the enrollments (the release claim, or a ``SELECT ... FOR UPDATE``). Nothing here
+counts metrics: callers count what they did once their transaction committed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+import msgspec
+from psycopg import Connection
+from psycopg.rows import kwargs_row
+from psycopg.types.json import Jsonb
+
+from libs.common.contracts.events import FINISHED
+from libs.common.core.outbox import write_events
+from libs.common.core.sql import load_queries
+
+QUERIES = load_queries("libs.common.followups", "transitions.sql")
+
+EnrollmentStatus = Literal["active", "paused", "completed", "stopped", "failed"]
+FinalStatus = Literal["completed", "stopped", "failed"]
+
+
+class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    sequence_id: uuid.UUID | None
+    version_id: uuid.UUID
+    contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    number_id: uuid.UUID | None
+    status: str
+    source: str
+    step_index: int
+    next_run_at: datetime
+    anchor_at: datetime | None
+    variables: dict[str, Any]
+    dedupe_key: str | None
+    reason: str | None
+    note: str | None
+    failure_count: int
+    last_error: str | None
+    last_message_id: uuid.UUID | None
+    enrolled_at: datetime
+    finished_at: datetime | None
+
+
+def _enrollment(**columns: Any) -> Enrollment:
+    return msgspec.convert(columns, Enrollment)
+
+
+#: Row factory for ``SELECT *`` / ``RETURNING *`` of followup_enrollments (extra columns are ignored).
+ENROLLMENT_ROW = kwargs_row(_enrollment)
+
+
+class EnrollmentRef(Protocol):
+    """What a finished event names: any enrollment row (a full one, a claimed one, a stopped one)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+
+    @property
+    def sequence_id(self) -> uuid.UUID | None: ...
+
+    @property
+    def contact_id(self) -> uuid.UUID: ...
+
+
+def advance(
+    conn: Connection[Any],
+    enrollment_id: uuid.UUID,
+    step_index: int,
+    next_run_at: datetime,
+    message_id: uuid.UUID | None,
+    *,
+    now: datetime,
+) -> None:
+    """Move to step ``step_index``, due at ``next_run_at``."""
+    params = {
+        "id": enrollment_id,
+        "step_index": step_index,
+        "next_run_at": next_run_at,
+        "message_id": message_id,
+        "now": now,
+    }
+    conn.execute(QUERIES["advance"], params)
+
+
+def defer(conn: Connection[Any], enrollment_id: uuid.UUID, until: datetime) -> None:
+    """Try the same step again at ``until``."""
+    conn.execute(QUERIES["defer"], {"id": enrollment_id, "next_run_at": until})
+
+
+def pause(
+    conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID], reason: str, *, now: datetime
+) -> list[Enrollment]:
+    """Pause the active ones of ``ids``; returns those paused."""
+    params = {"project_id": project_id, "ids": ids, "reason": reason, "now": now}
+    with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
+        return cur.execute(QUERIES["pause"], params).fetchall()
+
+
+def resume(
+    conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID], *, now: datetime
+) -> list[Enrollment]:
+    """Resume the paused ones of ``ids`` (a step that fell due meanwhile is due now); returns them."""
+    params = {"project_id": project_id, "ids": ids, "now": now}
+    with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
+        return cur.execute(QUERIES["resume"], params).fetchall()
+
+
+def finish(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    enrollments: Sequence[EnrollmentRef],
+    status: FinalStatus,
+    reason: str | None,
+    *,
+    now: datetime,
+    note: str | None = None,
+    step_index: int | None = None,
+    message_id: uuid.UUID | None = None,
+) -> None:
+    """Finish live enrollments with a status and reason, and write their ``followup.<status>`` events.
+
+    ``step_index`` and ``message_id`` fold the last step's advance into a completion.
+    """
+    if not enrollments:
+        return
+    params = {
+        "project_id": project_id,
+        "ids": [e.id for e in enrollments],
+        "status": status,
+        "reason": reason,
+        "note": note,
+        "step_index": step_index,
+        "message_id": message_id,
+        "now": now,
+    }
+    conn.execute(QUERIES["finish"], params)
+    event = FINISHED[status]
+    events = [
+        event(enrollment_id=e.id, sequence_id=e.sequence_id, contact_id=e.contact_id, reason=reason)
+        for e in enrollments
+    ]
+    write_events(conn, project_id, events, occurred_at=now)
+
+
+def count_failure(conn: Connection[Any], enrollment_id: uuid.UUID, error: str) -> int | None:
+    """Count an unexpected failure; the consecutive count, or None when the enrollment is no longer active."""
+    row = conn.execute(QUERIES["count_failure"], {"id": enrollment_id, "error": error}).fetchone()
+    return int(row[0]) if row is not None else None
+
+
+def update_schedule(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    enrollment_id: uuid.UUID,
+    *,
+    anchor_at: datetime | None,
+    next_run_at: datetime,
+    variables: dict[str, Any],
+    now: datetime,
+) -> Enrollment | None:
+    """A live enrollment's new anchor, due time and variables (None when it is no longer live)."""
+    params = {
+        "project_id": project_id,
+        "id": enrollment_id,
+        "anchor_at": anchor_at,
+        "next_run_at": next_run_at,
+        "variables": Jsonb(variables),
+        "now": now,
+    }
+    with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
+        return cur.execute(QUERIES["update_schedule"], params).fetchone()
+
+
+def anonymise(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, now: datetime) -> None:
+    """Privacy erasure: the contact's enrollments keep nothing that could identify the person."""
+    conn.execute(QUERIES["anonymise"], {"project_id": project_id, "contact_id": contact_id, "now": now})

@@ -1,0 +1,60 @@
+-- The one home of every change to an enrollment after it was created: advance, defer, pause, resume,
+-- finish (completed, stopped or failed, with a reason), a counted failure, a new schedule, and erasure.
+-- The enrollments a transition applies to were locked by the caller (claimed, or selected FOR UPDATE).
+
+-- name: advance
+-- Move to the next step (due at next_run_at) and remember the last follow-up message, if one was queued.
+UPDATE followup_enrollments
+SET step_index = %(step_index)s, next_run_at = %(next_run_at)s,
+    last_message_id = coalesce(%(message_id)s, last_message_id),
+    last_step_at = %(now)s, failure_count = 0, updated_at = %(now)s
+WHERE id = %(id)s
+
+-- name: defer
+-- Try again later (the lease stays free).
+UPDATE followup_enrollments SET next_run_at = %(next_run_at)s WHERE id = %(id)s
+
+-- name: pause
+-- Pause active enrollments, with the reason (manual, sequence_paused).
+UPDATE followup_enrollments SET status = 'paused', reason = %(reason)s, updated_at = %(now)s
+WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status = 'active'
+RETURNING *
+
+-- name: resume
+-- Resume paused enrollments; a step that fell due meanwhile is due now.
+UPDATE followup_enrollments
+SET status = 'active', reason = NULL, next_run_at = greatest(next_run_at, %(now)s),
+    unavailable_since = NULL, updated_at = %(now)s
+WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status = 'paused'
+RETURNING *
+
+-- name: finish
+-- Finish live enrollments: completed, stopped or failed, with the reason (and a note). The last step's
+-- advance folds in here: step_index, last message and last step time, when given.
+UPDATE followup_enrollments
+SET status = %(status)s, reason = %(reason)s, note = coalesce(%(note)s, note), finished_at = %(now)s,
+    updated_at = %(now)s,
+    step_index = coalesce(%(step_index)s, step_index),
+    last_message_id = coalesce(%(message_id)s, last_message_id),
+    last_step_at = CASE WHEN %(step_index)s::integer IS NULL THEN last_step_at ELSE %(now)s END
+WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status IN ('active', 'paused')
+
+-- name: count_failure
+-- Count an unexpected release failure; returns the consecutive failure count.
+UPDATE followup_enrollments
+SET failure_count = failure_count + 1, last_error = %(error)s
+WHERE id = %(id)s AND status = 'active'
+RETURNING failure_count
+
+-- name: update_schedule
+-- New anchor, due time or variables for a live enrollment.
+UPDATE followup_enrollments
+SET anchor_at = %(anchor_at)s, next_run_at = %(next_run_at)s, variables = %(variables)s, updated_at = %(now)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND status IN ('active', 'paused')
+RETURNING *
+
+-- name: anonymise
+-- Privacy erasure: the contact's enrollments keep no variables or keys that could identify the person.
+UPDATE followup_enrollments
+SET variables = '{}'::jsonb, dedupe_key = NULL, note = NULL, last_error = NULL, updated_at = %(now)s
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s

@@ -1,0 +1,415 @@
+"""Ingress: one platform event, applied in one transaction: the platform change, then the stop paths
+(then, with the rules work, the triggers).
+
+Events arrive two ways that call the same function: ``POST /v1/events`` and the ``platform_event`` ingress
+actor on RabbitMQ (both through :func:`handle_event`, which commits and then counts).
+
+    message.inbound              a contact wrote (idempotent on provider_message_id): stops on reply
+    message.human                an agent wrote in the inbox: stops on human message
+    message.status               the send lane reports SENT / DELIVERED / READ / FAILED (monotonic)
+    contact.opted_out / opted_in
+    contact.erased               privacy erasure: every context erases its part
+    lead.created / lead.status_changed / lead.closed;  deal.stage_changed
+    conversation.created / opened / status_changed / resolved
+
+May import: every context below it (followups, platform, core) and contracts.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+
+from libs.common.contracts.platform_events import (
+    ContactErased,
+    ContactOptedIn,
+    ContactOptedOut,
+    ConversationCreated,
+    ConversationOpened,
+    ConversationResolved,
+    ConversationStatus,
+    ConversationStatusChanged,
+    DealStageChanged,
+    HumanMessage,
+    InboundMessage,
+    LeadClosed,
+    LeadCreated,
+    LeadStatusChanged,
+    MessageStatus,
+    PlatformEvent,
+)
+from libs.common.core import validation
+from libs.common.core.db import map_errors
+from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.followups import erasure as followups_erasure
+from libs.common.followups.stops import StopFlag, Stopped, count_stopped, stop_followups_for_contact
+from libs.common.platform import contacts, conversations, leads, messages
+from libs.common.platform.projects import require_project
+from libs.common.platform.send_lane import StatusReport, report_status
+
+log = logging.getLogger(__name__)
+
+
+class EventResult(msgspec.Struct, kw_only=True):
+    """What applying an event did."""
+
+    type: str
+    #: False when the event had already been applied (a repeated provider message id, a repeated status).
+    applied: bool = True
+    contact_id: uuid.UUID | None = None
+    conversation_id: uuid.UUID | None = None
+    message_id: uuid.UUID | None = None
+    lead_id: uuid.UUID | None = None
+    deal_id: uuid.UUID | None = None
+    status: str | None = None
+    stopped_enrollment_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
+    cancelled_message_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
+    #: Why the enrollments were stopped (the stop path's reason), when any were.
+    stop_reason: str | None = None
+
+
+def handle_event(
+    pool: ConnectionPool,
+    project_id: uuid.UUID,
+    event: PlatformEvent,
+    *,
+    now: datetime,
+    check_project: bool = False,
+) -> EventResult:
+    """Apply one event in a transaction of its own, then count what it stopped once that committed.
+
+    ``check_project``: 404 for an unknown project (events over the broker carry no API key that proved it).
+    """
+    with map_errors(), pool.connection() as conn:
+        if check_project:
+            require_project(conn, project_id)
+        result = apply_event(conn, project_id, event, now=now)
+    count_stopped(Stopped(result.stop_reason, result.stopped_enrollment_ids))
+    return result
+
+
+def apply_event(
+    conn: Connection[Any], project_id: uuid.UUID, event: PlatformEvent, *, now: datetime
+) -> EventResult:
+    """Apply one platform event in the caller's transaction."""
+    kind = type(event).__struct_config__.tag
+    assert isinstance(kind, str)
+    result: EventResult = _HANDLERS[type(event)](conn, project_id, event, now)
+    log.info(
+        "platform event",
+        extra={
+            "project_id": str(project_id),
+            "event_type": kind,
+            "applied": result.applied,
+            "contact_id": str(result.contact_id) if result.contact_id else None,
+            "message_id": str(result.message_id) if result.message_id else None,
+            "stopped": len(result.stopped_enrollment_ids),
+            "cancelled": len(result.cancelled_message_ids),
+        },
+    )
+    return result
+
+
+def _stop(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    flag: StopFlag,
+    now: datetime,
+    result: EventResult,
+    conversation_id: uuid.UUID | None = None,
+) -> EventResult:
+    """The stop path of ``flag``, in the event's transaction; its outcome goes on the result."""
+    stopped = stop_followups_for_contact(
+        conn, project_id, contact_id, flag, now=now, conversation_id=conversation_id
+    )
+    result.stopped_enrollment_ids = stopped.enrollment_ids
+    result.cancelled_message_ids = stopped.cancelled_message_ids
+    result.stop_reason = stopped.reason
+    return result
+
+
+# -- messages -----------------------------------------------------------------------------------------------
+
+
+def _inbound(
+    conn: Connection[Any], project_id: uuid.UUID, event: InboundMessage, now: datetime
+) -> EventResult:
+    if not 1 <= len(event.provider_message_id) <= 200:
+        raise InvalidInput("provider_message_id must be 1 to 200 characters", field="provider_message_id")
+    if event.contact_id is None and event.phone is None:
+        raise InvalidInput("give contact_id or phone", field="contact_id")
+    contact_id = event.contact_id
+    if contact_id is None:
+        assert event.phone is not None
+        contact, _ = contacts.upsert_contact(
+            conn, project_id, validation.phone(event.phone), contacts.ContactFields()
+        )
+        contact_id = contact.id
+    contacts.lock_contact(conn, project_id, contact_id)
+    existing = messages.recorded_message(conn, project_id, event.provider_message_id)
+    if existing is not None:
+        return EventResult(
+            type="message.inbound",
+            applied=False,
+            contact_id=contact_id,
+            message_id=existing.message_id,
+            conversation_id=existing.conversation_id,
+        )
+    conversation_id = _conversation_for(conn, project_id, contact_id, event.conversation_id, now)
+    recorded = messages.record_inbound_message(
+        conn,
+        project_id,
+        contact_id,
+        conversation_id,
+        provider_message_id=event.provider_message_id,
+        body=event.body,
+        media_url=event.media_url,
+        media_kind=event.media_kind,
+        now=now,
+    )
+    result = EventResult(
+        type="message.inbound",
+        contact_id=contact_id,
+        conversation_id=conversation_id,
+        message_id=recorded.message_id,
+    )
+    return _stop(conn, project_id, contact_id, "reply", now, result)
+
+
+def _conversation_for(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    wanted: uuid.UUID | None,
+    now: datetime,
+) -> uuid.UUID:
+    """The conversation an inbound message belongs to: the one named, the open one, or a new one."""
+    if wanted is not None:
+        conversation = conversations.lock_conversation(conn, project_id, wanted)
+        if conversation.contact_id != contact_id:
+            raise NotFound("conversation not found for this contact", field="conversation_id")
+        return wanted
+    open_id = conversations.open_conversation_id(conn, project_id, contact_id)
+    if open_id is not None:
+        return open_id
+    return conversations.create_conversation(conn, project_id, contact_id, now=now)[0].id
+
+
+def _human(conn: Connection[Any], project_id: uuid.UUID, event: HumanMessage, now: datetime) -> EventResult:
+    conversation = conversations.lock_conversation(conn, project_id, event.conversation_id)
+    if not contacts.share_contact(conn, project_id, conversation.contact_id):
+        raise NotFound("the conversation's contact was erased", field="conversation_id")
+    existing = messages.recorded_message(conn, project_id, event.provider_message_id)
+    if existing is not None:
+        return EventResult(
+            type="message.human",
+            applied=False,
+            contact_id=conversation.contact_id,
+            conversation_id=conversation.id,
+            message_id=existing.message_id,
+        )
+    recorded = messages.record_human_message(
+        conn,
+        project_id,
+        conversation.contact_id,
+        conversation.id,
+        conversation.number_id,
+        provider_message_id=event.provider_message_id,
+        body=event.body,
+        now=now,
+    )
+    result = EventResult(
+        type="message.human",
+        contact_id=conversation.contact_id,
+        conversation_id=conversation.id,
+        message_id=recorded.message_id,
+    )
+    return _stop(conn, project_id, conversation.contact_id, "human_message", now, result, conversation.id)
+
+
+def _status(conn: Connection[Any], project_id: uuid.UUID, event: MessageStatus, now: datetime) -> EventResult:
+    report = StatusReport(
+        status=event.status,
+        message_id=event.message_id,
+        provider_message_id=event.provider_message_id,
+        error=event.error,
+    )
+    state, applied = report_status(conn, project_id, report, now=now)
+    return EventResult(type="message.status", applied=applied, message_id=state.id, status=state.status)
+
+
+# -- contacts -----------------------------------------------------------------------------------------------
+
+
+def _opted_out(
+    conn: Connection[Any], project_id: uuid.UUID, event: ContactOptedOut, now: datetime
+) -> EventResult:
+    contacts.lock_contact(conn, project_id, event.contact_id)
+    changed = contacts.opt_out(conn, project_id, event.contact_id, now=now)
+    result = EventResult(type="contact.opted_out", applied=changed, contact_id=event.contact_id)
+    return _stop(conn, project_id, event.contact_id, "opt_out", now, result)
+
+
+def _opted_in(
+    conn: Connection[Any], project_id: uuid.UUID, event: ContactOptedIn, now: datetime
+) -> EventResult:
+    contacts.lock_contact(conn, project_id, event.contact_id)
+    changed = contacts.opt_in(conn, project_id, event.contact_id, now=now)
+    return EventResult(type="contact.opted_in", applied=changed, contact_id=event.contact_id)
+
+
+def _erased(conn: Connection[Any], project_id: uuid.UUID, event: ContactErased, now: datetime) -> EventResult:
+    """Privacy erasure: stop everything, then each context erases its part (nothing left that identifies
+    the person)."""
+    contacts.lock_contact_for_erasure(conn, project_id, event.contact_id)
+    result = _stop(
+        conn,
+        project_id,
+        event.contact_id,
+        "any",
+        now,
+        EventResult(type="contact.erased", contact_id=event.contact_id),
+    )
+    followups_erasure.erase_contact(conn, project_id, event.contact_id, now=now)
+    contacts.erase_contact(conn, project_id, event.contact_id, now=now)
+    return result
+
+
+# -- leads and deals ----------------------------------------------------------------------------------------
+
+
+def _lead_created(
+    conn: Connection[Any], project_id: uuid.UUID, event: LeadCreated, now: datetime
+) -> EventResult:
+    contacts.lock_contact(conn, project_id, event.contact_id)
+    lead_id = event.lead_id or uuid.uuid4()
+    applied = leads.create_lead(conn, project_id, event.contact_id, lead_id, event.status, now=now)
+    return EventResult(
+        type="lead.created",
+        applied=applied,
+        contact_id=event.contact_id,
+        lead_id=lead_id,
+        status=event.status,
+    )
+
+
+def _lead_status(
+    conn: Connection[Any], project_id: uuid.UUID, event: LeadStatusChanged | LeadClosed, now: datetime
+) -> EventResult:
+    """A lead's new status; the lead-closed stop path runs when the lead goes from open to closed.
+
+    A repeated event changes nothing (applied false) and stops nothing: follow-ups started after the lead
+    closed are not stopped by a late duplicate of the close.
+    """
+    closed = isinstance(event, LeadClosed)
+    contact_id = leads.lead_contact(conn, project_id, event.lead_id)
+    contacts.lock_contact(conn, project_id, contact_id)
+    change = leads.set_lead_status(conn, project_id, event.lead_id, event.status, closed=closed, now=now)
+    result = EventResult(
+        type="lead.closed" if closed else "lead.status_changed",
+        applied=change.applied,
+        contact_id=contact_id,
+        lead_id=event.lead_id,
+        status=event.status,
+    )
+    if change.closed_now:
+        return _stop(conn, project_id, contact_id, "lead_closed", now, result)
+    return result
+
+
+def _deal_stage(
+    conn: Connection[Any], project_id: uuid.UUID, event: DealStageChanged, now: datetime
+) -> EventResult:
+    contact_id = leads.set_deal_stage(
+        conn,
+        project_id,
+        event.deal_id,
+        event.stage,
+        contact_id=event.contact_id,
+        lead_id=event.lead_id,
+        now=now,
+    )
+    return EventResult(
+        type="deal.stage_changed", contact_id=contact_id, deal_id=event.deal_id, status=event.stage
+    )
+
+
+# -- conversations ------------------------------------------------------------------------------------------
+
+
+def _conversation_created(
+    conn: Connection[Any], project_id: uuid.UUID, event: ConversationCreated, now: datetime
+) -> EventResult:
+    conversation, created = conversations.create_conversation(
+        conn,
+        project_id,
+        event.contact_id,
+        now=now,
+        conversation_id=event.conversation_id,
+        number_id=event.number_id,
+        status=event.status,
+    )
+    return EventResult(
+        type="conversation.created",
+        applied=created,
+        contact_id=conversation.contact_id,
+        conversation_id=conversation.id,
+        status=conversation.status,
+    )
+
+
+def _conversation_status(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    event: ConversationOpened | ConversationStatusChanged | ConversationResolved,
+    now: datetime,
+) -> EventResult:
+    """A conversation's new status; resolving it stops the contact's follow-ups that stop on a resolved
+    conversation (tied to it or to none)."""
+    status: ConversationStatus
+    if isinstance(event, ConversationOpened):
+        status, kind = "open", "conversation.opened"
+    elif isinstance(event, ConversationResolved):
+        status, kind = "resolved", "conversation.resolved"
+    else:
+        status, kind = event.status, "conversation.status_changed"
+    conversation, previous = conversations.change_status(
+        conn, project_id, event.conversation_id, status, now=now
+    )
+    result = EventResult(
+        type=kind,
+        contact_id=conversation.contact_id,
+        conversation_id=conversation.id,
+        status=conversation.status,
+    )
+    if status == "resolved" and previous != "resolved":
+        return _stop(
+            conn, project_id, conversation.contact_id, "conversation_resolved", now, result, conversation.id
+        )
+    return result
+
+
+_HANDLERS: dict[type[Any], Callable[[Connection[Any], uuid.UUID, Any, datetime], EventResult]] = {
+    InboundMessage: _inbound,
+    HumanMessage: _human,
+    MessageStatus: _status,
+    ContactOptedOut: _opted_out,
+    ContactOptedIn: _opted_in,
+    ContactErased: _erased,
+    LeadCreated: _lead_created,
+    LeadStatusChanged: _lead_status,
+    LeadClosed: _lead_status,
+    DealStageChanged: _deal_stage,
+    ConversationCreated: _conversation_created,
+    ConversationOpened: _conversation_status,
+    ConversationStatusChanged: _conversation_status,
+    ConversationResolved: _conversation_status,
+}

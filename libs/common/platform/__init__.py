@@ -1,0 +1,9 @@
+"""The platform core: the parts of a messaging platform the engine needs, owned here so the engine runs on
+its own. Projects and API keys, contacts (opt-out, consent, erasure, activities), conversations, messages
+(the one shared send function, inbound and human messages, cancellation), the send lane's claim and
+status reports, leads and deals.
+
+Owns: ``projects``, ``api_keys``, ``numbers``, ``contacts``, ``activities``, ``conversations``,
+``messages``, ``message_status_events``, ``usage``, ``leads``, ``deals``.
+May import: ``core``, ``contracts``. Knows nothing of follow-ups: stop paths run above it (``ingress``).
+"""

@@ -1,0 +1,259 @@
+"""Contacts: create, upsert by E.164 phone number, read, update attributes, tags and time zone; lock one
+for a change, opt out and in, erase, and the activity timeline."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from psycopg import Connection
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+
+from libs.common.contracts.events import ContactErased
+from libs.common.core import validation
+from libs.common.core.db import map_errors
+from libs.common.core.errors import AlreadyExists, InvalidInput, NotFound
+from libs.common.core.outbox import write_events
+from libs.common.core.sql import load_queries
+
+QUERIES = load_queries("libs.common.platform", "contacts.sql")
+
+#: Most attributes one contact may carry, and most tags.
+MAX_ATTRIBUTES = 100
+MAX_TAGS = 100
+
+
+class _Input(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ContactFields(_Input):
+    """A contact's fields other than its phone number (the body of an upsert by phone)."""
+
+    name: str | None = None
+    timezone: str | None = None
+    attributes: dict[str, Any] = msgspec.field(default_factory=dict)
+    tags: list[str] = msgspec.field(default_factory=list)
+
+
+class ContactCreate(ContactFields, kw_only=True):
+    phone: str
+
+
+class ContactUpdate(_Input):
+    """A partial update: absent fields are kept; an attribute set to null is removed."""
+
+    name: str | msgspec.UnsetType | None = msgspec.UNSET
+    timezone: str | msgspec.UnsetType | None = msgspec.UNSET
+    attributes: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+class TagsChange(_Input):
+    tags: list[str]
+
+
+class Contact(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    phone: str | None
+    name: str | None
+    timezone: str | None
+    attributes: dict[str, Any]
+    tags: list[str]
+    opted_out_at: datetime | None
+    consent: str
+    created_at: datetime
+    updated_at: datetime
+
+
+_CONSTRAINTS = {
+    "contacts_project_phone_key": lambda: AlreadyExists("a contact with this phone exists", field="phone")
+}
+
+
+def _tags(values: list[str]) -> list[str]:
+    cleaned = sorted({validation.tag(v) for v in values})
+    if len(cleaned) > MAX_TAGS:
+        raise InvalidInput(f"a contact carries at most {MAX_TAGS} tags", field="tags")
+    return cleaned
+
+
+def _attributes(values: dict[str, Any]) -> dict[str, Any]:
+    if len(values) > MAX_ATTRIBUTES:
+        raise InvalidInput(f"a contact carries at most {MAX_ATTRIBUTES} attributes", field="attributes")
+    for key in values:
+        if not 1 <= len(key) <= 64:
+            raise InvalidInput("attribute names are 1 to 64 characters", field=f"attributes.{key}")
+    validation.json_value(values, "attributes")
+    return values
+
+
+def _validated(phone: str, data: ContactFields) -> dict[str, Any]:
+    return {
+        "phone": validation.phone(phone),
+        "name": validation.text(data.name, "name") if data.name is not None else None,
+        "timezone": validation.timezone(data.timezone) if data.timezone is not None else None,
+        "attributes": Jsonb(_attributes(data.attributes)),
+        "tags": _tags(data.tags),
+    }
+
+
+def create_contact(conn: Connection[Any], project_id: uuid.UUID, data: ContactCreate) -> Contact:
+    params = _validated(data.phone, data) | {"project_id": project_id}
+    with map_errors(_CONSTRAINTS), conn.cursor(row_factory=class_row(Contact)) as cur:
+        contact = cur.execute(QUERIES["insert_contact"], params).fetchone()
+    assert contact is not None
+    return contact
+
+
+def upsert_contact(
+    conn: Connection[Any], project_id: uuid.UUID, phone: str, data: ContactFields
+) -> tuple[Contact, bool]:
+    """Create the contact with this phone, or update the given fields of the existing one.
+
+    Returns the contact and whether it was created. Attributes are merged; tags are added.
+    """
+    params = _validated(phone, data) | {"project_id": project_id}
+    with conn.cursor() as cur:
+        row = cur.execute(QUERIES["upsert_contact"], params).fetchone()
+    assert row is not None
+    contact_id, created = row
+    return get_contact(conn, project_id, contact_id), created
+
+
+def get_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> Contact:
+    with conn.cursor(row_factory=class_row(Contact)) as cur:
+        contact = cur.execute(QUERIES["get_contact"], {"project_id": project_id, "id": contact_id}).fetchone()
+    if contact is None:
+        raise NotFound("contact not found", field="contact_id")
+    return contact
+
+
+def list_contacts(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    *,
+    limit: int,
+    after: uuid.UUID | None = None,
+    tag: str | None = None,
+    phone: str | None = None,
+) -> list[Contact]:
+    """Contacts in id order, after the cursor ``after``, optionally with a tag or a phone."""
+    params = {
+        "project_id": project_id,
+        "limit": limit,
+        "after": after,
+        "tag": validation.tag(tag, field="tag") if tag is not None else None,
+        "phone": validation.phone(phone) if phone else None,
+    }
+    with conn.cursor(row_factory=class_row(Contact)) as cur:
+        return cur.execute(QUERIES["list_contacts"], params).fetchall()
+
+
+def update_contact(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, data: ContactUpdate
+) -> Contact:
+    attributes = None if data.attributes is msgspec.UNSET else _attributes(data.attributes)
+    params = {
+        "project_id": project_id,
+        "id": contact_id,
+        "set_name": data.name is not msgspec.UNSET,
+        "name": validation.text(data.name, "name") if isinstance(data.name, str) else None,
+        "set_timezone": data.timezone is not msgspec.UNSET,
+        "timezone": validation.timezone(data.timezone) if isinstance(data.timezone, str) else None,
+        "set_attributes": attributes is not None,
+        "attributes": Jsonb({k: v for k, v in (attributes or {}).items() if v is not None}),
+        "removed_attributes": [k for k, v in (attributes or {}).items() if v is None],
+    }
+    with conn.cursor(row_factory=class_row(Contact)) as cur:
+        contact = cur.execute(QUERIES["update_contact"], params).fetchone()
+    if contact is None:
+        raise NotFound("contact not found", field="contact_id")
+    return contact
+
+
+def add_tags(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, tags: list[str]) -> Contact:
+    return _change_tags(conn, "add_tags", project_id, contact_id, _tags(tags))
+
+
+def remove_tags(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, tags: list[str]
+) -> Contact:
+    return _change_tags(conn, "remove_tags", project_id, contact_id, [validation.tag(t) for t in tags])
+
+
+def _change_tags(
+    conn: Connection[Any], query: str, project_id: uuid.UUID, contact_id: uuid.UUID, tags: list[str]
+) -> Contact:
+    params = {"project_id": project_id, "id": contact_id, "tags": tags}
+    with conn.cursor(row_factory=class_row(Contact)) as cur:
+        contact = cur.execute(QUERIES[query], params).fetchone()
+    if contact is None:
+        raise NotFound("contact not found", field="contact_id")
+    return contact
+
+
+def lock_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> None:
+    """Lock a contact for a change whose stop paths follow (FOR NO KEY UPDATE: the releaser's share lock
+    skips it); 404 for another project's contact or an erased one."""
+    _lock(conn, "lock_contact", project_id, contact_id)
+
+
+def lock_contact_for_erasure(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> None:
+    """Lock a contact to erase it (FOR UPDATE: erasure clears a key column); 404 as :func:`lock_contact`."""
+    _lock(conn, "lock_contact_for_erasure", project_id, contact_id)
+
+
+def share_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> bool:
+    """Key-share lock a contact about to be written to; False when it was erased."""
+    params = {"project_id": project_id, "id": contact_id}
+    return conn.execute(QUERIES["share_contact"], params).fetchone() is not None
+
+
+def _lock(conn: Connection[Any], query: str, project_id: uuid.UUID, contact_id: uuid.UUID) -> None:
+    if conn.execute(QUERIES[query], {"project_id": project_id, "id": contact_id}).fetchone() is None:
+        raise NotFound("contact not found", field="contact_id")
+
+
+def opt_out(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, now: datetime) -> bool:
+    """Record an opt-out (consent revoked); False when the contact had already opted out."""
+    params = {"project_id": project_id, "id": contact_id, "now": now}
+    return conn.execute(QUERIES["opt_out"], params).fetchone() is not None
+
+
+def opt_in(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, now: datetime) -> bool:
+    """Record an opt-in (consent granted); False when nothing changed."""
+    params = {"project_id": project_id, "id": contact_id, "now": now}
+    return conn.execute(QUERIES["opt_in"], params).fetchone() is not None
+
+
+def erase_contact(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, now: datetime
+) -> None:
+    """Privacy erasure, the platform's part (the caller locked the contact for erasure): messages and
+    activities deleted, the contact anonymised, conversations cleared, ``message.claimed`` events
+    removed, and a ``contact.erased`` event."""
+    conn.execute(QUERIES["erase_contact"], {"project_id": project_id, "id": contact_id, "now": now})
+    write_events(conn, project_id, [ContactErased(contact_id=contact_id)], occurred_at=now)
+
+
+def record_activity(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    kind: str,
+    data: dict[str, Any],
+    *,
+    now: datetime,
+) -> None:
+    """An entry in the contact's activity timeline (``followup_sent``, ...)."""
+    params = {
+        "project_id": project_id,
+        "contact_id": contact_id,
+        "kind": kind,
+        "data": Jsonb(data),
+        "now": now,
+    }
+    conn.execute(QUERIES["insert_activity"], params)

@@ -1,0 +1,125 @@
+-- name: insert_contact
+-- Create a contact.
+INSERT INTO contacts (project_id, phone, name, timezone, attributes, tags)
+VALUES (%(project_id)s, %(phone)s, %(name)s, %(timezone)s, %(attributes)s, %(tags)s)
+RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+
+-- name: upsert_contact
+-- Create the contact with this phone, or merge the given fields into it; returns (id, created).
+INSERT INTO contacts (project_id, phone, name, timezone, attributes, tags)
+VALUES (%(project_id)s, %(phone)s, %(name)s, %(timezone)s, %(attributes)s, %(tags)s)
+ON CONFLICT ON CONSTRAINT contacts_project_phone_key DO UPDATE SET
+    name = coalesce(EXCLUDED.name, contacts.name),
+    timezone = coalesce(EXCLUDED.timezone, contacts.timezone),
+    attributes = contacts.attributes || EXCLUDED.attributes,
+    tags = ARRAY(SELECT DISTINCT t FROM unnest(contacts.tags || EXCLUDED.tags) AS t ORDER BY t),
+    updated_at = now()
+RETURNING id, (xmax = 0) AS created
+
+-- name: get_contact
+-- One contact of a project.
+SELECT id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+FROM contacts
+WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: list_contacts
+-- A page of contacts in id order.
+SELECT id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+FROM contacts
+WHERE project_id = %(project_id)s
+  AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
+  AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
+  AND (%(phone)s::text IS NULL OR phone = %(phone)s::text)
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: update_contact
+-- Partial update: name, time zone, attributes merged (null removes a key).
+UPDATE contacts SET
+    name = CASE WHEN %(set_name)s THEN %(name)s::text ELSE name END,
+    timezone = CASE WHEN %(set_timezone)s THEN %(timezone)s::text ELSE timezone END,
+    attributes = CASE WHEN %(set_attributes)s
+                      THEN (attributes - %(removed_attributes)s::text[]) || %(attributes)s::jsonb
+                      ELSE attributes END,
+    updated_at = now()
+WHERE project_id = %(project_id)s AND id = %(id)s
+RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+
+-- name: add_tags
+-- Add tags to a contact.
+UPDATE contacts SET
+    tags = ARRAY(SELECT DISTINCT t FROM unnest(tags || %(tags)s::text[]) AS t ORDER BY t),
+    updated_at = now()
+WHERE project_id = %(project_id)s AND id = %(id)s
+RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+
+-- name: remove_tags
+-- Remove tags from a contact.
+UPDATE contacts SET
+    tags = ARRAY(SELECT t FROM unnest(tags) AS t WHERE t <> ALL (%(tags)s::text[]) ORDER BY t),
+    updated_at = now()
+WHERE project_id = %(project_id)s AND id = %(id)s
+RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+
+-- name: insert_activity
+-- An entry in a contact's activity timeline.
+INSERT INTO activities (project_id, contact_id, kind, data, occurred_at)
+VALUES (%(project_id)s, %(contact_id)s, %(kind)s, %(data)s, %(now)s)
+
+-- name: lock_contact
+-- Lock a contact of the project for a stop path (erased contacts are gone for good). NO KEY UPDATE: it
+-- still makes the releaser's FOR SHARE SKIP LOCKED skip the contact, but it does not block the foreign-key
+-- checks of rows that reference the contact (an agent's message inserted by a transaction that holds the
+-- conversation), which would otherwise deadlock with a reply that holds the contact and waits for the
+-- conversation.
+SELECT id FROM contacts
+WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
+FOR NO KEY UPDATE
+
+-- name: lock_contact_for_erasure
+-- Lock a contact of the project for erasure: FOR UPDATE, as erasing clears its phone (a key column), so
+-- nothing may reference it meanwhile.
+SELECT id FROM contacts
+WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
+FOR UPDATE
+
+-- name: share_contact
+-- The conversation's contact may be written to (it is not erased): key-share locked, so an erasure waits
+-- for this transaction, or this one sees the erasure once it committed.
+SELECT id FROM contacts
+WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
+FOR KEY SHARE
+
+-- name: opt_out
+-- Record an opt-out (nothing when already opted out).
+UPDATE contacts SET opted_out_at = %(now)s, consent = 'revoked', updated_at = %(now)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND opted_out_at IS NULL
+RETURNING id
+
+-- name: opt_in
+-- Record an opt-in (nothing when not opted out and consent already granted).
+UPDATE contacts SET opted_out_at = NULL, consent = 'granted', updated_at = %(now)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND (opted_out_at IS NOT NULL OR consent <> 'granted')
+RETURNING id
+
+-- name: erase_contact
+-- Privacy erasure, the platform's part: the contact's messages and activities are deleted, the contact is
+-- anonymised, its conversations keep no provider thread or pointers to the deleted messages, and its
+-- message.claimed events (they carry the phone and the text for the send lane) leave the outbox.
+WITH deleted_messages AS (
+    DELETE FROM messages WHERE project_id = %(project_id)s AND contact_id = %(id)s
+), deleted_activities AS (
+    DELETE FROM activities WHERE project_id = %(project_id)s AND contact_id = %(id)s
+), deleted_events AS (
+    DELETE FROM outbox
+    WHERE project_id = %(project_id)s AND type = 'message.claimed' AND data->>'contact_id' = %(id)s::text
+), conversations AS (
+    UPDATE conversations
+    SET inbox_thread = NULL, last_incoming_message_id = NULL, last_outgoing_message_id = NULL,
+        waiting_since = NULL, updated_at = %(now)s
+    WHERE project_id = %(project_id)s AND contact_id = %(id)s
+)
+UPDATE contacts
+SET phone = NULL, name = NULL, timezone = NULL, attributes = '{}'::jsonb, tags = '{}', opted_out_at = %(now)s,
+    consent = 'revoked', erased_at = %(now)s, updated_at = %(now)s
+WHERE project_id = %(project_id)s AND id = %(id)s

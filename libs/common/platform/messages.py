@@ -1,0 +1,216 @@
+"""Messages: every message row the engine writes. Outbound messages go through the one shared send
+function, :func:`queue_contact_message`; inbound (a contact's) and human (an agent's) messages are recorded
+from platform events; a QUEUED message can be cancelled until the send lane claims it."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import Connection
+from psycopg.rows import class_row
+
+from libs.common.contracts.events import MessageFailed, MessageHuman, MessageQueued, MessageReceived
+from libs.common.core.outbox import write_events
+from libs.common.core.sql import load_queries
+
+QUERIES = load_queries("libs.common.platform", "messages.sql")
+
+#: Priority of follow-up messages in the send lane (lower is sooner).
+FOLLOWUP_PRIORITY = 5
+
+
+class ConversationBusy(Exception):
+    """The contact's open conversation is locked by another transaction; retry soon."""
+
+
+@dataclass(frozen=True)
+class OutboundMessage:
+    project_id: uuid.UUID
+    contact_id: uuid.UUID
+    body: str
+    source: str
+    priority: int = FOLLOWUP_PRIORITY
+    media_url: str | None = None
+    media_kind: str | None = None
+    number_id: uuid.UUID | None = None
+    #: Thread into this conversation when it is still open (else the contact's newest open one).
+    conversation_id: uuid.UUID | None = None
+    followup_enrollment_id: uuid.UUID | None = None
+    followup_step_index: int | None = None
+
+
+@dataclass(frozen=True)
+class QueuedMessage:
+    message_id: uuid.UUID
+    conversation_id: uuid.UUID
+    #: The ``message.queued`` event; the caller writes it, with its own events in one statement.
+    event: MessageQueued
+
+
+def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, now: datetime) -> QueuedMessage:
+    """Queue a message for the send lane, in the caller's transaction.
+
+    Threads it into the contact's open conversation (locked SKIP LOCKED: busy raises
+    :class:`ConversationBusy`) or a new one; writes the message row (QUEUED), its status event and a
+    usage row. The ``message.queued`` event is returned for the caller to write with its own events.
+    """
+    params: dict[str, Any] = {
+        "project_id": message.project_id,
+        "contact_id": message.contact_id,
+        "conversation_id": message.conversation_id,
+        "now": now,
+    }
+    row = conn.execute(QUERIES["lock_open_conversation"], params).fetchone()
+    if row is None:
+        if conn.execute(QUERIES["open_conversation_exists"], params).fetchone():
+            raise ConversationBusy()
+        row = conn.execute(
+            QUERIES["insert_conversation"], params | {"number_id": message.number_id}
+        ).fetchone()
+        assert row is not None
+    conversation_id: uuid.UUID = row[0]
+    number_id: uuid.UUID | None = message.number_id or row[1]
+    # the id is made here, so nothing waits for the insert's result: under a pipeline the writes that
+    # follow travel with it in one round trip
+    message_id = uuid.uuid4()
+    params |= {
+        "id": message_id,
+        "conversation_id": conversation_id,
+        "number_id": number_id,
+        "source": message.source,
+        "priority": message.priority,
+        "body": message.body,
+        "media_url": message.media_url,
+        "media_kind": message.media_kind,
+        "followup_enrollment_id": message.followup_enrollment_id,
+        "followup_step_index": message.followup_step_index,
+    }
+    conn.execute(QUERIES["insert_queued_message"], params)
+    event = MessageQueued(
+        message_id=message_id,
+        conversation_id=conversation_id,
+        contact_id=message.contact_id,
+        number_id=number_id,
+        source=message.source,
+        priority=message.priority,
+        followup_enrollment_id=message.followup_enrollment_id,
+    )
+    return QueuedMessage(message_id, conversation_id, event)
+
+
+@dataclass(frozen=True)
+class RecordedMessage:
+    message_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    #: False when a message with the same provider id was recorded before (nothing was written).
+    created: bool
+
+
+def recorded_message(
+    conn: Connection[Any], project_id: uuid.UUID, provider_message_id: str | None
+) -> RecordedMessage | None:
+    """The message already recorded under a provider message id, if any."""
+    if provider_message_id is None:
+        return None
+    params = {"project_id": project_id, "provider_message_id": provider_message_id}
+    row = conn.execute(QUERIES["message_by_provider_id"], params).fetchone()
+    return RecordedMessage(row[0], row[1], created=False) if row is not None else None
+
+
+def record_inbound_message(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    conversation_id: uuid.UUID,
+    *,
+    provider_message_id: str,
+    body: str | None,
+    media_url: str | None,
+    media_kind: str | None,
+    now: datetime,
+) -> RecordedMessage:
+    """A contact's message (RECEIVED): the conversation now waits for an answer; ``message.received``."""
+    params = {
+        "project_id": project_id,
+        "contact_id": contact_id,
+        "conversation_id": conversation_id,
+        "provider_message_id": provider_message_id,
+        "body": body,
+        "media_url": media_url,
+        "media_kind": media_kind,
+        "now": now,
+    }
+    row = conn.execute(QUERIES["insert_inbound_message"], params).fetchone()
+    assert row is not None
+    event = MessageReceived(message_id=row[0], contact_id=contact_id, conversation_id=conversation_id)
+    write_events(conn, project_id, [event], occurred_at=now)
+    return RecordedMessage(row[0], conversation_id, created=True)
+
+
+def record_human_message(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    conversation_id: uuid.UUID,
+    number_id: uuid.UUID | None,
+    *,
+    provider_message_id: str | None,
+    body: str | None,
+    now: datetime,
+) -> RecordedMessage:
+    """An agent's message (SENT, source human): the conversation no longer waits; ``message.human``."""
+    params = {
+        "project_id": project_id,
+        "contact_id": contact_id,
+        "conversation_id": conversation_id,
+        "number_id": number_id,
+        "provider_message_id": provider_message_id,
+        "body": body,
+        "now": now,
+    }
+    row = conn.execute(QUERIES["insert_human_message"], params).fetchone()
+    assert row is not None
+    event = MessageHuman(message_id=row[0], contact_id=contact_id, conversation_id=conversation_id)
+    write_events(conn, project_id, [event], occurred_at=now)
+    return RecordedMessage(row[0], conversation_id, created=True)
+
+
+@dataclass(frozen=True)
+class _Cancelled:
+    id: uuid.UUID
+    contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    followup_enrollment_id: uuid.UUID | None
+
+
+def cancel_queued_messages(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    message_ids: list[uuid.UUID],
+    stop_reason: str,
+    *,
+    now: datetime,
+) -> list[uuid.UUID]:
+    """CANCEL the given messages that are still QUEUED (claimed ones are the send lane's), each with a
+    status event and a ``message.failed`` event (reason CANCELLED); returns the cancelled ids."""
+    if not message_ids:
+        return []
+    params = {"project_id": project_id, "ids": message_ids, "detail": stop_reason, "now": now}
+    with conn.cursor(row_factory=class_row(_Cancelled)) as cur:
+        cancelled = cur.execute(QUERIES["cancel_queued"], params).fetchall()
+    events = [
+        MessageFailed(
+            message_id=m.id,
+            reason="CANCELLED",
+            stop_reason=stop_reason,
+            contact_id=m.contact_id,
+            conversation_id=m.conversation_id,
+            followup_enrollment_id=m.followup_enrollment_id,
+        )
+        for m in cancelled
+    ]
+    write_events(conn, project_id, events, occurred_at=now)
+    return [m.id for m in cancelled]

@@ -1,0 +1,104 @@
+-- name: lock_open_conversation
+-- The conversation to thread into, locked: the one asked for if it is open, else the contact's newest open
+-- one. The choice is made first and only that row is locked (SKIP LOCKED), so a busy conversation returns
+-- nothing (the caller reports busy) instead of the next open conversation in line.
+SELECT id, number_id FROM conversations
+WHERE id = (
+    SELECT c.id FROM conversations c
+    WHERE c.project_id = %(project_id)s AND c.contact_id = %(contact_id)s AND c.status <> 'resolved'
+    ORDER BY c.id = %(conversation_id)s::uuid DESC NULLS LAST, c.created_at DESC, c.id
+    LIMIT 1
+)
+  AND status <> 'resolved'
+FOR UPDATE SKIP LOCKED
+
+-- name: open_conversation_exists
+-- Whether the contact has an open conversation (told apart from a locked one).
+SELECT 1 FROM conversations
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND status <> 'resolved'
+LIMIT 1
+
+-- name: insert_conversation
+-- Open a new conversation for an outbound message.
+INSERT INTO conversations (project_id, contact_id, number_id, status, status_changed_at, created_at, updated_at)
+VALUES (%(project_id)s, %(contact_id)s, %(number_id)s, 'open', %(now)s, %(now)s, %(now)s)
+RETURNING id, number_id
+
+-- name: insert_queued_message
+-- The message (QUEUED), its status event and usage row, and the conversation's last outgoing message: one
+-- statement.
+WITH message AS (
+    INSERT INTO messages (
+        id, project_id, contact_id, conversation_id, number_id, direction, status, source, priority, body,
+        media_url, media_kind, followup_enrollment_id, followup_step_index, created_at, status_changed_at
+    ) VALUES (
+        %(id)s, %(project_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s, 'outbound', 'QUEUED',
+        %(source)s, %(priority)s, %(body)s, %(media_url)s, %(media_kind)s, %(followup_enrollment_id)s,
+        %(followup_step_index)s, %(now)s, %(now)s
+    )
+    RETURNING id, project_id
+), status_event AS (
+    INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
+    SELECT project_id, id, 'QUEUED', %(now)s FROM message
+), usage_row AS (
+    INSERT INTO usage (project_id, kind, quantity, message_id, occurred_at)
+    SELECT project_id, 'message', 1, id, %(now)s FROM message
+)
+UPDATE conversations
+SET last_outgoing_message_id = %(id)s, last_outgoing_at = %(now)s, updated_at = %(now)s
+WHERE id = %(conversation_id)s
+
+-- name: message_by_provider_id
+-- A message already recorded under this provider id.
+SELECT id, conversation_id FROM messages
+WHERE project_id = %(project_id)s AND provider_message_id = %(provider_message_id)s
+
+-- name: insert_inbound_message
+-- A contact's message: the message row (RECEIVED), and the conversation now waits for an answer.
+WITH message AS (
+    INSERT INTO messages (project_id, contact_id, conversation_id, direction, status, source, body, media_url,
+                          media_kind, provider_message_id, created_at, status_changed_at)
+    VALUES (%(project_id)s, %(contact_id)s, %(conversation_id)s, 'inbound', 'RECEIVED', 'contact', %(body)s,
+            %(media_url)s, %(media_kind)s, %(provider_message_id)s, %(now)s, %(now)s)
+    RETURNING id
+), conversation AS (
+    UPDATE conversations
+    SET last_incoming_message_id = (SELECT id FROM message), last_incoming_at = %(now)s,
+        waiting_since = coalesce(waiting_since, %(now)s), updated_at = %(now)s
+    WHERE id = %(conversation_id)s
+)
+SELECT id FROM message
+
+-- name: insert_human_message
+-- An agent's message: the message row (SENT, source human), its status event, and the conversation no
+-- longer waits.
+WITH message AS (
+    INSERT INTO messages (project_id, contact_id, conversation_id, number_id, direction, status, source, body,
+                          provider_message_id, created_at, status_changed_at)
+    VALUES (%(project_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s, 'outbound', 'SENT', 'human',
+            %(body)s, %(provider_message_id)s, %(now)s, %(now)s)
+    RETURNING id, project_id
+), status_event AS (
+    INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
+    SELECT project_id, id, 'SENT', %(now)s FROM message
+), conversation AS (
+    UPDATE conversations
+    SET last_outgoing_message_id = (SELECT id FROM message), last_outgoing_at = %(now)s,
+        waiting_since = NULL, updated_at = %(now)s
+    WHERE id = %(conversation_id)s
+)
+SELECT id FROM message
+
+-- name: cancel_queued
+-- Cancel outbound messages still QUEUED (a message the send lane has claimed is no longer QUEUED and is
+-- left alone), each with a CANCELLED status event.
+WITH cancelled AS (
+    UPDATE messages
+    SET status = 'CANCELLED', error = 'CANCELLED', status_changed_at = %(now)s
+    WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status = 'QUEUED'
+    RETURNING id, project_id, contact_id, conversation_id, followup_enrollment_id
+), status_events AS (
+    INSERT INTO message_status_events (project_id, message_id, status, detail, occurred_at)
+    SELECT project_id, id, 'CANCELLED', %(detail)s::text, %(now)s FROM cancelled
+)
+SELECT id, contact_id, conversation_id, followup_enrollment_id FROM cancelled ORDER BY id

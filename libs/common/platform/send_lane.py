@@ -1,0 +1,165 @@
+"""The send lane's side of the contract.
+
+A send lane (the service that talks to the messaging provider) claims QUEUED outbound messages, QUEUED
+to PROCESSING under ``FOR UPDATE SKIP LOCKED`` in priority then age order, then reports what happened
+to each: SENT, DELIVERED, READ or FAILED. Statuses are idempotent and monotonic: a status that would go
+backwards (READ, then SENT) is ignored and logged.
+
+Until a message is claimed, a stop path (a reply, say) may still cancel it; once claimed it is the send
+lane's. That is what makes "the reply always wins until the send lane picks the message up" real.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+import msgspec
+from psycopg import Connection
+from psycopg.rows import class_row
+
+from libs.common.contracts.actors import MAX_CLAIM
+from libs.common.contracts.events import STATUS_REPORTED, MessageClaimed
+from libs.common.contracts.platform_events import ReportedStatus
+from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.core.outbox import write_events
+from libs.common.core.sql import load_queries
+
+log = logging.getLogger(__name__)
+
+QUERIES = load_queries("libs.common.platform", "send_lane.sql")
+
+
+#: Progress order of an outbound message; FAILED and CANCELLED end it.
+RANK = {"QUEUED": 0, "PROCESSING": 1, "SENT": 2, "DELIVERED": 3, "READ": 4}
+FINAL = {"READ", "FAILED", "CANCELLED"}
+
+
+class ClaimRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_CLAIM)] = 50
+    number_id: uuid.UUID | None = None
+
+
+class ClaimedMessage(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    project_id: uuid.UUID
+    contact_id: uuid.UUID
+    phone: str | None
+    conversation_id: uuid.UUID | None
+    number_id: uuid.UUID | None
+    priority: int
+    body: str | None
+    media_url: str | None
+    media_kind: str | None
+    source: str
+    followup_enrollment_id: uuid.UUID | None
+    created_at: datetime
+
+
+class StatusReport(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What the send lane learned about a message, by our id or the provider's."""
+
+    status: ReportedStatus
+    message_id: uuid.UUID | None = None
+    provider_message_id: str | None = None
+    error: str | None = None
+
+
+class MessageState(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    status: str
+    provider_message_id: str | None
+    error: str | None
+    status_changed_at: datetime
+    followup_enrollment_id: uuid.UUID | None
+
+
+def claim_messages(
+    conn: Connection[Any], project_id: uuid.UUID | None, request: ClaimRequest, *, now: datetime
+) -> list[ClaimedMessage]:
+    """Claim up to ``limit`` QUEUED outbound messages (all projects when ``project_id`` is None)."""
+    params = {"project_id": project_id, "number_id": request.number_id, "limit": request.limit, "now": now}
+    with conn.cursor(row_factory=class_row(ClaimedMessage)) as cur:
+        # never a prepared statement: its generic plan cannot see which optional filters are NULL, guesses
+        # a handful of rows, and reads and sorts the whole QUEUED backlog instead of walking the send-queue
+        # index in order; a fresh plan per claim folds the NULL filters away and keeps the claim cost flat
+        claimed = cur.execute(QUERIES["claim_queued_messages"], params, prepare=False).fetchall()
+    by_project: dict[uuid.UUID, list[MessageClaimed]] = {}
+    for m in claimed:
+        by_project.setdefault(m.project_id, []).append(
+            MessageClaimed(
+                message_id=m.id,
+                contact_id=m.contact_id,
+                phone=m.phone,
+                conversation_id=m.conversation_id,
+                number_id=m.number_id,
+                priority=m.priority,
+                body=m.body,
+                media_url=m.media_url,
+                media_kind=m.media_kind,
+                source=m.source,
+                followup_enrollment_id=m.followup_enrollment_id,
+            )
+        )
+    for project, events in by_project.items():
+        write_events(conn, project, events, occurred_at=now)
+    if claimed:
+        log.info(
+            "messages claimed", extra={"count": len(claimed), "message_ids": [str(m.id) for m in claimed]}
+        )
+    return claimed
+
+
+def report_status(
+    conn: Connection[Any], project_id: uuid.UUID, report: StatusReport, *, now: datetime
+) -> tuple[MessageState, bool]:
+    """Apply a status report; returns the message's state and whether the report changed it."""
+    if report.message_id is None and report.provider_message_id is None:
+        raise InvalidInput("give message_id or provider_message_id", field="message_id")
+    params: dict[str, Any] = {
+        "project_id": project_id,
+        "id": report.message_id,
+        "provider_message_id": report.provider_message_id,
+    }
+    with conn.cursor(row_factory=class_row(MessageState)) as cur:
+        current = cur.execute(QUERIES["lock_message"], params).fetchone()
+    if current is None:
+        raise NotFound(
+            "message not found", field="message_id" if report.message_id else "provider_message_id"
+        )
+    if not _moves_forward(current.status, report.status):
+        if current.status != report.status:
+            log.warning(
+                "status report ignored: it would go backwards",
+                extra={"message_id": str(current.id), "current": current.status, "reported": report.status},
+            )
+        return current, False
+    params = {
+        "id": current.id,
+        "status": report.status,
+        "provider_message_id": report.provider_message_id,
+        "error": report.error if report.status == "FAILED" else None,
+        "now": now,
+    }
+    with conn.cursor(row_factory=class_row(MessageState)) as cur:
+        updated = cur.execute(QUERIES["set_status"], params).fetchone()
+    assert updated is not None
+    event = STATUS_REPORTED[updated.status](
+        message_id=updated.id,
+        status=updated.status,
+        provider_message_id=updated.provider_message_id,
+        error=updated.error,
+        followup_enrollment_id=updated.followup_enrollment_id,
+    )
+    write_events(conn, project_id, [event], occurred_at=now)
+    return updated, True
+
+
+def _moves_forward(current: str, reported: str) -> bool:
+    if current in FINAL:
+        return False
+    if reported == "FAILED":
+        return current in ("QUEUED", "PROCESSING", "SENT")
+    return RANK[reported] > RANK.get(current, len(RANK))

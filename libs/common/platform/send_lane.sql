@@ -1,0 +1,48 @@
+-- name: claim_queued_messages
+-- Claim QUEUED outbound messages in priority then age order (SKIP LOCKED: claimers never wait for each
+-- other); each becomes PROCESSING with a status event. Returns what the send lane needs to send them.
+WITH picked AS (
+    SELECT id FROM messages
+    WHERE status = 'QUEUED' AND direction = 'outbound'
+      AND (%(project_id)s::uuid IS NULL OR project_id = %(project_id)s::uuid)
+      AND (%(number_id)s::uuid IS NULL OR number_id = %(number_id)s::uuid)
+    ORDER BY priority, created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE messages m SET status = 'PROCESSING', status_changed_at = %(now)s
+    FROM picked WHERE m.id = picked.id
+    RETURNING m.id, m.project_id, m.contact_id, m.conversation_id, m.number_id, m.priority, m.body, m.media_url,
+              m.media_kind, m.source, m.followup_enrollment_id, m.created_at
+), status_events AS (
+    INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
+    SELECT project_id, id, 'PROCESSING', %(now)s FROM claimed
+)
+SELECT claimed.id, claimed.project_id, claimed.contact_id, c.phone, claimed.conversation_id, claimed.number_id,
+       claimed.priority, claimed.body, claimed.media_url, claimed.media_kind, claimed.source,
+       claimed.followup_enrollment_id, claimed.created_at
+FROM claimed JOIN contacts c ON c.id = claimed.contact_id
+ORDER BY claimed.priority, claimed.created_at
+
+-- name: lock_message
+-- Lock an outbound message of the project by our id or the provider's.
+SELECT id, status, provider_message_id, error, status_changed_at, followup_enrollment_id
+FROM messages
+WHERE project_id = %(project_id)s AND direction = 'outbound'
+  AND (id = %(id)s::uuid OR (%(id)s::uuid IS NULL AND provider_message_id = %(provider_message_id)s::text))
+FOR UPDATE
+
+-- name: set_status
+-- Move a message forward, with its status event.
+WITH updated AS (
+    UPDATE messages
+    SET status = %(status)s, status_changed_at = %(now)s,
+        provider_message_id = coalesce(%(provider_message_id)s, provider_message_id),
+        error = coalesce(%(error)s, error)
+    WHERE id = %(id)s
+    RETURNING id, project_id, status, provider_message_id, error, status_changed_at, followup_enrollment_id
+), status_events AS (
+    INSERT INTO message_status_events (project_id, message_id, status, detail, occurred_at)
+    SELECT project_id, id, status, error, %(now)s FROM updated
+)
+SELECT id, status, provider_message_id, error, status_changed_at, followup_enrollment_id FROM updated

@@ -1,0 +1,11 @@
+-- name: claim_due_enrollment
+-- The oldest due active enrollment whose lease is free, locked; rows locked by other workers are skipped.
+SELECT id, project_id, sequence_id, version_id, contact_id, conversation_id, number_id, step_index,
+       next_run_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply
+FROM followup_enrollments
+WHERE status = 'active'
+  AND next_run_at <= %(now)s
+  AND (locked_until IS NULL OR locked_until <= %(now)s)
+ORDER BY next_run_at
+LIMIT 1
+FOR UPDATE SKIP LOCKED
