@@ -1,0 +1,87 @@
+"""Named SQL: the loader's rules, and every named query of the project against the migrated schema."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from libs.common.core.sql import parse_queries
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _sql_files() -> Iterator[tuple[str, str]]:
+    """Every named-SQL file of the project, as (package, file name); migrations are not named SQL."""
+    for path in sorted([*ROOT.glob("libs/**/*.sql"), *ROOT.glob("services/**/*.sql")]):
+        if "migrations" in path.parts:
+            continue
+        package = ".".join(path.relative_to(ROOT).parent.parts)
+        yield package, path.name
+
+
+def _named_queries() -> Iterator[tuple[str, str, str]]:
+    for package, filename in _sql_files():
+        text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
+        for name, statement in parse_queries(text).items():
+            yield f"{package}/{filename}:{name}", name, statement
+
+
+def test_a_query_needs_its_one_line_description() -> None:
+    with pytest.raises(ValueError, match="'bare' has no one-line description"):
+        parse_queries("-- name: bare\nSELECT 1\n")
+    with pytest.raises(ValueError, match="'blank' has no one-line description"):
+        parse_queries("-- name: blank\n--   \nSELECT 1\n")
+
+
+def test_a_query_needs_a_statement_and_a_name_of_its_own() -> None:
+    with pytest.raises(ValueError, match="'empty' has no statement"):
+        parse_queries("-- name: empty\n-- Says what it does, does nothing.\n")
+    with pytest.raises(ValueError, match="'twice' is defined twice"):
+        parse_queries("-- name: twice\n-- One.\nSELECT 1\n\n-- name: twice\n-- Two.\nSELECT 2\n")
+
+
+def test_the_loader_keeps_the_statement_and_drops_the_comments() -> None:
+    queries = parse_queries(
+        "-- A file-level note.\n\n-- name: one\n-- The number one.\nSELECT 1\n-- trailing note\nFROM x\n"
+    )
+    assert queries == {"one": "SELECT 1\nFROM x"}
+
+
+def test_there_are_named_queries_to_check() -> None:
+    # the prepare test below must not pass by finding nothing
+    names = [where for where, _, _ in _named_queries()]
+    assert len(names) > 40
+    assert any(where.endswith("release_step.sql:release_state") for where in names)
+    assert any(where.endswith("claim.sql:claim_due_enrollment") for where in names)
+
+
+_PARAM = re.compile(r"%\((\w+)\)s")
+
+
+def _positional(statement: str) -> str:
+    """``%(name)s`` placeholders as ``$n`` (one number per name), as the server sees them."""
+    numbers: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        return f"${numbers.setdefault(match.group(1), len(numbers) + 1)}"
+
+    return _PARAM.sub(number, statement)
+
+
+def test_every_named_query_prepares_against_the_migrated_schema(db_url: str) -> None:
+    """PREPARE parses and plans each statement against the real schema: a renamed column or table, a
+    missing index expression or a type error fails here even on a path no scenario runs."""
+    failures = []
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for i, (where, _, statement) in enumerate(_named_queries()):
+            try:
+                conn.execute(f"PREPARE q{i} AS {_positional(statement)}".encode())
+                conn.execute(f"DEALLOCATE q{i}".encode())
+            except psycopg.Error as exc:
+                failures.append(f"{where}: {exc}")
+    assert not failures, "\n".join(failures)
