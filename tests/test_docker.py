@@ -31,7 +31,7 @@ DOCKERFILE = DOCKER / "Dockerfile"
 #: Variables a followups container may set that are not in the settings table, each with its reader.
 EXTRA_VARIABLES = frozenset(
     {
-        "PROMETHEUS_MULTIPROC_DIR",  # prometheus-client multiprocess mode (libs/common/metrics.py)
+        "PROMETHEUS_MULTIPROC_DIR",  # prometheus-client multiprocess mode (libs/common/core/metrics.py)
     }
 )
 #: Variables the Dockerfile may set for the interpreter, pip and the virtual environment.

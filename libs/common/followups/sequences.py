@@ -218,7 +218,7 @@ def change_sequence_status(
     status, _ = _lock(conn, project_id, sequence_id)
     if status not in allowed:
         raise Conflict(f"a {status} sequence cannot be {target}", field="sequence_id")
-    conn.execute(QUERIES["set_status"], {"id": sequence_id, "status": target})
+    conn.execute(QUERIES["set_sequence_status"], {"id": sequence_id, "status": target})
     if status == "paused":
         paused = conn.execute(QUERIES["paused_by_sequence"], {"sequence_id": sequence_id}).fetchall()
         transitions.resume(conn, project_id, [row[0] for row in paused], now=now)

@@ -71,7 +71,7 @@ SET current_version_id = %(version_id)s,
     updated_at = now()
 WHERE id = %(id)s
 
--- name: set_status
+-- name: set_sequence_status
 -- Pause, resume or archive.
 UPDATE followup_sequences SET status = %(status)s, updated_at = now() WHERE id = %(id)s
 

@@ -117,7 +117,7 @@ def change_status(
     previous = lock_conversation(conn, project_id, conversation_id).status
     with conn.cursor(row_factory=class_row(Conversation)) as cur:
         params = {"project_id": project_id, "id": conversation_id, "status": status, "now": now}
-        changed = cur.execute(QUERIES["set_status"], params).fetchone()
+        changed = cur.execute(QUERIES["set_conversation_status"], params).fetchone()
     assert changed is not None
     return changed, previous
 

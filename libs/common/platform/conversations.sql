@@ -28,7 +28,7 @@ ON CONFLICT (id) DO NOTHING
 RETURNING id, contact_id, number_id, status, status_changed_at, waiting_since, last_incoming_message_id,
           last_outgoing_message_id, created_at, updated_at
 
--- name: set_status
+-- name: set_conversation_status
 -- A new status; status_changed_at moves only when the status really changes; resolving ends the wait.
 UPDATE conversations
 SET status = %(status)s,

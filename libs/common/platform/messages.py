@@ -15,6 +15,7 @@ from psycopg.rows import class_row
 from libs.common.contracts.events import MessageFailed, MessageHuman, MessageQueued, MessageReceived
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import load_queries
+from libs.common.platform.conversations import create_conversation
 
 QUERIES = load_queries("libs.common.platform", "messages.sql")
 
@@ -67,10 +68,10 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
     if row is None:
         if conn.execute(QUERIES["open_conversation_exists"], params).fetchone():
             raise ConversationBusy()
-        row = conn.execute(
-            QUERIES["insert_conversation"], params | {"number_id": message.number_id}
-        ).fetchone()
-        assert row is not None
+        created, _ = create_conversation(
+            conn, message.project_id, message.contact_id, now=now, number_id=message.number_id
+        )
+        row = (created.id, created.number_id)
     conversation_id: uuid.UUID = row[0]
     number_id: uuid.UUID | None = message.number_id or row[1]
     # the id is made here, so nothing waits for the insert's result: under a pipeline the writes that

@@ -18,12 +18,6 @@ SELECT 1 FROM conversations
 WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND status <> 'resolved'
 LIMIT 1
 
--- name: insert_conversation
--- Open a new conversation for an outbound message.
-INSERT INTO conversations (project_id, contact_id, number_id, status, status_changed_at, created_at, updated_at)
-VALUES (%(project_id)s, %(contact_id)s, %(number_id)s, 'open', %(now)s, %(now)s, %(now)s)
-RETURNING id, number_id
-
 -- name: insert_queued_message
 -- The message (QUEUED), its status event and usage row, and the conversation's last outgoing message: one
 -- statement.

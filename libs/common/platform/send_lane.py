@@ -88,21 +88,9 @@ def claim_messages(
         claimed = cur.execute(QUERIES["claim_queued_messages"], params, prepare=False).fetchall()
     by_project: dict[uuid.UUID, list[MessageClaimed]] = {}
     for m in claimed:
-        by_project.setdefault(m.project_id, []).append(
-            MessageClaimed(
-                message_id=m.id,
-                contact_id=m.contact_id,
-                phone=m.phone,
-                conversation_id=m.conversation_id,
-                number_id=m.number_id,
-                priority=m.priority,
-                body=m.body,
-                media_url=m.media_url,
-                media_kind=m.media_kind,
-                source=m.source,
-                followup_enrollment_id=m.followup_enrollment_id,
-            )
-        )
+        # the event carries what the claim returns (a send lane claiming over RabbitMQ learns of it so)
+        fields = {f: getattr(m, f) for f in MessageClaimed.__struct_fields__ if f != "message_id"}
+        by_project.setdefault(m.project_id, []).append(MessageClaimed(message_id=m.id, **fields))
     for project, events in by_project.items():
         write_events(conn, project, events, occurred_at=now)
     if claimed:
@@ -144,7 +132,7 @@ def report_status(
         "now": now,
     }
     with conn.cursor(row_factory=class_row(MessageState)) as cur:
-        updated = cur.execute(QUERIES["set_status"], params).fetchone()
+        updated = cur.execute(QUERIES["set_message_status"], params).fetchone()
     assert updated is not None
     event = STATUS_REPORTED[updated.status](
         message_id=updated.id,

@@ -32,7 +32,7 @@ WHERE project_id = %(project_id)s AND direction = 'outbound'
   AND (id = %(id)s::uuid OR (%(id)s::uuid IS NULL AND provider_message_id = %(provider_message_id)s::text))
 FOR UPDATE
 
--- name: set_status
+-- name: set_message_status
 -- Move a message forward, with its status event.
 WITH updated AS (
     UPDATE messages
