@@ -209,14 +209,15 @@ def _check_contact(conn: Connection[Any], project_id: uuid.UUID, request: Enroll
     contact = conn.execute(QUERIES["enrollment_contact"], params).fetchone()
     if contact is None:
         raise NotFound("contact not found", field="contact_id")
-    opted_out, number_found, conversation_found, max_active = contact
+    opted_out, number_found, conversation_found = contact[:3]
+    max_active: int | None = contact[3]
     if request.number_id is not None and not number_found:
         raise NotFound("number not found", field="number_id")
     if request.conversation_id is not None and not conversation_found:
         raise NotFound("conversation not found for this contact", field="conversation_id")
     if opted_out:
         raise OptedOut(field="contact_id")
-    return max_active  # type: ignore[no-any-return]
+    return max_active
 
 
 def _pin_version(
