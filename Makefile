@@ -38,8 +38,11 @@ imports: $(STAMP) ## import-linter contracts (no service imports another)
 
 check: lint typecheck imports ## every static check
 
-unit: $(STAMP) ## pytest only
-	$(BIN)/pytest $(PYTEST_ARGS)
+#: pytest-xdist workers (the suite is safe in parallel: a database per test)
+PYTEST_WORKERS ?= auto
+
+unit: $(STAMP) ## pytest only, in parallel (PYTEST_WORKERS=auto)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test: check unit ## every check and every test (what CI runs)
 

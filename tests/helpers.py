@@ -1,4 +1,5 @@
-"""Helpers shared by tests: worker processes and an events consumer bound to the topic exchange."""
+"""Helpers shared by tests: waiting on a condition, reading rows, Dramatiq workers on the StubBroker, worker
+processes and an events consumer bound to the topic exchange."""
 
 from __future__ import annotations
 
@@ -10,10 +11,47 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
+import dramatiq
 import pika
+from psycopg_pool import ConnectionPool
+
+T = TypeVar("T")
+
+#: How long (ms) an idle Dramatiq worker or consumer thread blocks on its queue before it looks again
+#: whether it should stop. Dramatiq's default (1 s) makes every ``Worker.stop()`` take ~2 s: the worker
+#: threads and then the consumer threads each finish their current wait. It is not a deadline for any work.
+STUB_WORKER_TIMEOUT_MS = 50
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 10, interval: float = 0.02, what: str = "") -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that; fail after ``timeout`` s.
+
+    For a test that waits for something to happen (a row to appear, a thread to block): it goes on as soon
+    as it has, instead of sleeping a fixed time and hoping it has by then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what or 'condition'} not met within {timeout}s (last: {value!r})")
+        time.sleep(interval)
+
+
+def rows(pool: ConnectionPool, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Every row ``sql`` returns, run on a connection of ``pool`` (its own transaction)."""
+    with pool.connection() as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def stub_worker(broker: dramatiq.Broker, queues: Iterable[str], threads: int = 1) -> dramatiq.Worker:
+    """A Dramatiq worker for a test's broker that stops promptly (see ``STUB_WORKER_TIMEOUT_MS``)."""
+    return dramatiq.Worker(
+        broker, queues=set(queues), worker_threads=threads, worker_timeout=STUB_WORKER_TIMEOUT_MS
+    )
 
 
 class Process:
@@ -47,10 +85,13 @@ class Process:
             time.sleep(0.05)
         raise AssertionError(f"{text!r} not printed within {timeout}s:\n{self.output}")
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        """Send ``sig``, wait for the exit, and return the exit code."""
+    def send(self, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` unless the process has exited."""
         if self.popen.poll() is None:
             self.popen.send_signal(sig)
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        """Wait for the exit (killing the process if it does not come) and return the exit code."""
         try:
             code = self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -59,6 +100,21 @@ class Process:
             raise AssertionError(f"process did not stop within {timeout}s:\n{self.output}") from None
         self._reader.join(5)
         return code
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Send ``sig``, wait for the exit, and return the exit code."""
+        self.send(sig)
+        return self.wait_exit(timeout)
+
+
+def stop_all(processes: list[Process], sig: int = signal.SIGTERM, timeout: float = 30) -> list[int]:
+    """Stop ``processes`` side by side (each takes a second or two to shut down): their exit codes.
+
+    Each gets ``sig`` once: a second one could land while Python is finalizing, when the default
+    handler is back, and kill a process that was stopping cleanly."""
+    for process in processes:
+        process.send(sig)
+    return [process.wait_exit(timeout) for process in processes]
 
 
 def followups(*args: str, env: dict[str, str]) -> Process:

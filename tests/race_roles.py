@@ -37,6 +37,7 @@ def send_lane(url: str, stop: Path) -> None:
             with conn.transaction():
                 claimed = claim_messages(conn, project_id, ClaimRequest(limit=20), now=SYSTEM_CLOCK.now())
             if not claimed:
+                # pacing, not a wait for a result: a send lane with nothing to claim polls again shortly
                 time.sleep(0.005)
                 continue
             with conn.transaction():

@@ -7,7 +7,6 @@ Every rejection is checked to have written nothing (no enrollment, no version).
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,6 +18,7 @@ from psycopg_pool import ConnectionPool
 from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
 from tests.conftest import Project
+from tests.helpers import wait_until
 from tests.test_api_sequences import (
     assert_problem,
     count,
@@ -790,16 +790,18 @@ def test_a_reschedule_racing_a_release_does_not_move_the_step_the_release_advanc
                 )
             )
         )
-        patch.start()
-        for _ in range(600):
+
+        def patch_waits_or_answered() -> bool:
             waiting = count(
                 pool,
                 "SELECT count(*) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND wait_event_type = 'Lock'",
             )
-            if waiting or not patch.is_alive():
-                break
-            time.sleep(0.05)
+            return bool(waiting) or not patch.is_alive()
+
+        patch.start()
+        # hold the lock until the PATCH waits for it (or has answered already: then it did not wait)
+        wait_until(patch_waits_or_answered, timeout=30, what="the PATCH waiting for the release's lock")
     patch.join(30)
 
     # Then the PATCH applied to the step the release moved to (delay-timed: its due time stays)

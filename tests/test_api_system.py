@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from litestar import Litestar
 from litestar.testing import TestClient
 from psycopg_pool import ConnectionPool
 
@@ -16,7 +17,7 @@ from libs.common.core.clock import ManualClock
 from libs.common.core.db import create_pool
 from libs.common.core.runtime import Runtime
 from libs.common.core.settings import BrokerSettings, DatabaseSettings, Settings
-from services.api.app import create_app
+from tests.conftest import client_of
 
 PROBLEM_JSON = "application/problem+json"
 UNREACHABLE = DatabaseSettings(url="postgresql://postgres@127.0.0.1:1/x?connect_timeout=1", pool_min_size=1)
@@ -31,17 +32,17 @@ CONTACT_PATHS = {
 
 
 @pytest.fixture
-def anonymous(runtime: Runtime) -> Iterator[TestClient[Any]]:
+def anonymous(api_app: Litestar, runtime: Runtime) -> Iterator[TestClient[Any]]:
     """A client without an API key."""
-    with TestClient(app=create_app(runtime)) as client:
+    with client_of(api_app, runtime) as client:
         yield client
 
 
-def _client_over(pool: ConnectionPool, settings: Settings) -> Iterator[TestClient[Any]]:
+def _client_over(api_app: Litestar, pool: ConnectionPool, settings: Settings) -> Iterator[TestClient[Any]]:
     broker = create_broker(BrokerSettings(), embedded=True)
     runtime = Runtime(replace(settings, database=UNREACHABLE), pool, broker, ManualClock())
     try:
-        with TestClient(app=create_app(runtime)) as client:
+        with client_of(api_app, runtime) as client:
             yield client
     finally:
         broker.close()
@@ -49,17 +50,17 @@ def _client_over(pool: ConnectionPool, settings: Settings) -> Iterator[TestClien
 
 
 @pytest.fixture
-def closed_pool_client(settings: Settings) -> Iterator[TestClient[Any]]:
+def closed_pool_client(api_app: Litestar, settings: Settings) -> Iterator[TestClient[Any]]:
     """An API whose pool was never opened."""
-    yield from _client_over(create_pool(UNREACHABLE, name="followups-closed", open_=False), settings)
+    yield from _client_over(api_app, create_pool(UNREACHABLE, name="followups-closed", open_=False), settings)
 
 
 @pytest.fixture
-def unreachable_client(settings: Settings) -> Iterator[TestClient[Any]]:
+def unreachable_client(api_app: Litestar, settings: Settings) -> Iterator[TestClient[Any]]:
     """An API whose pool is open but whose server does not answer (the database went away)."""
     pool = create_pool(UNREACHABLE, name="followups-unreachable", open_=False)
     pool.open(wait=False)
-    yield from _client_over(pool, settings)
+    yield from _client_over(api_app, pool, settings)
 
 
 def assert_problem(response: Any, status: int) -> dict[str, Any]:

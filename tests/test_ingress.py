@@ -13,7 +13,6 @@ import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
 from prometheus_client import REGISTRY
-from psycopg_pool import ConnectionPool
 
 from libs.common.contracts import actors
 from libs.common.contracts.platform_events import ContactOptedOut, InboundMessage
@@ -24,11 +23,7 @@ from services.api.ingress import build
 from services.release.release import release_batch
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence, new_phone
-
-
-def rows(pool: ConnectionPool, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with pool.connection() as conn:
-        return conn.execute(sql, params).fetchall()
+from tests.helpers import rows, stub_worker
 
 
 def stopped_total(reason: str) -> float:
@@ -46,7 +41,7 @@ class Ingress:
         assert isinstance(runtime.broker, StubBroker)
         self.broker: StubBroker = runtime.broker
         self.service = build(runtime)
-        self.worker = dramatiq.Worker(runtime.broker, queues={self.service.queue}, worker_threads=1)
+        self.worker = stub_worker(runtime.broker, {self.service.queue})
 
     def send_event(self, project_id: uuid.UUID, event: Any) -> None:
         actors.send(

@@ -66,7 +66,7 @@ def test_hot_indexes_exist(db_url: str, index: str, kind: str) -> None:
 
 def test_claim_and_stop_indexes_are_partial_on_live_status(db_url: str) -> None:
     with psycopg.connect(db_url) as conn:
-        defs = dict(
+        defs: dict[str, str] = dict(
             conn.execute(
                 "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'followup_enrollments'"
             )

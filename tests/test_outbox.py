@@ -115,7 +115,12 @@ def test_amqp_relay_delivers_events_of_an_aggregate_in_order(
         while published < 20:
             published += relay_batch(pool, publisher, limit=7)
         seen: list[Any] = []
-        consumer.wait_for(lambda key, env: seen.append(env["data"]["seq"]) or len(seen) == 20)
+
+        def all_seen(key: str, envelope: dict[str, Any]) -> bool:
+            seen.append(envelope["data"]["seq"])
+            return len(seen) == 20
+
+        consumer.wait_for(all_seen)
         assert seen == list(range(20))
         routing_keys = {key for key, _ in consumer.received}
         assert routing_keys == {"test.happened"}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,6 +21,7 @@ from libs.common.platform.send_lane import ClaimRequest, claim_messages
 from services.release.release import release_batch
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence, new_phone
+from tests.helpers import rows, wait_until
 
 DAY = 86400
 
@@ -33,11 +33,6 @@ FLAG_OF = {
     "lead_closed": "lead_closed",
     "conversation_resolved": "conversation_resolved",
 }
-
-
-def rows(pool: ConnectionPool, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with pool.connection() as conn:
-        return conn.execute(sql, params).fetchall()
 
 
 def one(pool: ConnectionPool, sql: str, *params: Any) -> Any:
@@ -1014,17 +1009,16 @@ def test_unknown_or_foreign_ids_are_404_and_nothing_is_half_written(
 
 def _wait_until_blocked(pool: ConnectionPool, count: int, timeout: float = 10) -> None:
     """Until ``count`` sessions of the test's pool wait for a lock."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        waiting = one(
+
+    def blocked() -> bool:
+        waiting: int = one(
             pool,
             "SELECT count(*) FROM pg_stat_activity"
             " WHERE datname = current_database() AND wait_event_type = 'Lock'",
         )
-        if waiting >= count:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{count} sessions never waited for a lock")
+        return waiting >= count
+
+    wait_until(blocked, timeout=timeout, what=f"{count} sessions waiting for a lock")
 
 
 def test_an_inbound_message_and_an_agent_reply_in_the_same_conversation_do_not_deadlock(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,13 +19,15 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
-from libs.common.core.settings import FollowupSettings
+from libs.common.core.db import create_pool
+from libs.common.core.settings import DatabaseSettings, FollowupSettings
 from libs.common.core.sql import load_queries
 from libs.common.followups import stops
 from libs.common.followups.definition import MessageStep
 from libs.common.platform import send_lane
+from libs.common.platform.projects import create_project
 from services.release.release import release_batch
-from tests.conftest import Project
+from tests.conftest import database_from, with_database
 from tests.factories import make_contact, make_enrollment, make_sequence
 
 RELEASE_QUERIES = load_queries("services.release", "claim.sql")
@@ -132,9 +135,38 @@ class Seeded:
         self.project_id = project_id
 
 
+@dataclass(frozen=True)
+class SeededDatabase:
+    name: str
+    seeded: Seeded
+
+
+@pytest.fixture(scope="module")
+def seeded_database(server_url: str, template_db: str) -> Iterator[SeededDatabase]:
+    """The seeded rows, written and analyzed once per module in a database of their own (seeding takes
+    most of a second): each test gets a copy of it, statistics included, in ``db_url``."""
+    with database_from(server_url, template_db) as name:
+        pool = create_pool(DatabaseSettings(url=with_database(server_url, name)), name="followups-seed")
+        try:
+            with pool.connection() as conn:
+                project = create_project(conn, "query plans")
+            seeded = Seeded(pool, project.project_id)
+        finally:
+            pool.close()  # a template database must have no session open when it is copied
+        yield SeededDatabase(name, seeded)
+
+
 @pytest.fixture
-def seeded(pool: ConnectionPool, project: Project) -> Seeded:
-    return Seeded(pool, project.id)
+def db_url(server_url: str, seeded_database: SeededDatabase) -> Iterator[str]:
+    """This module's tests run on a fresh copy of the seeded database, as the others on one of the
+    migrated template."""
+    with database_from(server_url, seeded_database.name) as name:
+        yield with_database(server_url, name)
+
+
+@pytest.fixture
+def seeded(seeded_database: SeededDatabase) -> Seeded:
+    return seeded_database.seeded
 
 
 def _stop_params(seeded: Seeded, conversation_id: uuid.UUID | None = None) -> dict[str, Any]:

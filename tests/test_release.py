@@ -17,13 +17,9 @@ from libs.common.followups.release_step import backoff
 from services.release.release import release_batch, release_one
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
+from tests.helpers import rows
 
 SETTINGS = FollowupSettings(max_failures=3)
-
-
-def rows(pool: ConnectionPool, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with pool.connection() as conn:
-        return conn.execute(sql, params).fetchall()
 
 
 def test_nothing_due_releases_nothing(pool: ConnectionPool, clock: ManualClock, project: Project) -> None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
 from benchmarks.seed import seed_due_enrollments, seed_project
-from tests.helpers import start_worker
+from tests.helpers import start_worker, stop_all, wait_until
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -30,18 +29,16 @@ def test_four_release_workers_queue_each_step_exactly_once(db_url: str, amqp_url
     # When four release worker processes run side by side
     env = {"DATABASE_URL": db_url, "AMQP_URL": amqp_url, "WORKER_THREADS": "1"}
     workers = [start_worker("release", env) for _ in range(WORKERS)]
+
+    def all_released() -> bool:
+        with psycopg.connect(db_url) as conn:
+            query = "SELECT count(*) FROM followup_enrollments WHERE status = 'active'"
+            return conn.execute(query).fetchone() == (0,)
+
     try:
-        deadline = time.monotonic() + 120
-        remaining = ENROLLMENTS
-        while remaining and time.monotonic() < deadline:
-            time.sleep(0.5)
-            with psycopg.connect(db_url) as conn:
-                query = "SELECT count(*) FROM followup_enrollments WHERE status = 'active'"
-                row = conn.execute(query).fetchone()
-            assert row is not None
-            remaining = row[0]
+        wait_until(all_released, timeout=120, interval=0.1, what="every enrollment released")
     finally:
-        codes = [worker.stop() for worker in workers]
+        codes = stop_all(workers)
     assert codes == [0] * WORKERS, "\n".join(w.output for w in workers)
     # Then every enrollment completed with exactly one message, and nothing deadlocked
     with psycopg.connect(db_url) as conn:

@@ -41,6 +41,7 @@ from libs.common.followups.sequences import (
 from services.release.release import release_batch, release_one
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment
+from tests.helpers import rows
 
 SETTINGS = FollowupSettings()
 HOUR = timedelta(hours=1)
@@ -48,11 +49,6 @@ DAY = timedelta(days=1)
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
-
-
-def rows(pool: ConnectionPool, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with pool.connection() as conn:
-        return conn.execute(sql, params).fetchall()
 
 
 def sequence(pool: ConnectionPool, project_id: uuid.UUID, *steps: Step, **options: Any) -> uuid.UUID:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import dramatiq
 import pendulum
 from periodiq import cron
 
@@ -13,6 +12,7 @@ from libs.common.core.metrics import LAST_JOB_SUCCESS
 from libs.common.core.runtime import Runtime
 from libs.common.core.schedule import CronScheduler
 from services.retention.service import FOLLOWUP_RETENTION_SCHEDULE, build
+from tests.helpers import stub_worker, wait_until
 
 
 class SoonSpec:
@@ -40,10 +40,10 @@ def test_the_scheduler_sends_a_due_actor_marked_with_its_schedule() -> None:
     idle = FakeActor(cron("0 0 1 1 *"))  # once a year: not due during the test
     scheduler = CronScheduler([actor, idle])
     scheduler.start()
-    deadline = time.monotonic() + 5
-    while not actor.sent and time.monotonic() < deadline:
-        time.sleep(0.05)
-    scheduler.stop()
+    try:
+        wait_until(lambda: actor.sent, timeout=5)
+    finally:
+        scheduler.stop()
     assert len(actor.sent) == 1
     assert "scheduled_at" in actor.sent[0]
     assert idle.sent == []
@@ -54,7 +54,7 @@ def test_the_retention_job_is_scheduled_daily_and_reports_success(runtime: Runti
     actor = runtime.broker.get_actor("followup_retention")
     assert str(actor.options["periodic"]) == str(cron(FOLLOWUP_RETENTION_SCHEDULE))
     before = time.time()
-    worker = dramatiq.Worker(runtime.broker, queues={actor.queue_name}, worker_threads=1)
+    worker = stub_worker(runtime.broker, {actor.queue_name})
     worker.start()
     try:
         actor.send()  # a manual run (periodiq skips only late scheduled runs)
