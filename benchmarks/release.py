@@ -35,7 +35,6 @@ from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
 from libs.common.core.settings import DatabaseSettings, FollowupSettings
 from libs.common.followups import release_step, transitions
-from libs.common.platform import contacts
 from libs.common.platform import messages as platform_messages
 from services.release import release
 
@@ -172,14 +171,7 @@ def pgbench_script() -> str:
             step_index="0",
             message_id=message,
             due_at="NULLIF(:next_run_at, '')::timestamptz",
-        ),
-        _pgbench_statement(contacts.QUERIES["insert_activity"], kind="'followup_sent'"),
-        _pgbench_statement(
-            outbox.QUERIES["insert_events"],
-            types="ARRAY['message.queued', 'followup.step_queued']",
-            aggregate_types="ARRAY['message', 'followup_enrollment']",
-            aggregate_ids=f"ARRAY[{message}, {enrollment}]",
-            data="ARRAY['{}', '{}']",
+            activity="'{}'",
         ),
         _pgbench_statement(
             transitions.QUERIES["finish"],
@@ -191,10 +183,13 @@ def pgbench_script() -> str:
         ),
         _pgbench_statement(
             outbox.QUERIES["insert_events"],
-            types="ARRAY['followup.completed']",
-            aggregate_types="ARRAY['followup_enrollment']",
-            aggregate_ids=f"ARRAY[{enrollment}]",
-            data="ARRAY['{}']",
+            events="jsonb_build_array("
+            "jsonb_build_object('type', 'message.queued', 'aggregate_type', 'message',"
+            f" 'aggregate_id', {message}, 'data', '{{}}'::jsonb),"
+            f" jsonb_build_object('type', 'followup.step_queued', 'aggregate_type', 'followup_enrollment',"
+            f" 'aggregate_id', {enrollment}, 'data', '{{}}'::jsonb),"
+            f" jsonb_build_object('type', 'followup.completed', 'aggregate_type', 'followup_enrollment',"
+            f" 'aggregate_id', {enrollment}, 'data', '{{}}'::jsonb))::text",
         ),
         "COMMIT;",
         "\\endpipeline",

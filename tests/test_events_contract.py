@@ -111,6 +111,8 @@ def test_every_outbox_row_decodes_with_the_struct_of_its_type(
     rows = _outbox(pool)
     # the scenario reached every event type (so this test cannot pass by writing few of them)
     assert {type_ for type_, *_ in rows} == set(EVENT_TYPES)
+    # and wrote each once
+    assert len({(type_, aggregate_id, str(data)) for type_, _, aggregate_id, data in rows}) == len(rows)
     for type_, aggregate_type, aggregate_id, data in rows:
         struct = EVENT_TYPES[type_]
         event = msgspec.convert(data, struct)  # unknown or missing fields raise

@@ -61,17 +61,13 @@ def write_events(
     """
     if not events:
         return
-    conn.execute(
-        QUERIES["insert_events"],
-        {
-            "project_id": project_id,
-            "types": [event.type for event in events],
-            "aggregate_types": [event.aggregate_type for event in events],
-            "aggregate_ids": [event.aggregate_id for event in events],
-            "data": [_encode(event).decode() for event in events],
-            "occurred_at": occurred_at,
-        },
-    )
+    rows = [
+        {"type": e.type, "aggregate_type": e.aggregate_type, "aggregate_id": e.aggregate_id, "data": e}
+        for e in events
+    ]
+    # one JSON document, encoded here: cheaper than adapting four arrays element by element
+    params = {"project_id": project_id, "events": _encode(rows).decode(), "occurred_at": occurred_at}
+    conn.execute(QUERIES["insert_events"], params)
 
 
 class Publisher(Protocol):

@@ -1,10 +1,10 @@
 -- name: insert_events
 -- Record domain events of one project in the caller's transaction, in the order given (the one writer of
--- the outbox).
+-- the outbox): a JSON array of {type, aggregate_type, aggregate_id, data}.
 INSERT INTO outbox (project_id, type, aggregate_type, aggregate_id, data, occurred_at)
-SELECT %(project_id)s, e.type, e.aggregate_type, e.aggregate_id, e.data::jsonb, %(occurred_at)s
-FROM unnest(%(types)s::text[], %(aggregate_types)s::text[], %(aggregate_ids)s::uuid[], %(data)s::text[])
-     WITH ORDINALITY AS e(type, aggregate_type, aggregate_id, data, n)
+SELECT %(project_id)s, e.value->>'type', e.value->>'aggregate_type', (e.value->>'aggregate_id')::uuid,
+       e.value->'data', %(occurred_at)s
+FROM jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(value, n)
 ORDER BY e.n
 
 -- name: try_relay_lock

@@ -27,7 +27,7 @@ from psycopg import Connection
 from psycopg.rows import class_row
 from psycopg_pool import ConnectionPool
 
-from libs.common.contracts.events import StepQueued, StepSkipped
+from libs.common.contracts.events import Event, StepQueued, StepSkipped
 from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
 from libs.common.core.outbox import write_events
 from libs.common.core.settings import FollowupSettings
@@ -44,12 +44,13 @@ from libs.common.followups.definition import (
 from libs.common.followups.sequences import version_definition
 from libs.common.followups.templates import RenderContext, render
 from libs.common.followups.transitions import FinalStatus
-from libs.common.platform.contacts import record_activity
 from libs.common.platform.messages import ConversationBusy, OutboundMessage, queue_contact_message
 
 log = logging.getLogger(__name__)
 
 QUERIES = load_queries("libs.common.followups", "release_step.sql")
+
+_encode = msgspec.json.Encoder().encode
 
 #: What one release transaction did.
 Action = Literal["queue", "skip", "defer", "pause", "stop", "retry", "fail"]
@@ -273,7 +274,6 @@ def _queue(conn: Connection[Any], claim: _Claim, text: str, reason: str | None) 
         ),
         now=now,
     )
-    _insert_step_run(conn, claim, "queued", reason, queued.message_id)
     event = StepQueued(
         enrollment_id=claim.id,
         sequence_id=row.sequence_id,
@@ -282,10 +282,7 @@ def _queue(conn: Connection[Any], claim: _Claim, text: str, reason: str | None) 
         message_id=queued.message_id,
         reason=reason,
     )
-    record_activity(
-        conn, row.project_id, row.contact_id, "followup_sent", msgspec.to_builtins(event), now=now
-    )
-    write_events(conn, row.project_id, [queued.event, event], occurred_at=now)
+    _insert_step_run(conn, claim, "queued", reason, queued.message_id, activity=event)
     lag = max(0.0, (now - row.next_run_at).total_seconds())
     log.info(
         "step queued",
@@ -297,7 +294,7 @@ def _queue(conn: Connection[Any], claim: _Claim, text: str, reason: str | None) 
             "lag_seconds": round(lag, 3),
         },
     )
-    finished = _advance(conn, claim, queued.message_id)
+    finished = _advance(conn, claim, queued.message_id, [queued.event, event])
     return Released(claim.id, "queue", reason, queued.message_id, lag_seconds=lag, finished=finished)
 
 
@@ -311,17 +308,23 @@ def _skip(conn: Connection[Any], claim: _Claim, reason: str) -> Released:
         step_index=row.step_index,
         reason=reason,
     )
-    write_events(conn, row.project_id, [event], occurred_at=claim.now)
     log.info(
         "step skipped", extra={"enrollment_id": str(claim.id), "step_index": row.step_index, "reason": reason}
     )
-    finished = _advance(conn, claim, None)
+    finished = _advance(conn, claim, None, [event])
     return Released(claim.id, "skip", reason, finished=finished)
 
 
 def _insert_step_run(
-    conn: Connection[Any], claim: _Claim, outcome: str, reason: str | None, message_id: uuid.UUID | None
+    conn: Connection[Any],
+    claim: _Claim,
+    outcome: str,
+    reason: str | None,
+    message_id: uuid.UUID | None,
+    *,
+    activity: StepQueued | None = None,
 ) -> None:
+    """The step run, and for a queued step its ``followup_sent`` activity (the event's data)."""
     row = claim.row
     params = {
         "enrollment_id": claim.id,
@@ -332,17 +335,23 @@ def _insert_step_run(
         "message_id": message_id,
         "due_at": row.next_run_at,
         "now": claim.now,
+        "contact_id": row.contact_id,
+        "activity": _encode(activity).decode() if activity is not None else None,
     }
     conn.execute(QUERIES["insert_step_run"], params)
 
 
-def _advance(conn: Connection[Any], claim: _Claim, message_id: uuid.UUID | None) -> FinalStatus | None:
-    """Schedule the next step from now, or complete the enrollment (returns ``completed`` then)."""
+def _advance(
+    conn: Connection[Any], claim: _Claim, message_id: uuid.UUID | None, events: list[Event]
+) -> FinalStatus | None:
+    """Schedule the next step from now, or complete the enrollment (returns ``completed`` then); the step's
+    ``events`` are written with the completion's, in one statement."""
     next_index = claim.row.step_index + 1
     if next_index < len(claim.definition.steps):
         next_step = claim.definition.steps[next_index]
         due = step_due_at(next_step, now=claim.now, anchor_at=claim.row.anchor_at) or claim.now
         transitions.advance(conn, claim.id, next_index, due, message_id, now=claim.now)
+        write_events(conn, claim.row.project_id, events, occurred_at=claim.now)
         return None
     transitions.finish(
         conn,
@@ -353,6 +362,7 @@ def _advance(conn: Connection[Any], claim: _Claim, message_id: uuid.UUID | None)
         now=claim.now,
         step_index=next_index,
         message_id=message_id,
+        preceding=events,
     )
     return "completed"
 

@@ -21,10 +21,18 @@ WHERE c.id = %(contact_id)s
 FOR SHARE OF c SKIP LOCKED
 
 -- name: insert_step_run
--- The step run: its primary key (enrollment, step) makes a second send of a step impossible.
-INSERT INTO followup_step_runs (enrollment_id, step_index, project_id, outcome, reason, message_id, due_at, ran_at)
-VALUES (%(enrollment_id)s, %(step_index)s, %(project_id)s, %(outcome)s, %(reason)s, %(message_id)s, %(due_at)s,
-        %(now)s)
+-- The step run: its primary key (enrollment, step) makes a second send of a step impossible. A queued step
+-- also enters the contact's timeline (a followup_sent activity), in the same statement: the release path
+-- spends no statement of its own on it.
+WITH step_run AS (
+    INSERT INTO followup_step_runs (enrollment_id, step_index, project_id, outcome, reason, message_id, due_at,
+                                    ran_at)
+    VALUES (%(enrollment_id)s, %(step_index)s, %(project_id)s, %(outcome)s, %(reason)s, %(message_id)s,
+            %(due_at)s, %(now)s)
+)
+INSERT INTO activities (project_id, contact_id, kind, data, occurred_at)
+SELECT %(project_id)s, %(contact_id)s, 'followup_sent', %(activity)s::jsonb, %(now)s
+WHERE %(activity)s::jsonb IS NOT NULL
 
 -- name: failing_enrollment
 -- What the followup.failed event of an enrollment that failed for good names.

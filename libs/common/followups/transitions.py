@@ -18,7 +18,7 @@ from psycopg import Connection
 from psycopg.rows import kwargs_row
 from psycopg.types.json import Jsonb
 
-from libs.common.contracts.events import FINISHED
+from libs.common.contracts.events import FINISHED, Event
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import load_queries
 
@@ -126,10 +126,12 @@ def finish(
     note: str | None = None,
     step_index: int | None = None,
     message_id: uuid.UUID | None = None,
+    preceding: Sequence[Event] = (),
 ) -> None:
     """Finish live enrollments with a status and reason, and write their ``followup.<status>`` events.
 
-    ``step_index`` and ``message_id`` fold the last step's advance into a completion.
+    ``step_index`` and ``message_id`` fold the last step's advance into a completion; ``preceding`` are
+    events of the same transaction still to be written, written first in the same statement.
     """
     if not enrollments:
         return
@@ -149,7 +151,7 @@ def finish(
         event(enrollment_id=e.id, sequence_id=e.sequence_id, contact_id=e.contact_id, reason=reason)
         for e in enrollments
     ]
-    write_events(conn, project_id, events, occurred_at=now)
+    write_events(conn, project_id, [*preceding, *events], occurred_at=now)
 
 
 def count_failure(conn: Connection[Any], enrollment_id: uuid.UUID, error: str) -> int | None:

@@ -1,5 +1,5 @@
 """Contacts: create, upsert by E.164 phone number, read, update attributes, tags and time zone; lock one
-for a change, opt out and in, erase, and the activity timeline."""
+for a change, opt out and in, erase."""
 
 from __future__ import annotations
 
@@ -237,23 +237,3 @@ def erase_contact(
     removed, and a ``contact.erased`` event."""
     conn.execute(QUERIES["erase_contact"], {"project_id": project_id, "id": contact_id, "now": now})
     write_events(conn, project_id, [ContactErased(contact_id=contact_id)], occurred_at=now)
-
-
-def record_activity(
-    conn: Connection[Any],
-    project_id: uuid.UUID,
-    contact_id: uuid.UUID,
-    kind: str,
-    data: dict[str, Any],
-    *,
-    now: datetime,
-) -> None:
-    """An entry in the contact's activity timeline (``followup_sent``, ...)."""
-    params = {
-        "project_id": project_id,
-        "contact_id": contact_id,
-        "kind": kind,
-        "data": Jsonb(data),
-        "now": now,
-    }
-    conn.execute(QUERIES["insert_activity"], params)

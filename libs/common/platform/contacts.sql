@@ -61,11 +61,6 @@ UPDATE contacts SET
 WHERE project_id = %(project_id)s AND id = %(id)s
 RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
 
--- name: insert_activity
--- An entry in a contact's activity timeline.
-INSERT INTO activities (project_id, contact_id, kind, data, occurred_at)
-VALUES (%(project_id)s, %(contact_id)s, %(kind)s, %(data)s, %(now)s)
-
 -- name: lock_contact
 -- Lock a contact of the project for a stop path (erased contacts are gone for good). NO KEY UPDATE: it
 -- still makes the releaser's FOR SHARE SKIP LOCKED skip the contact, but it does not block the foreign-key
