@@ -214,13 +214,17 @@ def test_the_release_claim_uses_the_claim_index(pool: ConnectionPool, seeded: Se
             assert "followup_enrollments" not in seq_scanned(nodes)
 
 
-def test_the_send_lane_claim_uses_the_send_queue_index(pool: ConnectionPool, seeded: Seeded) -> None:
+def test_the_send_lane_claim_walks_a_send_queue_index_in_order(pool: ConnectionPool, seeded: Seeded) -> None:
+    """All projects: the send queue (priority, age); one project: its own queue in the same order."""
     query = send_lane.QUERIES["claim_queued_messages"]
     with pool.connection() as conn, conn.transaction(force_rollback=True):
-        for project_id in (seeded.project_id, None):
+        for project_id, index in (
+            (seeded.project_id, "messages_queued_project_idx"),
+            (None, "messages_send_queue_idx"),
+        ):
             params = {"project_id": project_id, "number_id": None, "limit": 50, "now": NOW}
             nodes = explain(conn, query, params)
-            assert "messages_send_queue_idx" in index_names(nodes), nodes
+            assert index in index_names(nodes), nodes
             assert "messages" not in seq_scanned(nodes)
         claimed = conn.execute(
             query, {"project_id": seeded.project_id, "number_id": None, "limit": 50, "now": NOW}

@@ -11,6 +11,7 @@ actor on RabbitMQ (both through :func:`handle_event`, which commits and then cou
     contact.erased               privacy erasure: every context erases its part
     lead.created / lead.status_changed / lead.closed;  deal.stage_changed
     conversation.created / opened / status_changed / resolved
+    number.connected / disconnected   a connected number resumes enrollments paused for want of one
 
 May import: every context below it (followups, platform, core) and contracts.
 """
@@ -43,14 +44,18 @@ from libs.common.contracts.platform_events import (
     LeadCreated,
     LeadStatusChanged,
     MessageStatus,
+    NumberConnected,
+    NumberDisconnected,
     PlatformEvent,
 )
 from libs.common.core import validation
 from libs.common.core.db import map_errors
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.followups import erasure as followups_erasure
+from libs.common.followups.enrollments import resume_waiting_for_a_number
 from libs.common.followups.stops import StopFlag, Stopped, count_stopped, stop_followups_for_contact
-from libs.common.platform import contacts, conversations, leads, messages
+from libs.common.platform import contacts, conversations, leads, messages, numbers
+from libs.common.platform.numbers import NumberStatus
 from libs.common.platform.projects import require_project
 from libs.common.platform.send_lane import StatusReport, report_status
 
@@ -73,6 +78,9 @@ class EventResult(msgspec.Struct, kw_only=True):
     cancelled_message_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
     #: Why the enrollments were stopped (the stop path's reason), when any were.
     stop_reason: str | None = None
+    number_id: uuid.UUID | None = None
+    #: Enrollments paused for want of a usable number that a connected number resumed.
+    resumed_enrollment_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
 
 
 def handle_event(
@@ -397,6 +405,25 @@ def _conversation_status(
     return result
 
 
+# -- numbers ------------------------------------------------------------------------------------------------
+
+
+def _number_status(
+    conn: Connection[Any], project_id: uuid.UUID, event: NumberConnected | NumberDisconnected, now: datetime
+) -> EventResult:
+    """A number's new status; a connected number resumes the enrollments paused for want of one."""
+    connected = isinstance(event, NumberConnected)
+    kind = "number.connected" if connected else "number.disconnected"
+    status: NumberStatus = "connected" if connected else "disconnected"
+    number, previous = numbers.set_number_status(conn, project_id, event.number_id, status, now=now)
+    result = EventResult(
+        type=kind, applied=previous != number.status, number_id=number.id, status=number.status
+    )
+    if connected:
+        result.resumed_enrollment_ids = resume_waiting_for_a_number(conn, project_id, now=now)
+    return result
+
+
 _HANDLERS: dict[type[Any], Callable[[Connection[Any], uuid.UUID, Any, datetime], EventResult]] = {
     InboundMessage: _inbound,
     HumanMessage: _human,
@@ -412,4 +439,6 @@ _HANDLERS: dict[type[Any], Callable[[Connection[Any], uuid.UUID, Any, datetime],
     ConversationOpened: _conversation_status,
     ConversationStatusChanged: _conversation_status,
     ConversationResolved: _conversation_status,
+    NumberConnected: _number_status,
+    NumberDisconnected: _number_status,
 }

@@ -15,8 +15,10 @@ from services.api.routes.contacts import ContactsController
 from services.api.routes.conversations import ConversationsController
 from services.api.routes.enrollments import EnrollmentsController
 from services.api.routes.events import EventsController
+from services.api.routes.numbers import NumbersController
 from services.api.routes.send_lane import SendLaneController
 from services.api.routes.sequences import SequencesController
+from services.api.routes.settings import SettingsController
 from services.api.routes.system import health, prometheus_metrics, ready
 
 API_VERSION = "0.1.0"
@@ -35,6 +37,8 @@ def create_app(runtime: Runtime) -> Litestar:
             ConversationsController,
             EventsController,
             SendLaneController,
+            NumbersController,
+            SettingsController,
         ],
         dependencies={"project_id": Provide(project_id, sync_to_thread=True)},
         exception_handlers=EXCEPTION_HANDLERS,

@@ -1,7 +1,8 @@
 -- name: claim_due_enrollment
 -- The oldest due active enrollment whose lease is free, locked; rows locked by other workers are skipped.
 SELECT id, project_id, sequence_id, version_id, contact_id, conversation_id, number_id, step_index,
-       next_run_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply
+       next_run_at, step_due_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply,
+       waiting_reason, unavailable_since
 FROM followup_enrollments
 WHERE status = 'active'
   AND next_run_at <= %(now)s

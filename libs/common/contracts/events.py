@@ -62,6 +62,9 @@ class MessageClaimed(MessageEvent, kw_only=True, frozen=True):
     media_kind: str | None
     source: str
     followup_enrollment_id: uuid.UUID | None
+    template_name: str | None
+    template_language: str | None
+    template_parameters: list[str] | None
 
 
 class MessageStatusReported(MessageEvent, kw_only=True, frozen=True):

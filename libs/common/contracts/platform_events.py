@@ -104,6 +104,18 @@ class ConversationResolved(_Event, kw_only=True, tag="conversation.resolved"):
     conversation_id: uuid.UUID
 
 
+class NumberConnected(_Event, kw_only=True, tag="number.connected"):
+    """A sending number is usable again: enrollments paused for want of one resume."""
+
+    number_id: uuid.UUID
+
+
+class NumberDisconnected(_Event, kw_only=True, tag="number.disconnected"):
+    """A sending number can no longer send: follow-ups choose another, or wait for one."""
+
+    number_id: uuid.UUID
+
+
 PlatformEvent = (
     InboundMessage
     | HumanMessage
@@ -119,4 +131,6 @@ PlatformEvent = (
     | ConversationOpened
     | ConversationStatusChanged
     | ConversationResolved
+    | NumberConnected
+    | NumberDisconnected
 )

@@ -10,6 +10,7 @@ which it is skipped as past due; and an optional ``only_if``.
 from __future__ import annotations
 
 import re
+import uuid
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -18,6 +19,7 @@ import msgspec
 
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput
+from libs.common.followups.send_window import SendWindow, validate_window
 from libs.common.followups.templates import TemplateError, parse_template
 
 #: Most steps one sequence may have.
@@ -46,11 +48,24 @@ class SkipFallback(_Def, kw_only=True, tag="skip", tag_field="kind"):
     """Skip the step."""
 
 
+class WhatsAppTemplate(_Def, kw_only=True):
+    """An approved WhatsApp template: what a step sends outside the 24-hour service window. Each parameter
+    is rendered with the same variables as the step's text."""
+
+    name: str
+    language: str = "en"
+    parameters: list[str] = msgspec.field(default_factory=list)
+
+
 class _Step(_Def, kw_only=True):
     delay_seconds: NonNegative = 0
     anchor_offset_seconds: Offset | None = None
     grace_seconds: NonNegative = 3600
     only_if: list[OnlyIf] = msgspec.field(default_factory=list)
+    #: Only between these local hours (overrides the sequence's and the project's window).
+    send_window: SendWindow | None = None
+    #: Sent instead of the free-form text when the contact has not written in 24 hours.
+    whatsapp_template: WhatsAppTemplate | None = None
 
 
 class MessageStep(_Step, kw_only=True, tag="message", tag_field="kind"):
@@ -87,6 +102,10 @@ class Definition(_Def, kw_only=True):
     #: always: a new enrollment replaces the live one.
     reentry: Literal["never", "after_finished", "always"] = "after_finished"
     stop_on: StopFlags = msgspec.field(default_factory=StopFlags)
+    #: The sequence's send window (overrides the project's; a step's overrides it).
+    send_window: SendWindow | None = None
+    #: The sequence's fixed sending number (after the enrollment's own, before the conversation's).
+    number_id: uuid.UUID | None = None
 
 
 def _field_path(path: str) -> str:
@@ -116,6 +135,8 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
     (a one-off follow-up), named ``steps.0.text``.
     """
     steps_field = _steps_field(field)
+    if definition.send_window is not None:
+        validate_window(definition.send_window, f"{field}.send_window" if field else "send_window")
     if not definition.steps:
         raise InvalidInput("a sequence needs at least one step", field=steps_field)
     if len(definition.steps) > MAX_STEPS:
@@ -133,9 +154,13 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
             raise InvalidInput("the first step has no previous follow-up", field=f"{where}.only_if")
         if isinstance(step, MessageStep):
             _check_media(step, where)
+        if step.send_window is not None:
+            validate_window(step.send_window, f"{where}.send_window")
         texts = {"text": step.text} if isinstance(step, MessageStep) else {"instructions": step.instructions}
         if isinstance(step, AiStep) and isinstance(step.fallback, TemplateFallback):
             texts["fallback.text"] = step.fallback.text
+        if step.whatsapp_template is not None:
+            texts |= _check_whatsapp_template(step.whatsapp_template, f"{where}.whatsapp_template")
         for name, text in texts.items():
             if not text.strip():
                 raise InvalidInput(f"{name} must not be empty", field=f"{where}.{name}")
@@ -144,6 +169,23 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
             except TemplateError as exc:
                 raise InvalidInput(str(exc), field=f"{where}.{name}") from None
     return definition
+
+
+_LANGUAGE = re.compile(r"[a-z]{2,3}(?:_[A-Z]{2})?")
+_TEMPLATE_NAME = re.compile(r"[a-z0-9_]{1,512}")
+
+
+def _check_whatsapp_template(template: WhatsAppTemplate, where: str) -> dict[str, str]:
+    """An approved template's name (lowercase letters, digits, underscores) and language (``en``,
+    ``pt_BR``); returns its parameters, keyed by field, to be checked as templates like the step's text."""
+    if not _TEMPLATE_NAME.fullmatch(template.name):
+        raise InvalidInput(
+            "name must be the approved template's name: lowercase letters, digits and underscores",
+            field=f"{where}.name",
+        )
+    if not _LANGUAGE.fullmatch(template.language):
+        raise InvalidInput("language must be a language code such as en or pt_BR", field=f"{where}.language")
+    return {f"whatsapp_template.parameters.{i}": parameter for i, parameter in enumerate(template.parameters)}
 
 
 def _check_media(step: MessageStep, where: str) -> None:

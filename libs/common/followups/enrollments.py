@@ -449,3 +449,18 @@ def update_enrollment(
     )
     assert updated is not None  # locked and live
     return updated
+
+
+def resume_waiting_for_a_number(
+    conn: Connection[Any], project_id: uuid.UUID, *, now: datetime
+) -> list[uuid.UUID]:
+    """Resume the project's enrollments paused because no number was usable (``instance_unavailable``),
+    and only those: a number connected, so the next poll releases them."""
+    waiting = conn.execute(QUERIES["paused_for_a_number"], {"project_id": project_id}).fetchall()
+    resumed = transitions.resume(conn, project_id, [row[0] for row in waiting], now=now)
+    if resumed:
+        log.info(
+            "enrollments resumed: a number connected",
+            extra={"project_id": str(project_id), "enrollment_ids": [str(e.id) for e in resumed]},
+        )
+    return [e.id for e in resumed]

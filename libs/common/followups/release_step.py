@@ -32,13 +32,15 @@ from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FO
 from libs.common.core.outbox import write_events
 from libs.common.core.settings import FollowupSettings
 from libs.common.core.sql import load_queries
-from libs.common.followups import transitions
+from libs.common.followups import constraints, transitions
+from libs.common.followups.constraints import Claimed, ConstraintState, Hold, Sending
 from libs.common.followups.definition import (
     AiStep,
     Definition,
     MessageStep,
     Step,
     TemplateFallback,
+    WhatsAppTemplate,
     step_due_at,
 )
 from libs.common.followups.sequences import version_definition
@@ -68,24 +70,27 @@ class ClaimedEnrollment(msgspec.Struct, kw_only=True, frozen=True):
     number_id: uuid.UUID | None
     step_index: int
     next_run_at: datetime
+    #: When the current step was scheduled (deferrals move next_run_at, not this).
+    step_due_at: datetime | None
     anchor_at: datetime | None
     variables: dict[str, Any]
     enrolled_at: datetime
     last_step_at: datetime | None
     last_message_id: uuid.UUID | None
     stop_on_reply: bool
+    waiting_reason: str | None
+    unavailable_since: datetime | None
 
 
-class ReleaseState(msgspec.Struct, kw_only=True, frozen=True):
-    """The contact's state (read under its share lock), its project's and its sequence's."""
+class ReleaseState(ConstraintState, kw_only=True, frozen=True):
+    """The contact's state (read under its share lock), its project's, its sequence's, and what the
+    sending constraints read."""
 
     opted_out: bool
     erased: bool
     name: str | None
     phone: str | None
     attributes: dict[str, Any]
-    timezone: str | None
-    project_timezone: str
     plan_active: bool
     sequence_status: str | None
     #: The contact's last reply since enrollment, if any.
@@ -149,28 +154,51 @@ def release_claimed(
     conn: Connection[Any], row: ClaimedEnrollment, settings: FollowupSettings, *, now: datetime
 ) -> Released:
     """Release the claimed enrollment's due step, in the caller's transaction (which holds its lock)."""
+    definition = version_definition(conn, row.version_id)
     params = {
         "contact_id": row.contact_id,
         "sequence_id": row.sequence_id,
         "enrolled_at": row.enrolled_at,
         "last_message_id": row.last_message_id,
+        "number_id": row.number_id,
+        "fixed_number_id": definition.number_id,
+        "now": now,
     }
     with conn.cursor(row_factory=class_row(ReleaseState)) as cur:
         state = cur.execute(QUERIES["release_state"], params).fetchone()
     if state is None:  # the contact is locked by a stop path: come back shortly
         return _defer(conn, row.id, now + timedelta(seconds=settings.busy_retry_seconds), "busy")
-    claim = _Claim(row, state, version_definition(conn, row.version_id), now)
-    checked = _checks(conn, claim) or _timing(conn, claim) or _sending_constraints(conn, claim)
+    claim = _Claim(row, state, definition, now)
+    checked = _checks(conn, claim) or _timing(conn, claim)
     if checked is not None:
         return checked
-    text, reason = _render(claim)
-    if text is None:
+    decision = constraints.check(conn, _constrained(row), claim.step, definition, state, now)
+    if isinstance(decision, Hold):
+        return _hold(conn, claim, decision)
+    content, reason = _render(claim, decision.template)
+    if content is None:
         assert reason is not None
         return _skip(conn, claim, reason)
     try:
-        return _queue(conn, claim, text, reason)
+        return _queue(conn, claim, content, reason, decision)
     except ConversationBusy:
         return _defer(conn, claim.id, now + timedelta(seconds=settings.busy_retry_seconds), "busy")
+
+
+def _constrained(row: ClaimedEnrollment) -> Claimed:
+    return Claimed(row.id, row.project_id, row.number_id, row.waiting_reason, row.unavailable_since)
+
+
+def _hold(conn: Connection[Any], claim: _Claim, hold: Hold) -> Released:
+    """A sending constraint holds the step back: defer it, skip it, or pause the enrollment."""
+    if hold.action == "skip":
+        return _skip(conn, claim, hold.reason)
+    if hold.action == "pause":
+        transitions.pause(conn, claim.row.project_id, [claim.id], hold.reason, now=claim.now)
+        log.info("enrollment paused", extra={"enrollment_id": str(claim.id), "reason": hold.reason})
+        return Released(claim.id, "pause", hold.reason)
+    assert hold.until is not None
+    return _defer(conn, claim.id, hold.until, hold.reason, unavailable_since=hold.unavailable_since)
 
 
 def _checks(conn: Connection[Any], claim: _Claim) -> Released | None:
@@ -219,61 +247,82 @@ def _replied_since(state: ReleaseState, moment: datetime | None) -> bool:
     return state.replied_at is not None and (moment is None or state.replied_at > moment)
 
 
-def _sending_constraints(conn: Connection[Any], claim: _Claim) -> Released | None:
-    """The place for sending constraints: send window (defer to its opening), consent mode (skip),
-    number choice (retry 15 s, pause after 30 min), pacing, follow-up window per number, monthly quota
-    and backlog (defer), per-contact 24 h cap (defer). None of them is enforced yet: everything may send.
-    """
-    return None
+@dataclass(frozen=True)
+class _Content:
+    """What a step sends: a free-form text, or an approved WhatsApp template with its parameters."""
+
+    body: str | None
+    template: WhatsAppTemplate | None = None
+    parameters: list[str] | None = None
 
 
-def _render(claim: _Claim) -> tuple[str | None, str | None]:
-    """The text to send (or None) and the reason: the skip reason, or why a fallback was used."""
+#: Why a step went out as its approved template (the step run's reason).
+TEMPLATE_REASON = "service_window_template"
+
+
+def _render(claim: _Claim, template: WhatsAppTemplate | None) -> tuple[_Content | None, str | None]:
+    """What to send (or None) and the reason: the skip reason, or why a fallback or template was used."""
     step = claim.step
+    if template is not None:
+        parameters = []
+        for source in template.parameters:
+            rendered = render(source, _render_context(claim))
+            if rendered.text is None:
+                return None, rendered.skip_reason
+            parameters.append(rendered.text)
+        return _Content(None, template, parameters), TEMPLATE_REASON
     if isinstance(step, MessageStep):
-        template, fallback_reason = step.text, None
+        text, fallback_reason = step.text, None
     else:
         assert isinstance(step, AiStep)
         # the model call comes with the AI steps work; until then every AI step takes its fallback
         if not isinstance(step.fallback, TemplateFallback):
             return None, "ai_unavailable"
-        template, fallback_reason = step.fallback.text, "ai_fallback:model_unavailable"
-    state, row = claim.state, claim.row
-    rendered = render(
-        template,
-        RenderContext(
-            variables=row.variables,
-            anchor_at=row.anchor_at,
-            timezone=state.timezone,
-            fallback_timezone=state.project_timezone,
-            contact_name=state.name,
-            contact_phone=state.phone,
-            contact_attributes=state.attributes,
-        ),
-    )
+        text, fallback_reason = step.fallback.text, "ai_fallback:model_unavailable"
+    rendered = render(text, _render_context(claim))
     if rendered.text is None:
         return None, rendered.skip_reason
-    return rendered.text, fallback_reason
+    return _Content(rendered.text), fallback_reason
 
 
-def _queue(conn: Connection[Any], claim: _Claim, text: str, reason: str | None) -> Released:
+def _render_context(claim: _Claim) -> RenderContext:
+    state, row = claim.state, claim.row
+    return RenderContext(
+        variables=row.variables,
+        anchor_at=row.anchor_at,
+        timezone=state.timezone,
+        fallback_timezone=state.project_timezone,
+        contact_name=state.name,
+        contact_phone=state.phone,
+        contact_attributes=state.attributes,
+    )
+
+
+def _queue(
+    conn: Connection[Any], claim: _Claim, content: _Content, reason: str | None, sending: Sending
+) -> Released:
     row, now, step = claim.row, claim.now, claim.step
+    media = step if isinstance(step, MessageStep) and content.template is None else None
     queued = queue_contact_message(
         conn,
         OutboundMessage(
             project_id=row.project_id,
             contact_id=row.contact_id,
-            body=text,
+            body=content.body,
             source="followup",
-            media_url=step.media_url if isinstance(step, MessageStep) else None,
-            media_kind=step.media_kind if isinstance(step, MessageStep) else None,
-            number_id=row.number_id,
+            media_url=media.media_url if media else None,
+            media_kind=media.media_kind if media else None,
+            number_id=sending.number_id,
             conversation_id=row.conversation_id,
             followup_enrollment_id=claim.id,
             followup_step_index=row.step_index,
+            template_name=content.template.name if content.template else None,
+            template_language=content.template.language if content.template else None,
+            template_parameters=content.parameters,
         ),
         now=now,
     )
+    constraints.after_queued(conn, sending, now)
     event = StepQueued(
         enrollment_id=claim.id,
         sequence_id=row.sequence_id,
@@ -283,7 +332,7 @@ def _queue(conn: Connection[Any], claim: _Claim, text: str, reason: str | None) 
         reason=reason,
     )
     _insert_step_run(conn, claim, "queued", reason, queued.message_id, activity=event)
-    lag = max(0.0, (now - row.next_run_at).total_seconds())
+    lag = max(0.0, (now - (row.step_due_at or row.next_run_at)).total_seconds())
     log.info(
         "step queued",
         extra={
@@ -333,7 +382,7 @@ def _insert_step_run(
         "outcome": outcome,
         "reason": reason,
         "message_id": message_id,
-        "due_at": row.next_run_at,
+        "due_at": row.step_due_at or row.next_run_at,
         "now": claim.now,
         "contact_id": row.contact_id,
         "activity": _encode(activity).decode() if activity is not None else None,
@@ -350,6 +399,7 @@ def _advance(
     if next_index < len(claim.definition.steps):
         next_step = claim.definition.steps[next_index]
         due = step_due_at(next_step, now=claim.now, anchor_at=claim.row.anchor_at) or claim.now
+        due = constraints.in_window(next_step, claim.definition, claim.state, due)
         transitions.advance(conn, claim.id, next_index, due, message_id, now=claim.now)
         write_events(conn, claim.row.project_id, events, occurred_at=claim.now)
         return None
@@ -373,8 +423,15 @@ def _stop(conn: Connection[Any], claim: _Claim, reason: str) -> Released:
     return Released(claim.id, "stop", reason, finished="stopped")
 
 
-def _defer(conn: Connection[Any], enrollment_id: uuid.UUID, until: datetime, reason: str) -> Released:
-    transitions.defer(conn, enrollment_id, until)
+def _defer(
+    conn: Connection[Any],
+    enrollment_id: uuid.UUID,
+    until: datetime,
+    reason: str,
+    *,
+    unavailable_since: datetime | None = None,
+) -> Released:
+    transitions.defer(conn, enrollment_id, until, reason, unavailable_since=unavailable_since)
     return Released(enrollment_id, "defer", reason)
 
 
@@ -412,7 +469,7 @@ def record_failure(
             transitions.finish(conn, row.project_id, [row], "failed", "error", now=now)
             released = Released(enrollment_id, "fail", error, finished="failed")
         else:
-            transitions.defer(conn, enrollment_id, now + backoff(failures, settings))
+            transitions.defer(conn, enrollment_id, now + backoff(failures, settings), "error")
             released = Released(enrollment_id, "retry", error)
     log.warning(
         "release failed",

@@ -1,24 +1,85 @@
 -- name: release_state
 -- Share-lock the claimed enrollment's contact (a contact locked by a stop path is skipped: the releaser
--- never waits) and read what the checks, the only_if conditions and the templates need. The project row
--- is not locked here: nothing takes it FOR UPDATE (a plan-limited enrollment takes FOR NO KEY UPDATE), so
--- the foreign key checks of the rows a queued step inserts never wait for it, and the hot row is spared a
--- lock per step.
+-- never waits) and read what the checks, the only_if conditions, the sending constraints and the templates
+-- need. The project row is not locked here: nothing takes it FOR UPDATE (a plan-limited enrollment takes
+-- FOR NO KEY UPDATE), so the foreign key checks of the rows a queued step inserts never wait for it, and
+-- the hot row is spared a lock per step. The counts behind the caps are read only when the cap is set,
+-- and stop at the cap.
 SELECT c.opted_out_at IS NOT NULL AS opted_out,
        c.erased_at IS NOT NULL AS erased,
-       c.name, c.phone, c.attributes, c.timezone,
+       c.name, c.phone, c.attributes, c.timezone, c.consent,
        p.timezone AS project_timezone,
        p.plan_active,
        s.status AS sequence_status,
        (SELECT max(m.created_at) FROM messages m
         WHERE m.contact_id = c.id AND m.direction = 'inbound'
           AND m.created_at > %(enrolled_at)s) AS replied_at,
-       (SELECT m.status FROM messages m WHERE m.id = %(last_message_id)s) AS last_message_status
+       (SELECT m.status FROM messages m WHERE m.id = %(last_message_id)s) AS last_message_status,
+       CASE WHEN fs.service_window = 'enforced' THEN
+           (SELECT max(m.created_at) FROM messages m WHERE m.contact_id = c.id AND m.direction = 'inbound')
+       END AS last_inbound_at,
+       EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = c.project_id) AS has_numbers,
+       num.id AS number_id,
+       CASE WHEN fs.max_in_flight_per_number IS NOT NULL AND num.id IS NOT NULL THEN
+           (SELECT count(*) FROM (SELECT 1 FROM messages m
+                                  WHERE m.number_id = num.id AND m.status IN ('QUEUED', 'PROCESSING')
+                                    AND m.source = 'followup'
+                                  LIMIT fs.max_in_flight_per_number) AS in_flight)
+       END AS in_flight,
+       CASE WHEN fs.max_send_lane_backlog IS NOT NULL THEN
+           (SELECT count(*) FROM (SELECT 1 FROM messages m
+                                  WHERE m.project_id = c.project_id AND m.status = 'QUEUED'
+                                  LIMIT fs.max_send_lane_backlog + 1) AS backlog)
+       END AS backlog,
+       CASE WHEN fs.monthly_message_quota IS NOT NULL THEN
+           (SELECT coalesce(sum(u.messages), 0) FROM usage_counters u
+            WHERE u.project_id = c.project_id AND u.month = date_trunc('month', %(now)s AT TIME ZONE 'UTC')::date)
+       END AS month_messages,
+       CASE WHEN fs.max_per_contact_24h IS NOT NULL THEN
+           ARRAY(SELECT m.created_at FROM messages m
+                 WHERE m.contact_id = c.id AND m.direction = 'outbound' AND m.source = 'followup'
+                   AND m.status <> 'CANCELLED' AND m.created_at > %(now)s - interval '24 hours'
+                 ORDER BY m.created_at DESC
+                 LIMIT fs.max_per_contact_24h)
+       END AS recent_followups,
+       fs.send_window, coalesce(fs.consent_mode, 'off') AS consent_mode,
+       coalesce(fs.service_window, 'off') AS service_window, fs.max_per_contact_24h,
+       coalesce(fs.send_delay_ms, 0) AS send_delay_ms, fs.max_in_flight_per_number, fs.monthly_message_quota,
+       fs.max_send_lane_backlog
 FROM contacts c
 JOIN projects p ON p.id = c.project_id
 LEFT JOIN followup_sequences s ON s.id = %(sequence_id)s
+LEFT JOIN followup_settings fs ON fs.project_id = c.project_id
+LEFT JOIN LATERAL (
+    -- the number to send from: the enrollment's, the sequence's fixed one, the contact's last
+    -- conversation's, the project's default, then any connected one
+    SELECT n.id FROM numbers n
+    WHERE n.project_id = c.project_id AND n.status = 'connected'
+    ORDER BY n.id = %(number_id)s::uuid DESC NULLS LAST,
+             n.id = %(fixed_number_id)s::uuid DESC NULLS LAST,
+             n.id = (SELECT v.number_id FROM conversations v WHERE v.contact_id = c.id
+                     ORDER BY v.created_at DESC LIMIT 1) DESC NULLS LAST,
+             n.is_default DESC, n.created_at, n.id
+    LIMIT 1
+) num ON true
 WHERE c.id = %(contact_id)s
 FOR SHARE OF c SKIP LOCKED
+
+-- name: lock_pacing
+-- The number's pacing row, locked SKIP LOCKED (another release on the number holds it: busy, never wait).
+SELECT next_release_at FROM followup_instance_pacing WHERE number_id = %(number_id)s
+FOR UPDATE SKIP LOCKED
+
+-- name: insert_pacing
+-- A number's first pacing row (free now); nothing when it exists.
+INSERT INTO followup_instance_pacing (number_id, project_id, next_release_at)
+VALUES (%(number_id)s, %(project_id)s, %(now)s)
+ON CONFLICT (number_id) DO NOTHING
+
+-- name: set_pacing
+-- The number's next free slot moves on (a follow-up was queued, or a slot reserved); never back.
+UPDATE followup_instance_pacing SET next_release_at = greatest(next_release_at, %(next_release_at)s)
+WHERE number_id = %(number_id)s
 
 -- name: insert_step_run
 -- The step run: its primary key (enrollment, step) makes a second send of a step impossible. A queued step

@@ -22,6 +22,7 @@ from libs.common.core.errors import Conflict, InvalidInput, NotFound
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
 from libs.common.followups.definition import Definition, decode_definition, storable, validate_definition
+from libs.common.platform.numbers import get_number
 
 QUERIES = load_queries("libs.common.followups", "sequences.sql")
 
@@ -99,11 +100,21 @@ def _name(name: str) -> str:
     return name
 
 
+def _own_number(conn: Connection[Any], project_id: uuid.UUID, definition: Definition) -> Definition:
+    """A fixed sending number must be one of the project's (404 naming ``definition.number_id``)."""
+    if definition.number_id is not None:
+        try:
+            get_number(conn, project_id, definition.number_id)
+        except NotFound:
+            raise NotFound("number not found", field="definition.number_id") from None
+    return definition
+
+
 def create_sequence(conn: Connection[Any], project_id: uuid.UUID, data: SequenceCreate) -> Sequence:
     params = {
         "project_id": project_id,
         "name": _name(data.name),
-        "draft": _encode(storable(data.definition, "definition")),
+        "draft": _encode(_own_number(conn, project_id, storable(data.definition, "definition"))),
     }
     with conn.cursor(row_factory=class_row(Sequence)) as cur:
         sequence = cur.execute(QUERIES["insert_sequence"], params).fetchone()
@@ -125,7 +136,7 @@ def update_sequence(
         "draft": (
             None
             if isinstance(data.definition, msgspec.UnsetType)
-            else _encode(storable(data.definition, "definition"))
+            else _encode(_own_number(conn, project_id, storable(data.definition, "definition")))
         ),
     }
     with conn.cursor(row_factory=class_row(Sequence)) as cur:
@@ -163,7 +174,8 @@ def publish_sequence(conn: Connection[Any], project_id: uuid.UUID, sequence_id: 
     status, draft = _lock(conn, project_id, sequence_id)
     if status == "archived":
         raise Conflict("an archived sequence cannot be published", field="sequence_id")
-    version = _insert_version(conn, project_id, sequence_id, validate_definition(decode_definition(draft)))
+    definition = _own_number(conn, project_id, validate_definition(decode_definition(draft)))
+    version = _insert_version(conn, project_id, sequence_id, definition)
     conn.execute(QUERIES["set_current_version"], {"id": sequence_id, "version_id": version.id})
     return version
 

@@ -43,6 +43,8 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
     variables: dict[str, Any]
     dedupe_key: str | None
     reason: str | None
+    #: Why a live enrollment is waiting past its due time (send_window, pacing, quota, ...), if it is.
+    waiting_reason: str | None
     note: str | None
     failure_count: int
     last_error: str | None
@@ -92,9 +94,22 @@ def advance(
     conn.execute(QUERIES["advance"], params)
 
 
-def defer(conn: Connection[Any], enrollment_id: uuid.UUID, until: datetime) -> None:
-    """Try the same step again at ``until``."""
-    conn.execute(QUERIES["defer"], {"id": enrollment_id, "next_run_at": until})
+def defer(
+    conn: Connection[Any],
+    enrollment_id: uuid.UUID,
+    until: datetime,
+    reason: str,
+    *,
+    unavailable_since: datetime | None = None,
+) -> None:
+    """Try the same step again at ``until``; ``reason`` is what the enrollment is waiting for."""
+    params = {
+        "id": enrollment_id,
+        "next_run_at": until,
+        "reason": reason,
+        "unavailable_since": unavailable_since,
+    }
+    conn.execute(QUERIES["defer"], params)
 
 
 def pause(

@@ -5,14 +5,18 @@
 -- name: advance
 -- Move to the next step (due at next_run_at) and remember the last follow-up message, if one was queued.
 UPDATE followup_enrollments
-SET step_index = %(step_index)s, next_run_at = %(next_run_at)s,
+SET step_index = %(step_index)s, next_run_at = %(next_run_at)s, step_due_at = %(next_run_at)s,
+    waiting_reason = NULL, unavailable_since = NULL,
     last_message_id = coalesce(%(message_id)s, last_message_id),
     last_step_at = %(now)s, failure_count = 0, updated_at = %(now)s
 WHERE id = %(id)s
 
 -- name: defer
--- Try again later (the lease stays free).
-UPDATE followup_enrollments SET next_run_at = %(next_run_at)s WHERE id = %(id)s
+-- Try the same step again later, saying why (the lease stays free); unavailable_since is kept once set.
+UPDATE followup_enrollments
+SET next_run_at = %(next_run_at)s, waiting_reason = %(reason)s,
+    unavailable_since = coalesce(%(unavailable_since)s, unavailable_since)
+WHERE id = %(id)s
 
 -- name: pause
 -- Pause active enrollments, with the reason (manual, sequence_paused).
@@ -24,6 +28,7 @@ RETURNING *
 -- Resume paused enrollments; a step that fell due meanwhile is due now.
 UPDATE followup_enrollments
 SET status = 'active', reason = NULL, next_run_at = greatest(next_run_at, %(now)s),
+    step_due_at = greatest(coalesce(step_due_at, next_run_at), %(now)s), waiting_reason = NULL,
     unavailable_since = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status = 'paused'
 RETURNING *
@@ -49,7 +54,9 @@ RETURNING failure_count
 -- name: update_schedule
 -- New anchor, due time or variables for a live enrollment.
 UPDATE followup_enrollments
-SET anchor_at = %(anchor_at)s, next_run_at = %(next_run_at)s, variables = %(variables)s, updated_at = %(now)s
+SET anchor_at = %(anchor_at)s, next_run_at = %(next_run_at)s,
+    step_due_at = CASE WHEN next_run_at = %(next_run_at)s THEN step_due_at ELSE %(next_run_at)s END,
+    variables = %(variables)s, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s AND status IN ('active', 'paused')
 RETURNING *
 

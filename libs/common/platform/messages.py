@@ -4,13 +4,15 @@ from platform events; a QUEUED message can be cancelled until the send lane clai
 
 from __future__ import annotations
 
+import random
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import Connection
 from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import MessageFailed, MessageHuman, MessageQueued, MessageReceived
 from libs.common.core.outbox import write_events
@@ -21,6 +23,8 @@ QUERIES = load_queries("libs.common.platform", "messages.sql")
 
 #: Priority of follow-up messages in the send lane (lower is sooner).
 FOLLOWUP_PRIORITY = 5
+#: Rows the monthly message count of a project is spread over (concurrent releases rarely share one).
+USAGE_SHARDS = 8
 
 
 class ConversationBusy(Exception):
@@ -31,7 +35,8 @@ class ConversationBusy(Exception):
 class OutboundMessage:
     project_id: uuid.UUID
     contact_id: uuid.UUID
-    body: str
+    #: The text (None for a template message).
+    body: str | None
     source: str
     priority: int = FOLLOWUP_PRIORITY
     media_url: str | None = None
@@ -41,6 +46,10 @@ class OutboundMessage:
     conversation_id: uuid.UUID | None = None
     followup_enrollment_id: uuid.UUID | None = None
     followup_step_index: int | None = None
+    #: An approved WhatsApp template, sent instead of a text (outside the 24-hour service window).
+    template_name: str | None = None
+    template_language: str | None = None
+    template_parameters: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,13 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
         "media_kind": message.media_kind,
         "followup_enrollment_id": message.followup_enrollment_id,
         "followup_step_index": message.followup_step_index,
+        "template_name": message.template_name,
+        "template_language": message.template_language,
+        "template_parameters": Jsonb(message.template_parameters)
+        if message.template_parameters is not None
+        else None,
+        "month": now.astimezone(UTC).date().replace(day=1),
+        "shard": random.randrange(USAGE_SHARDS),
     }
     conn.execute(QUERIES["insert_queued_message"], params)
     event = MessageQueued(

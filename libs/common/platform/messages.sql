@@ -19,16 +19,18 @@ WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND status <> 
 LIMIT 1
 
 -- name: insert_queued_message
--- The message (QUEUED), its status event and usage row, and the conversation's last outgoing message: one
--- statement.
+-- The message (QUEUED), its status event, usage row and monthly count, and the conversation's last
+-- outgoing message: one statement.
 WITH message AS (
     INSERT INTO messages (
         id, project_id, contact_id, conversation_id, number_id, direction, status, source, priority, body,
-        media_url, media_kind, followup_enrollment_id, followup_step_index, created_at, status_changed_at
+        media_url, media_kind, followup_enrollment_id, followup_step_index, template_name, template_language,
+        template_parameters, created_at, status_changed_at
     ) VALUES (
         %(id)s, %(project_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s, 'outbound', 'QUEUED',
         %(source)s, %(priority)s, %(body)s, %(media_url)s, %(media_kind)s, %(followup_enrollment_id)s,
-        %(followup_step_index)s, %(now)s, %(now)s
+        %(followup_step_index)s, %(template_name)s, %(template_language)s, %(template_parameters)s, %(now)s,
+        %(now)s
     )
     RETURNING id, project_id
 ), status_event AS (
@@ -37,6 +39,10 @@ WITH message AS (
 ), usage_row AS (
     INSERT INTO usage (project_id, kind, quantity, message_id, occurred_at)
     SELECT project_id, 'message', 1, id, %(now)s FROM message
+), usage_count AS (
+    INSERT INTO usage_counters (project_id, month, shard, messages)
+    SELECT project_id, %(month)s, %(shard)s, 1 FROM message
+    ON CONFLICT (project_id, month, shard) DO UPDATE SET messages = usage_counters.messages + 1
 )
 UPDATE conversations
 SET last_outgoing_message_id = %(id)s, last_outgoing_at = %(now)s, updated_at = %(now)s

@@ -55,6 +55,10 @@ class ClaimedMessage(msgspec.Struct, kw_only=True, frozen=True):
     media_kind: str | None
     source: str
     followup_enrollment_id: uuid.UUID | None
+    #: Set when the message is an approved WhatsApp template (then ``body`` is null).
+    template_name: str | None
+    template_language: str | None
+    template_parameters: list[str] | None
     created_at: datetime
 
 

@@ -13,14 +13,15 @@ WITH picked AS (
     UPDATE messages m SET status = 'PROCESSING', status_changed_at = %(now)s
     FROM picked WHERE m.id = picked.id
     RETURNING m.id, m.project_id, m.contact_id, m.conversation_id, m.number_id, m.priority, m.body, m.media_url,
-              m.media_kind, m.source, m.followup_enrollment_id, m.created_at
+              m.media_kind, m.source, m.followup_enrollment_id, m.template_name, m.template_language,
+              m.template_parameters, m.created_at
 ), status_events AS (
     INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
     SELECT project_id, id, 'PROCESSING', %(now)s FROM claimed
 )
 SELECT claimed.id, claimed.project_id, claimed.contact_id, c.phone, claimed.conversation_id, claimed.number_id,
        claimed.priority, claimed.body, claimed.media_url, claimed.media_kind, claimed.source,
-       claimed.followup_enrollment_id, claimed.created_at
+       claimed.followup_enrollment_id, claimed.template_name, claimed.template_language, claimed.template_parameters, claimed.created_at
 FROM claimed JOIN contacts c ON c.id = claimed.contact_id
 ORDER BY claimed.priority, claimed.created_at
 

@@ -1,0 +1,81 @@
+"""A project's follow-up settings (``followup_settings``): the sending constraints the release path obeys
+and how long finished follow-ups are kept. A project without a row has the defaults, which constrain
+nothing: every constraint is opt-in.
+
+The release path reads them in the same statement that locks the contact, so a change takes effect at
+the next release in every process (no cache to invalidate).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+from psycopg import Connection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from libs.common.core.sql import load_queries
+from libs.common.followups.send_window import SendWindow, validate_window
+
+QUERIES = load_queries("libs.common.followups", "project_settings.sql")
+
+#: Longest pacing gap between two follow-ups on one number (an hour).
+MAX_SEND_DELAY_MS = 3_600_000
+
+
+class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Every field has a default that constrains nothing; ``PUT /v1/settings`` replaces them all."""
+
+    #: Local hours and days follow-ups may go out in (null: any time); a sequence or step may override it.
+    send_window: SendWindow | None = None
+    #: ``required``: a contact whose consent is not ``granted`` is skipped (``no_consent``).
+    consent_mode: Literal["off", "required"] = "off"
+    #: ``enforced``: a free-form step to a contact who has not written in 24 h is sent as its approved
+    #: template, or skipped (``outside_service_window``). WhatsApp Business numbers need ``enforced``.
+    service_window: Literal["off", "enforced"] = "off"
+    #: Most follow-ups one contact receives in any 24 hours (null: no cap).
+    max_per_contact_24h: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
+    #: Pacing: the least time between two follow-ups released on one number.
+    send_delay_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEND_DELAY_MS)] = 0
+    #: Most follow-ups QUEUED or PROCESSING on one number at a time (null: no limit).
+    max_in_flight_per_number: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
+    #: Most messages the project queues in a calendar month (UTC) (null: no quota).
+    monthly_message_quota: Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)] | None = None
+    #: Most of the project's messages waiting QUEUED for the send lane before follow-ups hold back.
+    max_send_lane_backlog: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] | None = None
+    #: Days finished enrollments are kept.
+    retention_days: Annotated[int, msgspec.Meta(ge=1, le=3650)] = 90
+
+
+#: What a project without a settings row has.
+DEFAULTS = ProjectSettings()
+
+
+def settings_from_row(row: dict[str, Any] | None) -> ProjectSettings:
+    """Settings from the columns of ``followup_settings`` (None: the defaults)."""
+    if row is None:
+        return DEFAULTS
+    return msgspec.convert(
+        {k: v for k, v in row.items() if k in ProjectSettings.__struct_fields__}, ProjectSettings
+    )
+
+
+def get_settings(conn: Connection[Any], project_id: uuid.UUID) -> ProjectSettings:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(QUERIES["get_settings"], {"project_id": project_id}).fetchone()
+    return settings_from_row(row)
+
+
+def put_settings(
+    conn: Connection[Any], project_id: uuid.UUID, settings: ProjectSettings, *, now: datetime
+) -> ProjectSettings:
+    """Replace the project's settings (validated first: nothing is stored half)."""
+    if settings.send_window is not None:
+        validate_window(settings.send_window, "send_window")
+    params = msgspec.to_builtins(settings) | {"project_id": project_id, "now": now}
+    params["send_window"] = Jsonb(params["send_window"]) if settings.send_window is not None else None
+    conn.execute(QUERIES["put_settings"], params)
+    return settings
