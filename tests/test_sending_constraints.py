@@ -13,8 +13,8 @@ from litestar.testing import TestClient
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
-from libs.common.core.settings import FollowupSettings
 from libs.common.core.runtime import Runtime
+from libs.common.core.settings import FollowupSettings
 from services.release.release import release_batch, release_one
 from tests.conftest import Project
 
