@@ -8,7 +8,14 @@
 3. The claim cost: the median claim latency with 1,000,000 not-yet-due active enrollments in the table
    over the same with 10,000 (the partial claim index should keep it flat).
 
-The last line is `release: steps_per_s=<n> ceiling_tps=<n> ratio=<r> lag_p99_ms=<n> claim_ratio_1m_10k=<r>`.
+4. With the sending constraints configured but not binding (a send window open now, pacing 0, every cap
+   high, 20 connected numbers the contacts' conversations are spread over): steps/s again, and its ratio
+   to step 1's figure.
+5. Pacing on: the same 20 numbers with a pacing gap, over P enrollments; the ceiling is
+   numbers x 1000 / send_delay_ms steps/s, and the ratio to it is printed.
+
+The last line is `release: steps_per_s=<n> ceiling_tps=<n> ratio=<r> lag_p99_ms=<n> claim_ratio_1m_10k=<r>
+constrained_steps_per_s=<n> constrained_ratio=<r> paced_steps_per_s=<n> paced_ceiling=<n> paced_ratio=<r>`.
 """
 
 from __future__ import annotations
@@ -29,19 +36,23 @@ from urllib.parse import urlsplit
 import psycopg
 
 from benchmarks.common import bench_database, percentile
-from benchmarks.seed import seed_due_enrollments, seed_project
+from benchmarks.seed import seed_due_enrollments, seed_project, with_numbers
 from libs.common.core import outbox
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
 from libs.common.core.settings import DatabaseSettings, FollowupSettings
 from libs.common.followups import release_step, transitions
+from libs.common.followups.project_settings import ProjectSettings, put_settings
 from libs.common.platform import messages as platform_messages
 from services.release import release
 
 BENCH_DATABASE = "followups_bench"
 
 #: Tables a fresh seed empties.
-_SEEDED = "projects, contacts, conversations, messages, followup_enrollments, outbox, usage, activities"
+_SEEDED = (
+    "projects, contacts, conversations, messages, followup_enrollments, outbox, usage, activities, numbers,"
+    " followup_settings, followup_instance_pacing, usage_counters"
+)
 
 
 def _reset(url: str) -> None:
@@ -50,10 +61,19 @@ def _reset(url: str) -> None:
         conn.execute("VACUUM ANALYZE")
 
 
-def _seed(url: str, count: int) -> None:
+#: Sending numbers of the constrained and paced runs.
+NUMBERS = 20
+
+
+def _seed(url: str, count: int, settings: dict[str, Any] | None = None) -> None:
+    """``count`` due enrollments; with ``settings``, those follow-up settings and NUMBERS connected numbers
+    that the contacts' conversations are spread over."""
     with psycopg.connect(url) as conn:
         project_id, sequence_id = seed_project(conn)
         seed_due_enrollments(conn, project_id, sequence_id, count, due_at=datetime.now(UTC))
+        if settings is not None:
+            with_numbers(conn, project_id, NUMBERS)
+            put_settings(conn, project_id, ProjectSettings(**settings), now=datetime.now(UTC))
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ANALYZE")
 
@@ -68,10 +88,12 @@ def _worker(url: str, ready: Any, go: Any) -> None:
     pool.close()
 
 
-def run_release(url: str, count: int, workers: int) -> tuple[float, float, float]:
+def run_release(
+    url: str, count: int, workers: int, settings: dict[str, Any] | None = None
+) -> tuple[float, float, float]:
     """Release ``count`` due enrollments with ``workers`` processes; (steps/s, p50 lag ms, p99 lag ms)."""
     _reset(url)
-    _seed(url, count)
+    _seed(url, count, settings)
     context = multiprocessing.get_context("spawn")
     ready, go = context.Semaphore(0), context.Event()
     processes = [context.Process(target=_worker, args=(url, ready, go)) for _ in range(workers)]
@@ -161,10 +183,19 @@ def pgbench_script() -> str:
     statements = [
         "BEGIN;",
         _pgbench_statement(claim["claim_due_enrollment"], gset=True),
-        _pgbench_statement(step["release_state"]),
+        _pgbench_statement(step["release_state"], fixed_number_id="NULL"),
         _pgbench_statement(conversation, gset=True),
         "\\startpipeline",
-        _pgbench_statement(messages["insert_queued_message"], id=message, followup_enrollment_id=enrollment),
+        _pgbench_statement(
+            messages["insert_queued_message"],
+            id=message,
+            followup_enrollment_id=enrollment,
+            template_name="NULL",
+            template_language="NULL",
+            template_parameters="NULL",
+            month="date_trunc('month', now())::date",
+            shard="floor(random() * 8)::smallint",
+        ),
         _pgbench_statement(
             step["insert_step_run"],
             enrollment_id=enrollment,
@@ -292,6 +323,8 @@ def main() -> None:
     parser.add_argument("-w", "--workers", type=int, default=2)
     parser.add_argument("--claim-large", type=int, default=1_000_000)
     parser.add_argument("--claim-small", type=int, default=10_000)
+    parser.add_argument("--paced", type=int, default=2_000, help="enrollments of the paced run")
+    parser.add_argument("--send-delay-ms", type=int, default=200, help="the paced run's pacing gap")
     args = parser.parse_args()
 
     print(f"release benchmark: {args.enrollments} enrollments, {args.workers} worker processes")
@@ -302,14 +335,39 @@ def main() -> None:
         print(f"  pgbench ceiling (same statements, {args.workers} clients): {ceiling:.0f} tps")
         small = claim_latency(url, args.claim_small)
         large = claim_latency(url, args.claim_large)
+        constrained, _, _ = run_release(url, args.enrollments, args.workers, _open_constraints())
+        print(f"  constraints configured, none binding: {constrained:.0f} steps/s")
+        paced, _, _ = run_release(url, args.paced, args.workers, {"send_delay_ms": args.send_delay_ms})
+        paced_ceiling = NUMBERS * 1000 / args.send_delay_ms
+        print(
+            f"  pacing {args.send_delay_ms} ms over {NUMBERS} numbers:"
+            f" {paced:.1f} steps/s of {paced_ceiling:.0f}"
+        )
     print(
         f"  claim median: {small:.3f} ms with {args.claim_small} not due,"
         f" {large:.3f} ms with {args.claim_large}"
     )
     print(
         f"release: steps_per_s={steps_per_s:.0f} ceiling_tps={ceiling:.0f} ratio={steps_per_s / ceiling:.2f} "
-        f"lag_p99_ms={lag_p99:.0f} claim_ratio_1m_10k={large / small:.2f}"
+        f"lag_p99_ms={lag_p99:.0f} claim_ratio_1m_10k={large / small:.2f} "
+        f"constrained_steps_per_s={constrained:.0f} constrained_ratio={constrained / steps_per_s:.2f} "
+        f"paced_steps_per_s={paced:.1f} paced_ceiling={paced_ceiling:.0f} "
+        f"paced_ratio={paced / paced_ceiling:.2f}"
     )
+
+
+def _open_constraints() -> dict[str, Any]:
+    """Every constraint configured, none binding: a window open for the next hours, caps far away."""
+    now = datetime.now(UTC)
+    return {
+        "send_window": {"start": f"{(now.hour - 1) % 24:02d}:00", "end": f"{(now.hour + 3) % 24:02d}:00"},
+        "consent_mode": "off",
+        "max_per_contact_24h": 100,
+        "send_delay_ms": 0,
+        "max_in_flight_per_number": 1_000_000,
+        "monthly_message_quota": 1_000_000_000,
+        "max_send_lane_backlog": 10_000_000,
+    }
 
 
 if __name__ == "__main__":

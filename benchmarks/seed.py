@@ -56,10 +56,33 @@ def seed_due_enrollments(
     conn.execute(
         """
         INSERT INTO followup_enrollments (project_id, sequence_id, version_id, contact_id, next_run_at,
-                                          enrolled_at, updated_at)
-        SELECT %(project_id)s, s.id, s.current_version_id, c.id, %(due_at)s, %(due_at)s, %(due_at)s
+                                          step_due_at, enrolled_at, updated_at)
+        SELECT %(project_id)s, s.id, s.current_version_id, c.id, %(due_at)s, %(due_at)s, %(due_at)s,
+               %(due_at)s
         FROM contacts c, followup_sequences s
         WHERE c.project_id = %(project_id)s AND s.id = %(sequence_id)s
         """,
         params,
+    )
+
+
+def with_numbers(conn: Connection[Any], project_id: uuid.UUID, count: int) -> None:
+    """``count`` connected numbers for the project, its contacts' conversations spread over them."""
+    conn.execute(
+        """
+        INSERT INTO numbers (project_id, phone, status, is_default)
+        SELECT %(project_id)s, '+1999' || lpad(g::text, 7, '0'), 'connected', g = 1
+        FROM generate_series(1, %(count)s) AS g
+        """,
+        {"project_id": project_id, "count": count},
+    )
+    conn.execute(
+        """
+        UPDATE conversations v SET number_id = n.id
+        FROM (SELECT id, row_number() OVER (ORDER BY id) - 1 AS i FROM numbers
+              WHERE project_id = %(project_id)s) n
+        WHERE v.project_id = %(project_id)s
+          AND n.i = abs(hashtext(v.id::text)) %% %(count)s
+        """,
+        {"project_id": project_id, "count": count},
     )
