@@ -15,8 +15,8 @@ NEW_YORK = ZoneInfo("America/New_York")
 NINE_TO_FIVE = SendWindow(start="09:00", end="17:00")
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC)
 
 
 def test_inside_the_window_is_now() -> None:
