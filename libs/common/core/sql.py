@@ -24,7 +24,7 @@ def parse_queries(text: str) -> dict[str, LiteralString]:
         lines = body.strip("\n").splitlines()
         if not lines or not lines[0].startswith("-- ") or not lines[0][3:].strip():
             raise ValueError(f"query {name!r} has no one-line description (a `-- ...` line after its name)")
-        statement = "\n".join(line for line in lines if not line.startswith("--")).strip()
+        statement = "\n".join(line for line in lines if not line.lstrip().startswith("--")).strip()
         if not statement:
             raise ValueError(f"query {name!r} has no statement")
         queries[name] = statement

@@ -4,7 +4,8 @@
 -- need. The project row is not locked here: nothing takes it FOR UPDATE (a plan-limited enrollment takes
 -- FOR NO KEY UPDATE), so the foreign key checks of the rows a queued step inserts never wait for it, and
 -- the hot row is spared a lock per step. The counts behind the caps are read only when the cap is set,
--- and stop at the cap.
+-- and stop at the cap. The number to send from: the enrollment's, the sequence's fixed one, the contact's
+-- last conversation's, the project's default, then any connected one.
 SELECT c.opted_out_at IS NOT NULL AS opted_out,
        c.erased_at IS NOT NULL AS erased,
        c.name, c.phone, c.attributes, c.timezone, c.consent,
@@ -51,8 +52,6 @@ JOIN projects p ON p.id = c.project_id
 LEFT JOIN followup_sequences s ON s.id = %(sequence_id)s
 LEFT JOIN followup_settings fs ON fs.project_id = c.project_id
 LEFT JOIN LATERAL (
-    -- the number to send from: the enrollment's, the sequence's fixed one, the contact's last
-    -- conversation's, the project's default, then any connected one
     SELECT n.id FROM numbers n
     WHERE n.project_id = c.project_id AND n.status = 'connected'
     ORDER BY n.id = %(number_id)s::uuid DESC NULLS LAST,
