@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+import msgspec
 import psycopg
 
 from benchmarks.common import bench_database, percentile
@@ -73,7 +74,7 @@ def _seed(url: str, count: int, settings: dict[str, Any] | None = None) -> None:
         seed_due_enrollments(conn, project_id, sequence_id, count, due_at=datetime.now(UTC))
         if settings is not None:
             with_numbers(conn, project_id, NUMBERS)
-            put_settings(conn, project_id, ProjectSettings(**settings), now=datetime.now(UTC))
+            put_settings(conn, project_id, msgspec.convert(settings, ProjectSettings), now=datetime.now(UTC))
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ANALYZE")
 
