@@ -84,8 +84,15 @@ def _worker(url: str, ready: Any, go: Any) -> None:
     settings = FollowupSettings()
     ready.release()
     go.wait()
-    while release.release_batch(pool, SYSTEM_CLOCK, settings, limit=1000):
-        pass
+    while True:
+        if release.release_batch(pool, SYSTEM_CLOCK, settings, limit=1000):
+            continue
+        # nothing due now: done, unless paced follow-ups wait for their slots (poll like the loop does)
+        with pool.connection() as conn:
+            waiting = conn.execute("SELECT 1 FROM followup_enrollments WHERE status = 'active' LIMIT 1")
+            if waiting.fetchone() is None:
+                break
+        time.sleep(0.005)
     pool.close()
 
 
