@@ -160,11 +160,7 @@ def record_inbound_message(
         "media_kind": media_kind,
         "now": now,
     }
-    row = conn.execute(QUERIES["insert_inbound_message"], params).fetchone()
-    assert row is not None
-    event = MessageReceived(message_id=row[0], contact_id=contact_id, conversation_id=conversation_id)
-    write_events(conn, project_id, [event], occurred_at=now)
-    return RecordedMessage(row[0], conversation_id, created=True)
+    return _record(conn, "insert_inbound_message", MessageReceived, params)
 
 
 def record_human_message(
@@ -188,10 +184,18 @@ def record_human_message(
         "body": body,
         "now": now,
     }
-    row = conn.execute(QUERIES["insert_human_message"], params).fetchone()
+    return _record(conn, "insert_human_message", MessageHuman, params)
+
+
+def _record(
+    conn: Connection[Any], query: str, event: type[MessageReceived | MessageHuman], params: dict[str, Any]
+) -> RecordedMessage:
+    """Insert a contact's or an agent's message and write its event."""
+    row = conn.execute(QUERIES[query], params).fetchone()
     assert row is not None
-    event = MessageHuman(message_id=row[0], contact_id=contact_id, conversation_id=conversation_id)
-    write_events(conn, project_id, [event], occurred_at=now)
+    conversation_id: uuid.UUID = params["conversation_id"]
+    recorded = event(message_id=row[0], contact_id=params["contact_id"], conversation_id=conversation_id)
+    write_events(conn, params["project_id"], [recorded], occurred_at=params["now"])
     return RecordedMessage(row[0], conversation_id, created=True)
 
 
