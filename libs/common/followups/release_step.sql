@@ -3,8 +3,9 @@
 -- never waits) and read what the checks, the only_if conditions, the sending constraints and the templates
 -- need. The project row is not locked here: nothing takes it FOR UPDATE (a plan-limited enrollment takes
 -- FOR NO KEY UPDATE), so the foreign key checks of the rows a queued step inserts never wait for it, and
--- the hot row is spared a lock per step. The counts behind the caps are read only when the cap is set,
--- and stop at the cap. The number to send from: the enrollment's, the sequence's fixed one, the contact's
+-- the hot row is spared a lock per step. The counts behind the caps are read only when the cap is set:
+-- the in-flight and backlog counts from message_counters (kept by a trigger), the per-contact count stops
+-- at the cap. The number to send from: the enrollment's, the sequence's fixed one, the contact's
 -- last conversation's, the project's default, then any connected one.
 SELECT c.opted_out_at IS NOT NULL AS opted_out,
        c.erased_at IS NOT NULL AS erased,
@@ -22,15 +23,12 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
        EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = c.project_id) AS has_numbers,
        num.id AS number_id,
        CASE WHEN fs.max_in_flight_per_number IS NOT NULL AND num.id IS NOT NULL THEN
-           (SELECT count(*) FROM (SELECT 1 FROM messages m
-                                  WHERE m.number_id = num.id AND m.status IN ('QUEUED', 'PROCESSING')
-                                    AND m.source = 'followup'
-                                  LIMIT fs.max_in_flight_per_number) AS in_flight)
+           (SELECT coalesce(sum(mc.messages), 0) FROM message_counters mc
+            WHERE mc.kind = 'number_in_flight' AND mc.owner_id = num.id)
        END AS in_flight,
        CASE WHEN fs.max_send_lane_backlog IS NOT NULL THEN
-           (SELECT count(*) FROM (SELECT 1 FROM messages m
-                                  WHERE m.project_id = c.project_id AND m.status = 'QUEUED'
-                                  LIMIT fs.max_send_lane_backlog + 1) AS backlog)
+           (SELECT coalesce(sum(mc.messages), 0) FROM message_counters mc
+            WHERE mc.kind = 'project_queued' AND mc.owner_id = c.project_id)
        END AS backlog,
        CASE WHEN fs.monthly_message_quota IS NOT NULL THEN
            (SELECT coalesce(sum(u.messages), 0) FROM usage_counters u
