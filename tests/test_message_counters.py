@@ -20,7 +20,6 @@ from libs.common.platform.messages import OutboundMessage, cancel_queued_message
 from libs.common.platform.numbers import NumberCreate, create_number
 from libs.common.platform.send_lane import (
     ClaimRequest,
-    ReportedStatus,
     StatusReport,
     claim_messages,
     report_status,
