@@ -1,0 +1,6 @@
+"""Rules: "when EVENT happens and CONDITIONS hold, do ACTIONS", at once or after a delay (seed 002's
+automation rules and seed 000's enrollment triggers, one model).
+
+Owns ``rules``, ``rule_runs``, ``rule_pending_executions``, ``webhook_deliveries`` and ``followup_triggers``.
+May import: followups, platform, core and contracts.
+"""
