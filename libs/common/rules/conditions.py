@@ -9,9 +9,9 @@ a tree into ONE parameterised SQL predicate.
 
 The predicate is evaluated over the trigger's context (see ``CONTEXT``): the trigger row ``t`` (the event's
 own message and ``changed`` set live in its payload), its contact ``c``, conversation ``v``, the contact's
-lead ``l`` and deal ``d``. Identifiers come only from the catalogue below, written as SQL here; every value a user
-gave (custom attribute keys included) is a bound parameter. A predicate is never NULL: a leaf about a value
-that is absent is false, and a negative operator is the negation of its positive one.
+lead ``l`` and deal ``d``. Identifiers come only from the catalogue below, written as SQL here; every value
+a user gave (custom attribute keys included) is a bound parameter. A predicate is never NULL: a leaf about
+a value that is absent is false, and a negative operator is the negation of its positive one.
 
 Text comparisons ignore ASCII case (``lower`` under the C collation: ``STOP`` matches ``stop``; other
 letters compare as written).
