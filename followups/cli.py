@@ -11,6 +11,7 @@ from followups.runner import SERVICES, serve_metrics, shutdown_requested, start_
 from libs.common.core.broker import create_broker
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
+from libs.common.core.invalidation import Invalidator
 from libs.common.core.logs import configure_logging
 from libs.common.core.migrate import migrate
 from libs.common.core.outbox import AmqpPublisher
@@ -79,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         pool=create_pool(settings.database, name=f"followups-{args.command}"),
         broker=create_broker(settings.broker),
         clock=SYSTEM_CLOCK,
+        invalidator=Invalidator(settings.broker.amqp_url),
     )
+    runtime.invalidator.start()
     if args.command == "api":
         return _run_api(runtime, host=args.host or settings.api.host, port=args.port or settings.api.port)
     return _run_worker(runtime, args.service)
@@ -91,6 +94,7 @@ def _run_api(runtime: Runtime, *, host: str, port: int) -> int:
     from services.api.app import create_app
 
     uvicorn.run(create_app(runtime), host=host, port=port, log_config=None)
+    runtime.invalidator.stop()
     runtime.pool.close()
     return 0
 
@@ -111,5 +115,6 @@ def _run_worker(runtime: Runtime, service: str) -> int:
         log.info("stopping", extra={"service": service})
         running.stop()
         publisher.close()
+        runtime.invalidator.stop()
         runtime.pool.close()
     return 0

@@ -1,5 +1,6 @@
-"""Ingress: one platform event, applied in one transaction: the platform change, then the stop paths
-(then, with the rules work, the triggers).
+"""Ingress: one platform event, applied in one transaction: the platform change, then the stop paths, then
+the triggers of the rules that listen for it (recorded only when the project has an active rule for the
+event; see :mod:`libs.common.rules.triggers`). Contact changes made through the API go the same way.
 
 Events arrive two ways that call the same function: ``POST /v1/events`` and the ``platform_event`` ingress
 actor on RabbitMQ (both through :func:`handle_event`, which commits and then counts).
@@ -10,10 +11,15 @@ actor on RabbitMQ (both through :func:`handle_event`, which commits and then cou
     contact.opted_out / opted_in
     contact.erased               privacy erasure: every context erases its part
     lead.created / lead.status_changed / lead.closed;  deal.stage_changed
-    conversation.created / opened / status_changed / resolved
+    conversation.created / opened / status_changed / resolved / updated (labels, assignee, team,
+                                 priority, attributes, a private note)
     number.connected / disconnected   a connected number resumes enrollments paused for want of one
 
-May import: every context below it (followups, platform, core) and contracts.
+Rule events recorded: contact.created / tag_added / tag_removed / updated, lead.created,
+lead.status_changed, deal.stage_changed, conversation.created / updated / opened / resolved, and
+message.created (incoming and outgoing). Changes made by rules and follow-up steps never pass here.
+
+May import: every context below it (rules, followups, platform, core) and contracts.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from libs.common.contracts.platform_events import (
     ConversationResolved,
     ConversationStatus,
     ConversationStatusChanged,
+    ConversationUpdated,
     DealStageChanged,
     HumanMessage,
     InboundMessage,
@@ -55,9 +62,12 @@ from libs.common.followups import erasure as followups_erasure
 from libs.common.followups.enrollments import resume_waiting_for_a_number
 from libs.common.followups.stops import StopFlag, Stopped, count_stopped, stop_followups_for_contact
 from libs.common.platform import contacts, conversations, leads, messages, numbers
+from libs.common.platform.contacts import Contact, ContactCreate, ContactFields, ContactUpdate
+from libs.common.platform.conversations import ConversationChange
 from libs.common.platform.numbers import NumberStatus
 from libs.common.platform.projects import require_project
 from libs.common.platform.send_lane import StatusReport, report_status
+from libs.common.rules.triggers import record_trigger
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +91,8 @@ class EventResult(msgspec.Struct, kw_only=True):
     number_id: uuid.UUID | None = None
     #: Enrollments paused for want of a usable number that a connected number resumed.
     resumed_enrollment_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
+    #: Triggers recorded for the rules that listen for this event.
+    trigger_ids: list[int] = msgspec.field(default_factory=list)
 
 
 def handle_event(
@@ -144,6 +156,37 @@ def _stop(
     return result
 
 
+def _trigger(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    event: str,
+    result: EventResult | None,
+    now: datetime,
+    *,
+    contact_id: uuid.UUID,
+    conversation_id: uuid.UUID | None = None,
+    **payload: Any,
+) -> list[int]:
+    """Record a trigger for ``event`` (when a rule listens); its id goes on the result."""
+    trigger_id = record_trigger(
+        conn,
+        project_id,
+        event,
+        contact_id=contact_id,
+        conversation_id=conversation_id,
+        payload={key: value for key, value in payload.items() if value is not None},
+        now=now,
+    )
+    found = [trigger_id] if trigger_id is not None else []
+    if result is not None:
+        result.trigger_ids += found
+    return found
+
+
+def _message(message_id: uuid.UUID, kind: str, content: str | None) -> dict[str, Any]:
+    return {"id": str(message_id), "type": kind, "content": content}
+
+
 # -- messages -----------------------------------------------------------------------------------------------
 
 
@@ -155,9 +198,10 @@ def _inbound(
     if event.contact_id is None and event.phone is None:
         raise InvalidInput("give contact_id or phone", field="contact_id")
     contact_id = event.contact_id
+    new_contact = False
     if contact_id is None:
         assert event.phone is not None
-        contact, _ = contacts.upsert_contact(
+        contact, new_contact = contacts.upsert_contact(
             conn, project_id, validation.phone(event.phone), contacts.ContactFields()
         )
         contact_id = contact.id
@@ -189,7 +233,21 @@ def _inbound(
         conversation_id=conversation_id,
         message_id=recorded.message_id,
     )
-    return _stop(conn, project_id, contact_id, "reply", now, result)
+    _stop(conn, project_id, contact_id, "reply", now, result)
+    if new_contact:
+        _trigger(conn, project_id, "contact.created", result, now, contact_id=contact_id)
+    message = _message(recorded.message_id, "incoming", event.body)
+    _trigger(
+        conn,
+        project_id,
+        "message.created",
+        result,
+        now,
+        contact_id=contact_id,
+        conversation_id=conversation_id,
+        message=message,
+    )
+    return result
 
 
 def _conversation_for(
@@ -240,7 +298,19 @@ def _human(conn: Connection[Any], project_id: uuid.UUID, event: HumanMessage, no
         conversation_id=conversation.id,
         message_id=recorded.message_id,
     )
-    return _stop(conn, project_id, conversation.contact_id, "human_message", now, result, conversation.id)
+    _stop(conn, project_id, conversation.contact_id, "human_message", now, result, conversation.id)
+    message = _message(recorded.message_id, "outgoing", event.body)
+    _trigger(
+        conn,
+        project_id,
+        "message.created",
+        result,
+        now,
+        contact_id=conversation.contact_id,
+        conversation_id=conversation.id,
+        message=message,
+    )
+    return result
 
 
 def _status(conn: Connection[Any], project_id: uuid.UUID, event: MessageStatus, now: datetime) -> EventResult:
@@ -300,13 +370,25 @@ def _lead_created(
     contacts.lock_contact(conn, project_id, event.contact_id)
     lead_id = event.lead_id or uuid.uuid4()
     applied = leads.create_lead(conn, project_id, event.contact_id, lead_id, event.status, now=now)
-    return EventResult(
+    result = EventResult(
         type="lead.created",
         applied=applied,
         contact_id=event.contact_id,
         lead_id=lead_id,
         status=event.status,
     )
+    if applied:
+        _trigger(
+            conn,
+            project_id,
+            "lead.created",
+            result,
+            now,
+            contact_id=event.contact_id,
+            lead_id=str(lead_id),
+            status=event.status,
+        )
+    return result
 
 
 def _lead_status(
@@ -328,6 +410,18 @@ def _lead_status(
         lead_id=event.lead_id,
         status=event.status,
     )
+    if change.applied and change.previous != event.status:
+        _trigger(
+            conn,
+            project_id,
+            "lead.status_changed",
+            result,
+            now,
+            contact_id=contact_id,
+            lead_id=str(event.lead_id),
+            status=event.status,
+            changed={"lead.status": {"from": change.previous, "to": event.status}},
+        )
     if change.closed_now:
         return _stop(conn, project_id, contact_id, "lead_closed", now, result)
     return result
@@ -336,7 +430,7 @@ def _lead_status(
 def _deal_stage(
     conn: Connection[Any], project_id: uuid.UUID, event: DealStageChanged, now: datetime
 ) -> EventResult:
-    contact_id = leads.set_deal_stage(
+    contact_id, previous = leads.set_deal_stage(
         conn,
         project_id,
         event.deal_id,
@@ -345,9 +439,23 @@ def _deal_stage(
         lead_id=event.lead_id,
         now=now,
     )
-    return EventResult(
+    result = EventResult(
         type="deal.stage_changed", contact_id=contact_id, deal_id=event.deal_id, status=event.stage
     )
+    if previous != event.stage:
+        _trigger(
+            conn,
+            project_id,
+            "deal.stage_changed",
+            result,
+            now,
+            contact_id=contact_id,
+            deal_id=str(event.deal_id),
+            stage=event.stage,
+            lead_id=str(event.lead_id) if event.lead_id else None,
+            changed={"deal.stage": {"from": previous, "to": event.stage}},
+        )
+    return result
 
 
 # -- conversations ------------------------------------------------------------------------------------------
@@ -365,13 +473,24 @@ def _conversation_created(
         number_id=event.number_id,
         status=event.status,
     )
-    return EventResult(
+    result = EventResult(
         type="conversation.created",
         applied=created,
         contact_id=conversation.contact_id,
         conversation_id=conversation.id,
         status=conversation.status,
     )
+    if created:
+        _trigger(
+            conn,
+            project_id,
+            "conversation.created",
+            result,
+            now,
+            contact_id=conversation.contact_id,
+            conversation_id=conversation.id,
+        )
+    return result
 
 
 def _conversation_status(
@@ -398,9 +517,71 @@ def _conversation_status(
         conversation_id=conversation.id,
         status=conversation.status,
     )
+    if previous != status:
+        changed = {"conversation.status": {"from": previous, "to": status}}
+        rule_events = ["conversation.updated"] + ([kind] if kind != "conversation.status_changed" else [])
+        for rule_event in rule_events:
+            _trigger(
+                conn,
+                project_id,
+                rule_event,
+                result,
+                now,
+                contact_id=conversation.contact_id,
+                conversation_id=conversation.id,
+                changed=changed,
+            )
     if status == "resolved" and previous != "resolved":
         return _stop(
             conn, project_id, conversation.contact_id, "conversation_resolved", now, result, conversation.id
+        )
+    return result
+
+
+def _conversation_updated(
+    conn: Connection[Any], project_id: uuid.UUID, event: ConversationUpdated, now: datetime
+) -> EventResult:
+    """An inbox change (labels, assignee, team, priority, attributes, a private note): conversation.updated
+    with what really changed, unless an automation made it (``executed_by``)."""
+    change = ConversationChange(
+        labels=event.labels,
+        assignee=event.assignee,
+        team=event.team,
+        priority=event.priority,
+        attributes=event.attributes,
+    )
+    conversation, changed = conversations.update_conversation(
+        conn, project_id, event.conversation_id, change, now=now
+    )
+    if event.private_note is not None:
+        if not 1 <= len(event.private_note.strip()) <= 10_000:
+            raise InvalidInput("private_note must be 1 to 10000 characters", field="private_note")
+        conversations.add_private_note(
+            conn,
+            conversation,
+            project_id,
+            event.private_note,
+            executed_by=event.executed_by or "platform",
+            now=now,
+        )
+        changed["conversation.private_note"] = {"from": None, "to": event.private_note}
+    result = EventResult(
+        type="conversation.updated",
+        applied=bool(changed),
+        contact_id=conversation.contact_id,
+        conversation_id=conversation.id,
+        status=conversation.status,
+    )
+    if changed and event.executed_by is None:
+        _trigger(
+            conn,
+            project_id,
+            "conversation.updated",
+            result,
+            now,
+            contact_id=conversation.contact_id,
+            conversation_id=conversation.id,
+            changed=changed,
         )
     return result
 
@@ -439,6 +620,93 @@ _HANDLERS: dict[type[Any], Callable[[Connection[Any], uuid.UUID, Any, datetime],
     ConversationOpened: _conversation_status,
     ConversationStatusChanged: _conversation_status,
     ConversationResolved: _conversation_status,
+    ConversationUpdated: _conversation_updated,
     NumberConnected: _number_status,
     NumberDisconnected: _number_status,
 }
+
+
+# -- contacts through the API -------------------------------------------------------------------------------
+
+
+def create_contact(
+    conn: Connection[Any], project_id: uuid.UUID, data: ContactCreate, *, now: datetime
+) -> Contact:
+    """Create a contact (``contact.created``)."""
+    contact = contacts.create_contact(conn, project_id, data)
+    _trigger(conn, project_id, "contact.created", None, now, contact_id=contact.id)
+    return contact
+
+
+def upsert_contact(
+    conn: Connection[Any], project_id: uuid.UUID, phone: str, data: ContactFields, *, now: datetime
+) -> tuple[Contact, bool]:
+    """Create or update the contact with this phone (``contact.created``, or what the update changed)."""
+    before = contacts.contact_by_phone(conn, project_id, validation.phone(phone))
+    contact, created = contacts.upsert_contact(conn, project_id, phone, data)
+    if created or before is None:
+        _trigger(conn, project_id, "contact.created", None, now, contact_id=contact.id)
+    else:
+        _contact_changed(conn, project_id, before, contact, now)
+    return contact, created
+
+
+def update_contact(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, data: ContactUpdate, *, now: datetime
+) -> Contact:
+    """Change a contact's name, time zone or attributes (``contact.updated`` with what changed)."""
+    before = _locked_contact(conn, project_id, contact_id)
+    contact = contacts.update_contact(conn, project_id, contact_id, data)
+    _contact_changed(conn, project_id, before, contact, now)
+    return contact
+
+
+def change_tags(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    *,
+    add: list[str] | None = None,
+    remove: list[str] | None = None,
+    now: datetime,
+) -> Contact:
+    """Add or remove tags (``contact.tag_added`` / ``contact.tag_removed``, one per tag that changed)."""
+    before = _locked_contact(conn, project_id, contact_id)
+    contact = before
+    if add:
+        contact = contacts.add_tags(conn, project_id, contact_id, add)
+    if remove:
+        contact = contacts.remove_tags(conn, project_id, contact_id, remove)
+    _contact_changed(conn, project_id, before, contact, now)
+    return contact
+
+
+def _locked_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> Contact:
+    contacts.lock_contact(conn, project_id, contact_id)
+    return contacts.get_contact(conn, project_id, contact_id)
+
+
+def _contact_changed(
+    conn: Connection[Any], project_id: uuid.UUID, before: Contact, after: Contact, now: datetime
+) -> None:
+    """The rule events of a contact change: one per tag added or removed, and ``contact.updated`` for the
+    fields and attributes that changed."""
+    tags = {"contact.tags": {"from": before.tags, "to": after.tags}}
+    for tag in sorted(set(after.tags) - set(before.tags)):
+        _trigger(conn, project_id, "contact.tag_added", None, now, contact_id=after.id, tag=tag, changed=tags)
+    for tag in sorted(set(before.tags) - set(after.tags)):
+        _trigger(
+            conn, project_id, "contact.tag_removed", None, now, contact_id=after.id, tag=tag, changed=tags
+        )
+    changed: dict[str, dict[str, Any]] = {}
+    for name in ("name", "timezone"):
+        if getattr(before, name) != getattr(after, name):
+            changed[f"contact.{name}"] = {"from": getattr(before, name), "to": getattr(after, name)}
+    for key in sorted(set(before.attributes) | set(after.attributes)):
+        if before.attributes.get(key) != after.attributes.get(key):
+            changed[f"contact.attributes.{key}"] = {
+                "from": before.attributes.get(key),
+                "to": after.attributes.get(key),
+            }
+    if changed:
+        _trigger(conn, project_id, "contact.updated", None, now, contact_id=after.id, changed=changed)

@@ -16,6 +16,7 @@ from services.api.routes.conversations import ConversationsController
 from services.api.routes.enrollments import EnrollmentsController
 from services.api.routes.events import EventsController
 from services.api.routes.numbers import NumbersController
+from services.api.routes.rules import RulesController, WebhookDeliveriesController
 from services.api.routes.send_lane import SendLaneController
 from services.api.routes.sequences import SequencesController
 from services.api.routes.settings import SettingsController
@@ -39,6 +40,8 @@ def create_app(runtime: Runtime) -> Litestar:
             SendLaneController,
             NumbersController,
             SettingsController,
+            RulesController,
+            WebhookDeliveriesController,
         ],
         dependencies={"project_id": Provide(project_id, sync_to_thread=True)},
         exception_handlers=EXCEPTION_HANDLERS,

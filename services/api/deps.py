@@ -62,6 +62,14 @@ def nudge_release(runtime: Runtime, project: uuid.UUID, enrollment_id: uuid.UUID
         log.warning("release nudge not sent", extra={"enrollment_id": str(enrollment_id)}, exc_info=True)
 
 
+def nudge_triggers(runtime: Runtime, project: uuid.UUID) -> None:
+    """Wake the triggers service now (rules may have triggers to act on); a lost nudge costs latency only."""
+    try:
+        actors.send(runtime.broker, actors.TRIGGERS_NUDGE, actors.TriggersNudge(project_id=project))
+    except Exception:
+        log.warning("triggers nudge not sent", extra={"project_id": str(project)}, exc_info=True)
+
+
 class _HasId(Protocol):
     @property
     def id(self) -> uuid.UUID: ...

@@ -59,6 +59,16 @@ class ReleaseNudge(Payload):
 RELEASE_NUDGE = Contract(RELEASE_QUEUE, "release_nudge", ReleaseNudge)
 
 
+class TriggersNudge(Payload):
+    """Triggers were recorded (or webhook deliveries queued): wake the triggers service's loops."""
+
+    project_id: uuid.UUID
+
+
+#: Sent after a commit that recorded triggers; consumed by the triggers service.
+TRIGGERS_NUDGE = Contract(TRIGGERS_QUEUE, "triggers_nudge", TriggersNudge)
+
+
 class PlatformEventMessage(Payload):
     """A platform event for a project (the same events ``POST /v1/events`` takes)."""
 

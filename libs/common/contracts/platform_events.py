@@ -7,7 +7,7 @@ applied by :func:`libs.common.ingress.apply_event`. A tagged union on ``type``.
 from __future__ import annotations
 
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -104,6 +104,24 @@ class ConversationResolved(_Event, kw_only=True, tag="conversation.resolved"):
     conversation_id: uuid.UUID
 
 
+class ConversationUpdated(_Event, kw_only=True, tag="conversation.updated"):
+    """An agent (or the platform) changed a conversation's inbox fields; absent fields are kept.
+
+    ``attributes`` are merged (a null value removes the key); ``private_note`` adds a note to the
+    conversation. ``executed_by`` names an automation that made the change (``rule:<id>``): such a change
+    fires no rule, so a platform that echoes the engine's own changes back cannot loop.
+    """
+
+    conversation_id: uuid.UUID
+    labels: list[str] | msgspec.UnsetType = msgspec.UNSET
+    assignee: str | msgspec.UnsetType | None = msgspec.UNSET
+    team: str | msgspec.UnsetType | None = msgspec.UNSET
+    priority: Literal["low", "medium", "high", "urgent"] | msgspec.UnsetType | None = msgspec.UNSET
+    attributes: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    private_note: str | None = None
+    executed_by: str | None = None
+
+
 class NumberConnected(_Event, kw_only=True, tag="number.connected"):
     """A sending number is usable again: enrollments paused for want of one resume."""
 
@@ -131,6 +149,7 @@ PlatformEvent = (
     | ConversationOpened
     | ConversationStatusChanged
     | ConversationResolved
+    | ConversationUpdated
     | NumberConnected
     | NumberDisconnected
 )

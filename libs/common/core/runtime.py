@@ -8,6 +8,7 @@ import dramatiq
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
+from libs.common.core.invalidation import Invalidator
 from libs.common.core.loops import PollingLoop
 from libs.common.core.settings import Settings
 
@@ -20,6 +21,8 @@ class Runtime:
     pool: ConnectionPool
     broker: dramatiq.Broker
     clock: Clock
+    #: Cache invalidation across processes (local only without AMQP_URL).
+    invalidator: Invalidator = field(default_factory=Invalidator)
 
 
 @dataclass

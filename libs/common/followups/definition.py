@@ -160,7 +160,7 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
         if isinstance(step, AiStep) and isinstance(step.fallback, TemplateFallback):
             texts["fallback.text"] = step.fallback.text
         if step.whatsapp_template is not None:
-            texts |= _check_whatsapp_template(step.whatsapp_template, f"{where}.whatsapp_template")
+            texts |= check_whatsapp_template(step.whatsapp_template, f"{where}.whatsapp_template")
         for name, text in texts.items():
             if not text.strip():
                 raise InvalidInput(f"{name} must not be empty", field=f"{where}.{name}")
@@ -175,7 +175,7 @@ _LANGUAGE = re.compile(r"[a-z]{2,3}(?:_[A-Z]{2})?")
 _TEMPLATE_NAME = re.compile(r"[a-z0-9_]{1,512}")
 
 
-def _check_whatsapp_template(template: WhatsAppTemplate, where: str) -> dict[str, str]:
+def check_whatsapp_template(template: WhatsAppTemplate, where: str) -> dict[str, str]:
     """An approved template's name (lowercase letters, digits, underscores) and language (``en``,
     ``pt_BR``); returns its parameters, keyed by field, to be checked as templates like the step's text."""
     if not _TEMPLATE_NAME.fullmatch(template.name):

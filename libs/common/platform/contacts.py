@@ -131,6 +131,12 @@ def get_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.U
     return contact
 
 
+def contact_by_phone(conn: Connection[Any], project_id: uuid.UUID, phone: str) -> Contact | None:
+    """The contact with this E.164 phone, locked, or None."""
+    with conn.cursor(row_factory=class_row(Contact)) as cur:
+        return cur.execute(QUERIES["contact_by_phone"], {"project_id": project_id, "phone": phone}).fetchone()
+
+
 def list_contacts(
     conn: Connection[Any],
     project_id: uuid.UUID,

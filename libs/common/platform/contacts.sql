@@ -22,6 +22,13 @@ SELECT id, phone, name, timezone, attributes, tags, opted_out_at, consent, creat
 FROM contacts
 WHERE project_id = %(project_id)s AND id = %(id)s
 
+-- name: contact_by_phone
+-- The contact with this phone, locked (an upsert that follows compares it with what it becomes).
+SELECT id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+FROM contacts
+WHERE project_id = %(project_id)s AND phone = %(phone)s
+FOR NO KEY UPDATE
+
 -- name: list_contacts
 -- A page of contacts in id order.
 SELECT id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at

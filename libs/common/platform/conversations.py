@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
 
 from libs.common.contracts.platform_events import ConversationStatus
+from libs.common.core import validation
 from libs.common.core.db import map_errors
-from libs.common.core.errors import AlreadyExists, NotFound
+from libs.common.core.errors import AlreadyExists, InvalidInput, NotFound
 from libs.common.core.sql import load_queries
 
 QUERIES = load_queries("libs.common.platform", "conversations.sql")
+
+
+#: A conversation's priority.
+Priority = Literal["low", "medium", "high", "urgent"]
 
 
 class Conversation(msgspec.Struct, kw_only=True, frozen=True):
@@ -25,6 +31,13 @@ class Conversation(msgspec.Struct, kw_only=True, frozen=True):
     status: str
     status_changed_at: datetime
     waiting_since: datetime | None
+    priority: str | None
+    assignee: str | None
+    team: str | None
+    labels: list[str]
+    inbox: str | None
+    attributes: dict[str, Any]
+    snoozed_until: datetime | None
     last_incoming_message_id: uuid.UUID | None
     last_outgoing_message_id: uuid.UUID | None
     created_at: datetime
@@ -109,14 +122,22 @@ def change_status(
     status: ConversationStatus,
     *,
     now: datetime,
+    snoozed_until: datetime | None = None,
 ) -> tuple[Conversation, str]:
     """Set a conversation's status; returns it and its status before (the conversation is locked first).
 
-    ``status_changed_at`` moves only on a real change; resolving clears ``waiting_since``.
+    ``status_changed_at`` moves only on a real change; resolving clears ``waiting_since``; ``snoozed_until``
+    is kept with the snoozed status only.
     """
     previous = lock_conversation(conn, project_id, conversation_id).status
     with conn.cursor(row_factory=class_row(Conversation)) as cur:
-        params = {"project_id": project_id, "id": conversation_id, "status": status, "now": now}
+        params = {
+            "project_id": project_id,
+            "id": conversation_id,
+            "status": status,
+            "snoozed_until": snoozed_until,
+            "now": now,
+        }
         changed = cur.execute(QUERIES["set_conversation_status"], params).fetchone()
     assert changed is not None
     return changed, previous
@@ -130,3 +151,111 @@ def open_conversation_id(
         QUERIES["open_conversation"], {"project_id": project_id, "contact_id": contact_id}
     ).fetchone()
     return row[0] if row is not None else None
+
+
+class ConversationChange(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A change to a conversation's inbox fields: absent fields are kept; ``attributes`` are merged (a null
+    value removes the key)."""
+
+    labels: list[str] | msgspec.UnsetType = msgspec.UNSET
+    add_labels: list[str] = msgspec.field(default_factory=list)
+    remove_labels: list[str] = msgspec.field(default_factory=list)
+    assignee: str | msgspec.UnsetType | None = msgspec.UNSET
+    team: str | msgspec.UnsetType | None = msgspec.UNSET
+    priority: Priority | msgspec.UnsetType | None = msgspec.UNSET
+    attributes: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+#: What a change did, by attribute name (``conversation.labels``): ``{"from": old, "to": new}``.
+Changed = dict[str, dict[str, Any]]
+
+
+def update_conversation(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    conversation_id: uuid.UUID,
+    change: ConversationChange,
+    *,
+    now: datetime,
+) -> tuple[Conversation, Changed]:
+    """Apply ``change`` to a conversation (locked first); returns it and what really changed."""
+    current = lock_conversation(conn, project_id, conversation_id)
+    labels = list(current.labels) if change.labels is msgspec.UNSET else _labels(change.labels, "labels")
+    for label in _labels(change.add_labels, "add_labels"):
+        if label not in labels:
+            labels.append(label)
+    removed = set(_labels(change.remove_labels, "remove_labels"))
+    labels = sorted(label for label in labels if label not in removed)
+    attributes = dict(current.attributes)
+    if change.attributes is not msgspec.UNSET:
+        validation.json_value(change.attributes, "attributes")
+        for key, value in change.attributes.items():
+            if value is None:
+                attributes.pop(key, None)
+            else:
+                attributes[key] = value
+    after = {
+        "labels": labels,
+        "assignee": _kept(change.assignee, current.assignee, "assignee"),
+        "team": _kept(change.team, current.team, "team"),
+        "priority": current.priority if change.priority is msgspec.UNSET else change.priority,
+        "attributes": attributes,
+    }
+    before = {name: getattr(current, name) for name in after}
+    changed: Changed = {}
+    for name in ("labels", "assignee", "team", "priority"):
+        old = sorted(before[name]) if name == "labels" else before[name]
+        if old != after[name]:
+            changed[f"conversation.{name}"] = {"from": old, "to": after[name]}
+    for key in sorted(set(before["attributes"]) | set(attributes)):
+        if before["attributes"].get(key) != attributes.get(key):
+            changed[f"conversation.attributes.{key}"] = {
+                "from": before["attributes"].get(key),
+                "to": attributes.get(key),
+            }
+    if not changed:
+        return current, changed
+    params = after | {
+        "attributes": Jsonb(attributes),
+        "project_id": project_id,
+        "id": conversation_id,
+        "now": now,
+    }
+    with conn.cursor(row_factory=class_row(Conversation)) as cur:
+        updated = cur.execute(QUERIES["update_conversation"], params).fetchone()
+    assert updated is not None
+    return updated, changed
+
+
+def _labels(values: list[str], field: str) -> list[str]:
+    return [validation.tag(value, f"{field}.{i}") for i, value in enumerate(values)]
+
+
+def _kept(value: str | msgspec.UnsetType | None, current: str | None, field: str) -> str | None:
+    """A new assignee or team (1 to 200 characters, or None to clear), else the current one."""
+    if value is msgspec.UNSET:
+        return current
+    if value is not None and not 1 <= len(validation.text(value.strip(), field)) <= 200:
+        raise InvalidInput(f"{field} must be 1 to 200 characters", field=field)
+    return value.strip() if value is not None else None
+
+
+def add_private_note(
+    conn: Connection[Any],
+    conversation: Conversation,
+    project_id: uuid.UUID,
+    text: str,
+    *,
+    executed_by: str,
+    now: datetime,
+) -> None:
+    """A private note on the conversation (in the contact's timeline, never sent to the contact)."""
+    data = {
+        "conversation_id": str(conversation.id),
+        "text": validation.text(text, "text"),
+        "executed_by": executed_by,
+    }
+    conn.execute(
+        QUERIES["insert_private_note"],
+        {"project_id": project_id, "contact_id": conversation.contact_id, "data": Jsonb(data), "now": now},
+    )

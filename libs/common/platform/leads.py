@@ -52,6 +52,8 @@ class LeadChange:
 
     applied: bool
     closed_now: bool
+    #: The status before.
+    previous: str
 
 
 def set_lead_status(
@@ -75,7 +77,7 @@ def set_lead_status(
     applied = previous != status or (closed and not was_closed)
     if applied:
         conn.execute(QUERIES["set_lead_status"], params | {"status": status, "closed": closed, "now": now})
-    return LeadChange(applied=applied, closed_now=applied and closed and not was_closed)
+    return LeadChange(applied=applied, closed_now=applied and closed and not was_closed, previous=previous)
 
 
 def set_deal_stage(
@@ -87,8 +89,9 @@ def set_deal_stage(
     contact_id: uuid.UUID | None,
     lead_id: uuid.UUID | None,
     now: datetime,
-) -> uuid.UUID:
-    """A deal's new stage, creating the deal when ``contact_id`` is given; returns the deal's contact."""
+) -> tuple[uuid.UUID, str | None]:
+    """A deal's new stage, creating the deal when ``contact_id`` is given; returns the deal's contact and
+    its stage before (None for a new deal)."""
     params = {
         "project_id": project_id,
         "id": deal_id,
@@ -104,5 +107,4 @@ def set_deal_stage(
         row = conn.execute(QUERIES["insert_deal"], params).fetchone()
     if row is None:
         raise NotFound("deal not found; give contact_id to create it", field="contact_id")
-    found: uuid.UUID = row[0]
-    return found
+    return row[0], row[1]

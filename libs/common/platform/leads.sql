@@ -29,10 +29,11 @@ WHERE project_id = %(project_id)s AND id = %(id)s
 SELECT 1 FROM leads WHERE project_id = %(project_id)s AND id = %(lead_id)s
 
 -- name: set_deal_stage
--- A known deal's new stage; returns its contact.
-UPDATE deals SET stage = %(stage)s, lead_id = coalesce(%(lead_id)s, lead_id), updated_at = %(now)s
-WHERE project_id = %(project_id)s AND id = %(id)s
-RETURNING contact_id
+-- A known deal's new stage; returns its contact and its stage before.
+UPDATE deals d SET stage = %(stage)s, lead_id = coalesce(%(lead_id)s, d.lead_id), updated_at = %(now)s
+FROM (SELECT id, stage FROM deals WHERE project_id = %(project_id)s AND id = %(id)s FOR NO KEY UPDATE) old
+WHERE d.id = old.id
+RETURNING d.contact_id, old.stage
 
 -- name: insert_deal
 -- A new deal at its first stage, for a contact of the project; returns its contact.
@@ -41,4 +42,4 @@ SELECT %(id)s, %(project_id)s, c.id, %(lead_id)s, %(stage)s, %(now)s, %(now)s
 FROM contacts c
 WHERE c.project_id = %(project_id)s AND c.id = %(contact_id)s AND c.erased_at IS NULL
 ON CONFLICT (id) DO NOTHING
-RETURNING contact_id
+RETURNING contact_id, NULL::text AS stage

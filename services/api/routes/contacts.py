@@ -8,10 +8,11 @@ from typing import Any
 from litestar import Controller, Request, Response, delete, get, patch, post, put
 from litestar.params import FromPath, FromQuery, JSONBody
 
+from libs.common import ingress
 from libs.common.core import validation
 from libs.common.platform import contacts
 from libs.common.platform.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
-from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
+from services.api.deps import PageLimit, ProjectId, nudge_triggers, page, runtime_of, transaction
 
 
 class ContactsController(Controller):
@@ -23,8 +24,11 @@ class ContactsController(Controller):
         self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[ContactCreate]
     ) -> Contact:
         """Create a contact (409 if the phone number is taken)."""
-        with transaction(runtime_of(request)) as conn:
-            return contacts.create_contact(conn, project_id, data)
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            contact = ingress.create_contact(conn, project_id, data, now=runtime.clock.now())
+        nudge_triggers(runtime, project_id)
+        return contact
 
     @put("/by-phone/{phone:str}", sync_to_thread=True)
     def upsert(
@@ -35,8 +39,10 @@ class ContactsController(Controller):
         data: JSONBody[ContactFields],
     ) -> Response[Contact]:
         """Create or update the contact with this E.164 phone number (201 created, 200 updated)."""
-        with transaction(runtime_of(request)) as conn:
-            contact, created = contacts.upsert_contact(conn, project_id, phone, data)
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            contact, created = ingress.upsert_contact(conn, project_id, phone, data, now=runtime.clock.now())
+        nudge_triggers(runtime, project_id)
         return Response(contact, status_code=201 if created else 200)
 
     @get("/", sync_to_thread=True)
@@ -72,8 +78,11 @@ class ContactsController(Controller):
         data: JSONBody[ContactUpdate],
     ) -> Contact:
         """Change name or time zone; merge attributes (an attribute set to null is removed)."""
-        with transaction(runtime_of(request)) as conn:
-            return contacts.update_contact(conn, project_id, contact_id, data)
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            contact = ingress.update_contact(conn, project_id, contact_id, data, now=runtime.clock.now())
+        nudge_triggers(runtime, project_id)
+        return contact
 
     @post("/{contact_id:uuid}/tags", sync_to_thread=True, status_code=200)
     def add_tags(
@@ -83,8 +92,13 @@ class ContactsController(Controller):
         contact_id: FromPath[uuid.UUID],
         data: JSONBody[TagsChange],
     ) -> Contact:
-        with transaction(runtime_of(request)) as conn:
-            return contacts.add_tags(conn, project_id, contact_id, data.tags)
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            contact = ingress.change_tags(
+                conn, project_id, contact_id, add=data.tags, now=runtime.clock.now()
+            )
+        nudge_triggers(runtime, project_id)
+        return contact
 
     # a ``path`` parameter, so that a tag with a slash (sent as %2F, which ASGI decodes) is matched too
     @delete("/{contact_id:uuid}/tags/{tag:path}", sync_to_thread=True, status_code=200)
@@ -96,5 +110,8 @@ class ContactsController(Controller):
         tag: FromPath[str],
     ) -> Contact:
         tag = validation.tag(tag.removeprefix("/"), field="tag")  # a path parameter starts with "/"
-        with transaction(runtime_of(request)) as conn:
-            return contacts.remove_tags(conn, project_id, contact_id, [tag])
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            contact = ingress.change_tags(conn, project_id, contact_id, remove=[tag], now=runtime.clock.now())
+        nudge_triggers(runtime, project_id)
+        return contact

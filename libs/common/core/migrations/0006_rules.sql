@@ -8,10 +8,11 @@ ALTER TABLE rules
 UPDATE rules SET conditions = '{"all": []}'::jsonb WHERE conditions = '[]'::jsonb;
 CREATE INDEX rules_project_position_idx ON rules (project_id, position, created_at, id);
 
--- what an assign_team and a snooze_until action set
+-- what an assign_team and a snooze_until action set, and the conversation's custom attributes
 ALTER TABLE conversations
     ADD COLUMN team           text,
-    ADD COLUMN snoozed_until  timestamptz;
+    ADD COLUMN snoozed_until  timestamptz,
+    ADD COLUMN attributes     jsonb NOT NULL DEFAULT '{}'::jsonb;
 
 -- what processing a trigger came to: processed (every matching rule ran), failed (given up after retries)
 ALTER TABLE followup_triggers

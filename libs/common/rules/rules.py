@@ -1,0 +1,270 @@
+"""Rules: create, read, list, update, enable / disable, delete and reorder; and the per-process cache of a
+project's active rules (their conditions compiled once), which event time asks whether to record a
+trigger and the triggers service asks which rules to match.
+
+A rule: ``name``, ``event``, ``conditions`` (a tree, see :mod:`libs.common.rules.conditions`), ``actions``
+(see :mod:`libs.common.rules.actions`), ``execution_delay_minutes`` (None: at once; 1 to 43,200) and
+``active``. Rules run in ``position`` order, then creation order.
+
+The cache keeps each project's active rules for at most :data:`CACHE_TTL_SECONDS`; whoever commits a change
+made here publishes :data:`INVALIDATION_KIND` (:mod:`libs.common.core.invalidation`): this process forgets the
+project's rules at once, every other process within a second.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+from psycopg import Connection, sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from libs.common.core import validation
+from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.core.invalidation import on_invalidation
+from libs.common.core.sql import load_queries
+from libs.common.rules.actions import Action, validate_actions
+from libs.common.rules.conditions import Node, compile_conditions, parse_conditions
+
+QUERIES = load_queries("libs.common.rules", "rules.sql")
+
+#: The events a rule may fire on.
+Event = Literal[
+    "contact.created",
+    "contact.tag_added",
+    "contact.tag_removed",
+    "contact.updated",
+    "lead.created",
+    "lead.status_changed",
+    "deal.stage_changed",
+    "conversation.created",
+    "conversation.updated",
+    "conversation.opened",
+    "conversation.resolved",
+    "message.created",
+]
+#: Longest execution delay: 30 days, in minutes.
+MAX_DELAY_MINUTES = 43_200
+#: How long a process keeps a project's rules without hearing of a change.
+CACHE_TTL_SECONDS = 30.0
+
+DelayMinutes = Annotated[int, msgspec.Meta(ge=1, le=MAX_DELAY_MINUTES)]
+Position = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+
+
+class RuleCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    event: Event
+    #: A tree of ``all`` / ``any`` groups with ``{attribute, operator, value}`` leaves; absent: always.
+    conditions: dict[str, Any] | None = None
+    actions: list[Action]
+    #: Run the actions this many minutes after the event, if the conditions still hold then.
+    execution_delay_minutes: DelayMinutes | None = None
+    active: bool = True
+    #: Where the rule runs among the project's rules (absent: last).
+    position: Position | None = None
+
+
+class RuleUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A partial update: absent fields are kept."""
+
+    name: str | msgspec.UnsetType = msgspec.UNSET
+    event: Event | msgspec.UnsetType = msgspec.UNSET
+    conditions: dict[str, Any] | msgspec.UnsetType | None = msgspec.UNSET
+    actions: list[Action] | msgspec.UnsetType = msgspec.UNSET
+    execution_delay_minutes: DelayMinutes | msgspec.UnsetType | None = msgspec.UNSET
+    active: bool | msgspec.UnsetType = msgspec.UNSET
+    position: Position | msgspec.UnsetType = msgspec.UNSET
+
+
+class Rule(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    name: str
+    event: Event
+    conditions: dict[str, Any]
+    actions: list[Action]
+    execution_delay_minutes: int | None
+    active: bool
+    position: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class RuleRun(msgspec.Struct, kw_only=True, frozen=True):
+    trigger_id: int
+    outcome: str
+    detail: str | None
+    ran_at: datetime
+
+
+def _name(value: str) -> str:
+    value = validation.text(value.strip(), "name")
+    if not 1 <= len(value) <= 200:
+        raise InvalidInput("name must be 1 to 200 characters", field="name")
+    return value
+
+
+def _row(conn: Connection[Any], query: str, params: dict[str, Any]) -> Rule | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(QUERIES[query], params).fetchone()
+    return msgspec.convert(row, Rule) if row is not None else None
+
+
+def create_rule(conn: Connection[Any], project_id: uuid.UUID, data: RuleCreate, *, now: datetime) -> Rule:
+    conditions = parse_conditions(data.conditions)
+    params = {
+        "project_id": project_id,
+        "name": _name(data.name),
+        "event": data.event,
+        "conditions": Jsonb(conditions.to_json()),
+        "actions": Jsonb(msgspec.to_builtins(validate_actions(conn, project_id, data.actions))),
+        "execution_delay_minutes": data.execution_delay_minutes,
+        "active": data.active,
+        "position": data.position,
+        "now": now,
+    }
+    rule = _row(conn, "insert_rule", params)
+    assert rule is not None
+    return rule
+
+
+def get_rule(conn: Connection[Any], project_id: uuid.UUID, rule_id: uuid.UUID) -> Rule:
+    rule = _row(conn, "get_rule", {"project_id": project_id, "id": rule_id})
+    if rule is None:
+        raise NotFound("rule not found", field="rule_id")
+    return rule
+
+
+def list_rules(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    *,
+    limit: int,
+    after: uuid.UUID | None = None,
+    event: str | None = None,
+    active: bool | None = None,
+) -> list[Rule]:
+    params = {"project_id": project_id, "limit": limit, "after": after, "event": event, "active": active}
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(QUERIES["list_rules"], params).fetchall()
+    return msgspec.convert(rows, list[Rule])
+
+
+def update_rule(
+    conn: Connection[Any], project_id: uuid.UUID, rule_id: uuid.UUID, data: RuleUpdate, *, now: datetime
+) -> Rule:
+    current = _row(conn, "lock_rule", {"project_id": project_id, "id": rule_id})
+    if current is None:
+        raise NotFound("rule not found", field="rule_id")
+    conditions = (
+        parse_conditions(current.conditions)
+        if data.conditions is msgspec.UNSET
+        else parse_conditions(data.conditions)
+    )
+    actions = (
+        current.actions if data.actions is msgspec.UNSET else validate_actions(conn, project_id, data.actions)
+    )
+    params = {
+        "project_id": project_id,
+        "id": rule_id,
+        "name": current.name if data.name is msgspec.UNSET else _name(data.name),
+        "event": current.event if data.event is msgspec.UNSET else data.event,
+        "conditions": Jsonb(conditions.to_json()),
+        "actions": Jsonb(msgspec.to_builtins(actions)),
+        "execution_delay_minutes": current.execution_delay_minutes
+        if data.execution_delay_minutes is msgspec.UNSET
+        else data.execution_delay_minutes,
+        "active": current.active if data.active is msgspec.UNSET else data.active,
+        "position": current.position if data.position is msgspec.UNSET else data.position,
+        "now": now,
+    }
+    rule = _row(conn, "update_rule", params)
+    assert rule is not None
+    return rule
+
+
+def delete_rule(conn: Connection[Any], project_id: uuid.UUID, rule_id: uuid.UUID) -> None:
+    if conn.execute(QUERIES["delete_rule"], {"project_id": project_id, "id": rule_id}).fetchone() is None:
+        raise NotFound("rule not found", field="rule_id")
+
+
+def rule_runs(
+    conn: Connection[Any], project_id: uuid.UUID, rule_id: uuid.UUID, *, limit: int
+) -> list[RuleRun]:
+    get_rule(conn, project_id, rule_id)
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            QUERIES["rule_runs"], {"project_id": project_id, "rule_id": rule_id, "limit": limit}
+        ).fetchall()
+    return msgspec.convert(rows, list[RuleRun])
+
+
+# --- the per-process cache ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActiveRule:
+    """An active rule as the triggers service runs it: its conditions parsed and compiled once."""
+
+    id: uuid.UUID
+    event: str
+    conditions: Node
+    #: The compiled predicate over ``conditions.CONTEXT`` and its parameters.
+    predicate: sql.Composable
+    params: list[Any]
+    actions: list[Action]
+    execution_delay_minutes: int | None
+
+
+def _active(rule: Rule) -> ActiveRule:
+    node = parse_conditions(rule.conditions)
+    predicate, params = compile_conditions(node)
+    return ActiveRule(
+        rule.id, rule.event, node, predicate, params, rule.actions, rule.execution_delay_minutes
+    )
+
+
+class RuleCache:
+    """Each project's active rules by event, kept for at most ``ttl`` seconds or until invalidated."""
+
+    def __init__(self, ttl: float = CACHE_TTL_SECONDS) -> None:
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._entries: dict[uuid.UUID, tuple[float, dict[str, list[ActiveRule]]]] = {}
+
+    def rules(self, conn: Connection[Any], project_id: uuid.UUID, event: str) -> list[ActiveRule]:
+        """The project's active rules for ``event``, in the order they run."""
+        with self._lock:
+            entry = self._entries.get(project_id)
+        if entry is None or time.monotonic() - entry[0] > self.ttl:
+            loaded = time.monotonic()
+            with conn.cursor(row_factory=dict_row) as cur:
+                rows = cur.execute(QUERIES["active_rules"], {"project_id": project_id}).fetchall()
+            by_event: dict[str, list[ActiveRule]] = {}
+            for rule in msgspec.convert(rows, list[Rule]):
+                by_event.setdefault(rule.event, []).append(_active(rule))
+            entry = (loaded, by_event)
+            with self._lock:
+                self._entries[project_id] = entry
+        return entry[1].get(event, [])
+
+    def invalidate(self, project_id: uuid.UUID | None = None) -> None:
+        """Forget a project's rules (every project's with None): the next read loads them again."""
+        with self._lock:
+            if project_id is None:
+                self._entries.clear()
+            else:
+                self._entries.pop(project_id, None)
+
+
+#: This process's rule cache.
+RULES = RuleCache()
+#: What a change to a project's rules invalidates (publish it after the commit: see core.invalidation).
+INVALIDATION_KIND = "rules"
+on_invalidation(INVALIDATION_KIND, RULES.invalidate)

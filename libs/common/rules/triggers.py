@@ -1,0 +1,252 @@
+"""Triggers: an event that may fire rules, recorded in the event's own transaction, then matched and acted
+on by the triggers service.
+
+1. :func:`record_trigger` writes a small ``followup_triggers`` row only when the project has an active rule
+   for the event (the per-process rule cache answers), with the conversation's anchors of that moment.
+   Only changes made by people and platforms record triggers: actions of rules and follow-up steps never
+   call it, so rules never fire rules (the loop guard).
+2. :func:`process_triggers` claims a batch (``FOR UPDATE SKIP LOCKED``), evaluates every candidate rule's
+   conditions for the whole batch in one SQL query per (project, event), and runs each matching rule's
+   actions in a SAVEPOINT of its own. A business refusal is an outcome (``rejected``); an unexpected error
+   rolls the rule back and retries the trigger with backoff, skipping the rules that already ran
+   (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS` (``failed``).
+
+Each trigger is counted in ``whatstig_followup_triggers_total{type,outcome}`` once the batch committed, per
+rule it met: ``executed``, ``rejected``, ``not_matched``, ``delayed``; per trigger: ``no_rule`` (no active
+rule any more), ``retry``, ``failed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg import Connection, sql
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from libs.common.core.clock import Clock
+from libs.common.core.metrics import FOLLOWUP_TRIGGERS
+from libs.common.core.sql import load_queries
+from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
+from libs.common.rules.conditions import CONTEXT
+from libs.common.rules.rules import RULES, ActiveRule
+
+log = logging.getLogger(__name__)
+
+QUERIES = load_queries("libs.common.rules", "triggers.sql")
+
+#: Attempts before a trigger whose rule keeps failing is given up.
+MAX_ATTEMPTS = 5
+#: Backoff of a failed trigger: 30 s, doubling, at most an hour.
+BACKOFF_MIN = timedelta(seconds=30)
+BACKOFF_MAX = timedelta(hours=1)
+
+
+def record_trigger(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    event: str,
+    *,
+    contact_id: uuid.UUID,
+    conversation_id: uuid.UUID | None = None,
+    payload: dict[str, Any] | None = None,
+    now: datetime,
+) -> int | None:
+    """Record a trigger for ``event`` in the caller's transaction when the project has an active rule for
+    it; returns its id (None: no rule listens)."""
+    if not RULES.rules(conn, project_id, event):
+        return None
+    params = {
+        "project_id": project_id,
+        "type": event,
+        "contact_id": contact_id,
+        "conversation_id": conversation_id,
+        "payload": Jsonb(payload or {}),
+        "now": now,
+    }
+    row = conn.execute(QUERIES["insert_trigger"], params).fetchone()
+    assert row is not None
+    trigger_id: int = row[0]
+    return trigger_id
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    id: int
+    type: str
+    project_id: uuid.UUID
+    contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    payload: dict[str, Any]
+    occurred_at: datetime
+    attempts: int
+
+
+@dataclass
+class Processed:
+    """What a batch did."""
+
+    triggers: int = 0
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    done: Done = field(default_factory=Done)
+
+
+def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) -> Processed:
+    """Match and act on a batch of due triggers in one transaction; returns what it did (counted once the
+    transaction committed)."""
+    now = clock.now()
+    processed = Processed()
+    with pool.connection() as conn:
+        with conn.cursor(row_factory=class_row(_Claimed)) as cur:
+            claimed = cur.execute(QUERIES["claim_triggers"], {"now": now, "limit": limit}).fetchall()
+        if not claimed:
+            return processed
+        ids = [t.id for t in claimed]
+        already = {(t, r) for t, r in conn.execute(QUERIES["already_run"], {"ids": ids}).fetchall()}
+        candidates: dict[tuple[uuid.UUID, str], list[ActiveRule]] = {}
+        for trigger in claimed:
+            key = (trigger.project_id, trigger.type)
+            if key not in candidates:
+                candidates[key] = RULES.rules(conn, trigger.project_id, trigger.type)
+        matched = _match(conn, claimed, candidates)
+        runs: list[dict[str, Any]] = []
+        done_ids: list[int] = []
+        for trigger in claimed:
+            if _process(
+                conn,
+                trigger,
+                candidates[(trigger.project_id, trigger.type)],
+                matched,
+                already,
+                runs,
+                processed,
+                now,
+            ):
+                done_ids.append(trigger.id)
+        if runs:
+            conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})
+        if done_ids:
+            conn.execute(QUERIES["mark_processed"], {"ids": done_ids, "now": now})
+    processed.triggers = len(claimed)
+    for (kind, outcome), count in processed.outcomes.items():
+        FOLLOWUP_TRIGGERS.labels(kind, outcome).inc(count)
+    return processed
+
+
+def _match(
+    conn: Connection[Any],
+    claimed: list[_Claimed],
+    candidates: dict[tuple[uuid.UUID, str], list[ActiveRule]],
+) -> dict[int, list[bool]]:
+    """Every candidate rule's conditions for every claimed trigger: one query per (project, event)."""
+    matched: dict[int, list[bool]] = {}
+    for (project_id, kind), rules in candidates.items():
+        ids = [t.id for t in claimed if t.project_id == project_id and t.type == kind]
+        if not rules:
+            continue
+        query = sql.SQL("SELECT t.id, ARRAY[{}] FROM {} WHERE t.id = ANY(%s)").format(
+            sql.SQL(", ").join(rule.predicate for rule in rules), CONTEXT
+        )
+        params = [param for rule in rules for param in rule.params] + [ids]
+        for trigger_id, results in conn.execute(query, params).fetchall():
+            matched[trigger_id] = results
+    return matched
+
+
+def _process(
+    conn: Connection[Any],
+    trigger: _Claimed,
+    rules: list[ActiveRule],
+    matched: dict[int, list[bool]],
+    already: set[tuple[int, uuid.UUID]],
+    runs: list[dict[str, Any]],
+    processed: Processed,
+    now: datetime,
+) -> bool:
+    """Run the trigger's matching rules; False when one failed (the trigger is retried or given up)."""
+    context = {"trigger_id": trigger.id, "project_id": str(trigger.project_id), "event_type": trigger.type}
+    results = matched.get(trigger.id)
+    if not rules or results is None:  # no active rule any more, or the contact is gone
+        processed.outcomes[(trigger.type, "no_rule")] += 1
+        return True
+    subject = Subject(
+        trigger_id=trigger.id,
+        type=trigger.type,
+        project_id=trigger.project_id,
+        contact_id=trigger.contact_id,
+        conversation_id=trigger.conversation_id,
+        payload=trigger.payload,
+        occurred_at=trigger.occurred_at,
+    )
+    for rule, holds in zip(rules, results, strict=True):
+        if (trigger.id, rule.id) in already:
+            continue
+        if not holds:
+            processed.outcomes[(trigger.type, "not_matched")] += 1
+            continue
+        if rule.execution_delay_minutes is not None:
+            # a delayed rule waits for its time and re-checks its conditions then (the delayed-rules work)
+            processed.outcomes[(trigger.type, "delayed")] += 1
+            continue
+        run = {"trigger_id": trigger.id, "rule_id": str(rule.id), "project_id": str(trigger.project_id)}
+        try:
+            with conn.transaction():
+                done = run_actions(conn, rule.id, rule.actions, subject, now=now)
+        except BUSINESS_ERRORS as refusal:
+            runs.append(run | {"outcome": "rejected", "detail": refusal.code})
+            processed.outcomes[(trigger.type, "rejected")] += 1
+            log.info("rule rejected", extra=context | {"rule_id": str(rule.id), "reason": refusal.code})
+            continue
+        except Exception as exc:
+            _failed(conn, trigger, rule, exc, processed, now)
+            return False
+        runs.append(run | {"outcome": "executed", "detail": None})
+        processed.outcomes[(trigger.type, "executed")] += 1
+        processed.done.enrollments += done.enrollments
+        processed.done.webhook_delivery_ids += done.webhook_delivery_ids
+        processed.done.message_ids += done.message_ids
+        log.info("rule executed", extra=context | {"rule_id": str(rule.id)})
+    return True
+
+
+def _failed(
+    conn: Connection[Any],
+    trigger: _Claimed,
+    rule: ActiveRule,
+    exc: Exception,
+    processed: Processed,
+    now: datetime,
+) -> None:
+    backoff = min(BACKOFF_MAX, BACKOFF_MIN * 2**trigger.attempts)
+    params = {
+        "id": trigger.id,
+        "error": f"rule {rule.id}: {exc!r}"[:1000],
+        "next_attempt_at": now + backoff,
+        "max_attempts": MAX_ATTEMPTS,
+        "now": now,
+    }
+    row = conn.execute(QUERIES["mark_failed"], params).fetchone()
+    assert row is not None
+    attempts, outcome = row
+    given_up = outcome == "failed"
+    processed.outcomes[(trigger.type, "failed" if given_up else "retry")] += 1
+    log.log(
+        logging.ERROR if given_up else logging.WARNING,
+        "trigger failed; given up" if given_up else "trigger failed; retried later",
+        extra={
+            "trigger_id": trigger.id,
+            "project_id": str(trigger.project_id),
+            "contact_id": str(trigger.contact_id),
+            "rule_id": str(rule.id),
+            "event_type": trigger.type,
+            "attempts": attempts,
+            "error": repr(exc),
+        },
+        exc_info=exc,
+    )

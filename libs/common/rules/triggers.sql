@@ -1,0 +1,53 @@
+-- name: insert_trigger
+-- A trigger, in the event's own transaction. The conversation's anchors at this moment go with it (when it
+-- entered its status, its last incoming and outgoing messages, since when it waits for an answer): a
+-- delayed rule's episode is keyed on them.
+INSERT INTO followup_triggers (project_id, type, contact_id, conversation_id, payload, occurred_at,
+                               next_attempt_at)
+SELECT %(project_id)s, %(type)s, %(contact_id)s, %(conversation_id)s,
+       %(payload)s::jsonb || jsonb_build_object('anchors', (
+           SELECT jsonb_build_object('status_changed_at', v.status_changed_at,
+                                     'last_incoming_message_id', v.last_incoming_message_id,
+                                     'last_outgoing_message_id', v.last_outgoing_message_id,
+                                     'waiting_since', v.waiting_since)
+           FROM conversations v
+           WHERE v.project_id = %(project_id)s AND v.id = %(conversation_id)s::uuid)),
+       %(now)s, %(now)s
+RETURNING id
+
+-- name: claim_triggers
+-- A batch of due triggers, oldest first; triggers locked by another worker are skipped.
+SELECT id, type, project_id, contact_id, conversation_id, payload, occurred_at, attempts
+FROM followup_triggers
+WHERE processed_at IS NULL AND next_attempt_at <= %(now)s
+ORDER BY next_attempt_at, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: already_run
+-- The rules that already ran for these triggers (a retried trigger skips them).
+SELECT trigger_id, rule_id FROM rule_runs WHERE trigger_id = ANY(%(ids)s)
+
+-- name: insert_rule_runs
+-- What each rule did with its trigger.
+INSERT INTO rule_runs (trigger_id, rule_id, project_id, outcome, detail, ran_at)
+SELECT r.trigger_id, r.rule_id, r.project_id, r.outcome, r.detail, %(now)s
+FROM jsonb_to_recordset(%(runs)s::jsonb)
+     AS r(trigger_id bigint, rule_id uuid, project_id uuid, outcome text, detail text)
+ON CONFLICT (trigger_id, rule_id) DO NOTHING
+
+-- name: mark_processed
+-- Triggers every matching rule ran for.
+UPDATE followup_triggers SET processed_at = %(now)s, outcome = 'processed', last_error = NULL
+WHERE id = ANY(%(ids)s)
+
+-- name: mark_failed
+-- A trigger whose rule failed unexpectedly: retried after a backoff, or given up after its last attempt.
+UPDATE followup_triggers
+SET attempts = attempts + 1,
+    last_error = %(error)s,
+    next_attempt_at = %(next_attempt_at)s,
+    processed_at = CASE WHEN attempts + 1 >= %(max_attempts)s THEN %(now)s::timestamptz END,
+    outcome = CASE WHEN attempts + 1 >= %(max_attempts)s THEN 'failed' END
+WHERE id = %(id)s
+RETURNING attempts, outcome

@@ -1,0 +1,351 @@
+"""Webhook deliveries: the delivery side of a rule's ``send_webhook`` action (a rule POSTs JSON to a URL).
+
+A delivery is queued with :func:`queue_delivery` in the transaction of the rule run that decided it, then
+sent by :func:`deliver` (one attempt) or :func:`deliver_due` (what a polling loop calls: every due delivery,
+so webhooks go out with RabbitMQ down). An attempt is three steps, and no transaction or row lock is held
+during the HTTP call:
+
+1. claim: lock the pending, due row ``FOR UPDATE SKIP LOCKED``, count the attempt and lease the row
+   (``next_attempt_at`` = now + timeout + slack, so no other worker picks it during the call), commit;
+2. POST the JSON body with the standard library (``urllib.request``), redirects not followed;
+3. record the result in a second transaction: a 2xx response delivers it; anything else (another status,
+   a timeout, a refused connection, a DNS error) schedules a retry with backoff (30 s, 1 min, 2 min, ...,
+   capped at 1 h), and after :data:`MAX_ATTEMPTS` attempts the delivery is ``failed``. A result that comes
+   after its lease ran out and another worker claimed the delivery again is not recorded.
+
+Each request carries::
+
+    Content-Type: application/json
+    User-Agent: followups-webhooks
+    X-Followups-Delivery: <delivery id>
+    X-Followups-Timestamp: <unix seconds>
+    X-Followups-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" keyed by the project's secret>
+
+A receiver checks the signature over the body bytes exactly as received, with :func:`verify_signature` or
+its equivalent, and should reject timestamps too far from its own clock (a replayed request). A delivery is
+at least once: a receiver deduplicates on ``X-Followups-Delivery``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import logging
+import socket
+import ssl
+import urllib.error
+import urllib.request
+import uuid
+from datetime import datetime, timedelta
+from typing import Any, Final, Literal
+from urllib.parse import urlsplit
+
+import msgspec
+from prometheus_client import Counter
+from psycopg import Connection
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from libs.common.core.clock import Clock
+from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.core.sql import load_queries
+
+log = logging.getLogger(__name__)
+
+QUERIES = load_queries("libs.common.rules", "webhooks.sql")
+
+#: Attempts before a delivery is given up (``failed``).
+MAX_ATTEMPTS: Final = 8
+#: Wait before the first retry; it doubles with each failed attempt, up to :data:`MAX_BACKOFF`.
+FIRST_BACKOFF: Final = timedelta(seconds=30)
+MAX_BACKOFF: Final = timedelta(hours=1)
+#: How long past the call's timeout a claimed delivery stays leased to its worker.
+LEASE_SLACK: Final = timedelta(seconds=30)
+#: Longest ``last_error`` kept.
+MAX_ERROR_LENGTH: Final = 200
+USER_AGENT: Final = "followups-webhooks"
+SIGNATURE_PREFIX: Final = "sha256="
+
+Status = Literal["pending", "delivered", "failed"]
+STATUSES: Final = frozenset({"pending", "delivered", "failed"})
+Outcome = Literal["delivered", "retry", "failed"]
+
+#: Label values: delivered, retry (failed, will be retried), failed (failed, given up).
+WEBHOOK_DELIVERIES: Final = Counter(
+    "whatstig_webhook_deliveries_total",
+    "Webhook delivery attempts, by outcome (delivered, retry, failed).",
+    ["outcome"],
+)
+
+
+class Delivery(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    project_id: uuid.UUID
+    rule_id: uuid.UUID | None
+    trigger_id: int | None
+    url: str
+    payload: dict[str, Any]
+    status: str
+    attempts: int
+    #: When the next attempt is due (pending only; a claimed delivery's lease while its call runs).
+    next_attempt_at: datetime | None
+    #: The HTTP status of the last attempt (None: no response, see ``last_error``).
+    last_status_code: int | None
+    last_error: str | None
+    created_at: datetime
+    delivered_at: datetime | None
+    updated_at: datetime
+
+
+class DeliveryState(msgspec.Struct, kw_only=True, frozen=True):
+    """A delivery's state after an attempt."""
+
+    id: uuid.UUID
+    project_id: uuid.UUID
+    rule_id: uuid.UUID | None
+    status: str
+    attempts: int
+    next_attempt_at: datetime | None
+    last_status_code: int | None
+    last_error: str | None
+    delivered_at: datetime | None
+
+
+class _Claimed(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    project_id: uuid.UUID
+    rule_id: uuid.UUID | None
+    url: str
+    payload: dict[str, Any]
+    attempts: int
+    secret: str
+
+
+class _Result(msgspec.Struct, kw_only=True, frozen=True):
+    status_code: int | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+
+def queue_delivery(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    *,
+    rule_id: uuid.UUID | None,
+    trigger_id: int | None,
+    url: str,
+    payload: dict[str, Any],
+    now: datetime,
+) -> uuid.UUID:
+    """Queue a delivery of ``payload`` to ``url`` in the caller's transaction, due at once; returns its id."""
+    validate_url(url)
+    params = {
+        "project_id": project_id,
+        "rule_id": rule_id,
+        "trigger_id": trigger_id,
+        "url": url,
+        "payload": Jsonb(payload),
+        "now": now,
+    }
+    row = conn.execute(QUERIES["insert_delivery"], params).fetchone()
+    assert row is not None
+    delivery_id: uuid.UUID = row[0]
+    return delivery_id
+
+
+def deliver(
+    pool: ConnectionPool, delivery_id: uuid.UUID, *, now: datetime, timeout_s: float = 10.0
+) -> DeliveryState | None:
+    """Make one attempt at a due pending delivery; its state after, or None when it was not attempted
+    (not pending, not due, or busy: claimed by another worker)."""
+    lease_until = now + timedelta(seconds=timeout_s) + LEASE_SLACK
+    with pool.connection() as conn, conn.cursor(row_factory=class_row(_Claimed)) as cur:
+        claimed = cur.execute(
+            QUERIES["claim_delivery"], {"id": delivery_id, "now": now, "lease_until": lease_until}
+        ).fetchone()
+    if claimed is None:
+        return None
+    # the claim is committed: the call runs with no transaction and no lock held
+    result = _post(claimed, now=now, timeout_s=timeout_s)
+    outcome: Outcome
+    if result.ok:
+        outcome = "delivered"
+    elif claimed.attempts >= MAX_ATTEMPTS:
+        outcome = "failed"
+    else:
+        outcome = "retry"
+    params = {
+        "id": claimed.id,
+        "attempts": claimed.attempts,
+        "status": "pending" if outcome == "retry" else outcome,
+        "next_attempt_at": now + backoff(claimed.attempts) if outcome == "retry" else None,
+        "status_code": result.status_code,
+        "error": result.error,
+        "delivered_at": now if outcome == "delivered" else None,
+        "now": now,
+    }
+    with pool.connection() as conn, conn.cursor(row_factory=class_row(DeliveryState)) as cur:
+        state = cur.execute(QUERIES["record_attempt"], params).fetchone()
+        recorded = state is not None
+        if state is None:
+            state = cur.execute(QUERIES["delivery_state"], {"id": claimed.id}).fetchone()
+    WEBHOOK_DELIVERIES.labels(outcome).inc()
+    extra = {
+        "delivery_id": str(claimed.id),
+        "project_id": str(claimed.project_id),
+        "rule_id": str(claimed.rule_id) if claimed.rule_id else None,
+        "url_host": urlsplit(claimed.url).hostname,
+        "status_code": result.status_code,
+        "outcome": outcome,
+        "attempt": claimed.attempts,
+        "error": result.error,
+    }
+    if not recorded:
+        log.warning("webhook attempt not recorded: its lease ran out and it was claimed again", extra=extra)
+    elif outcome == "delivered":
+        log.info("webhook attempt", extra=extra)
+    else:
+        log.warning("webhook attempt", extra=extra)
+    return state
+
+
+def deliver_due(pool: ConnectionPool, clock: Clock, limit: int = 50) -> int:
+    """Attempt up to ``limit`` pending deliveries due by now, the longest due first, one after the other;
+    returns how many were attempted (a polling loop's tick)."""
+    params = {"now": clock.now(), "limit": limit}
+    with pool.connection() as conn:
+        ids = [row[0] for row in conn.execute(QUERIES["due_deliveries"], params)]
+    return sum(deliver(pool, delivery_id, now=clock.now()) is not None for delivery_id in ids)
+
+
+def backoff(attempts: int) -> timedelta:
+    """The wait after the ``attempts``-th failed attempt: 30 s, 1 min, 2 min, 4 min ... capped at 1 h."""
+    if attempts < 1:
+        return FIRST_BACKOFF
+    doublings: int = min(attempts - 1, 16)
+    return min(FIRST_BACKOFF * (1 << doublings), MAX_BACKOFF)
+
+
+def get_delivery(conn: Connection[Any], project_id: uuid.UUID, delivery_id: uuid.UUID) -> Delivery:
+    with conn.cursor(row_factory=class_row(Delivery)) as cur:
+        params = {"project_id": project_id, "id": delivery_id}
+        delivery = cur.execute(QUERIES["get_delivery"], params).fetchone()
+    if delivery is None:
+        raise NotFound("webhook delivery not found", field="delivery_id")
+    return delivery
+
+
+def list_deliveries(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    *,
+    rule_id: uuid.UUID | None = None,
+    status: str | None = None,
+    limit: int,
+    after: uuid.UUID | None = None,
+) -> list[Delivery]:
+    """The project's deliveries in id order, after the cursor ``after``, optionally of one rule or status."""
+    if status is not None and status not in STATUSES:
+        raise InvalidInput(f"status must be one of {', '.join(sorted(STATUSES))}", field="status")
+    params = {"project_id": project_id, "rule_id": rule_id, "status": status, "limit": limit, "after": after}
+    with conn.cursor(row_factory=class_row(Delivery)) as cur:
+        return cur.execute(QUERIES["list_deliveries"], params).fetchall()
+
+
+def sign(secret: str, timestamp: int | str, body: bytes) -> str:
+    """The ``X-Followups-Signature`` value of ``body`` sent at ``timestamp`` (unix seconds)."""
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return SIGNATURE_PREFIX + digest
+
+
+def verify_signature(secret: str, timestamp: int | str, body: bytes | str, signature: str) -> bool:
+    """Whether ``signature`` (the ``X-Followups-Signature`` header) signs ``body`` (the request body, as
+    received) at ``timestamp`` (the ``X-Followups-Timestamp`` header) with the project's webhook secret.
+
+    The comparison takes the same time wherever the signatures differ. It does not judge the timestamp's
+    age: a receiver should also reject one too far from its own clock (five minutes, say)."""
+    raw = body.encode() if isinstance(body, str) else body
+    expected = sign(secret, str(timestamp).strip(), raw)
+    return hmac.compare_digest(expected.encode(), signature.strip().encode())
+
+
+def validate_url(url: str, *, field: str = "url") -> str:
+    """``url`` if it is an absolute http or https URL with a host (what a delivery can be sent to), else
+    InvalidInput naming ``field`` (a rule's action can check its URL with this when the rule is saved)."""
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError:  # an unbalanced IPv6 bracket, a bad port
+        hostname = None
+    if hostname is None or parts.scheme not in ("http", "https") or any(c.isspace() for c in url):
+        raise InvalidInput("the webhook URL must be an absolute http or https URL", field=field)
+    if len(url) > 2000 or "\x00" in url:
+        raise InvalidInput("the webhook URL has at most 2000 characters", field=field)
+    return url
+
+
+def webhook_secret(conn: Connection[Any], project_id: uuid.UUID) -> str:
+    """The key that signs the project's webhooks."""
+    row = conn.execute(QUERIES["webhook_secret"], {"project_id": project_id}).fetchone()
+    if row is None:
+        raise NotFound("project not found", field="project_id")
+    secret: str = row[0]
+    return secret
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """HTTP and HTTPS only: no redirects followed (a 3xx is a failure), no HTTPError raised for a status
+    (every status is a result), no proxy from the environment, no other URL scheme (file:, ftp:)."""
+    opener = urllib.request.OpenerDirector()
+    opener.addheaders = []
+    opener.add_handler(urllib.request.HTTPHandler())
+    opener.add_handler(urllib.request.HTTPSHandler(context=ssl.create_default_context()))
+    return opener
+
+
+def _post(claimed: _Claimed, *, now: datetime, timeout_s: float) -> _Result:
+    body = msgspec.json.encode(claimed.payload)
+    timestamp = int(now.timestamp())
+    request = urllib.request.Request(
+        claimed.url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "X-Followups-Delivery": str(claimed.id),
+            "X-Followups-Timestamp": str(timestamp),
+            "X-Followups-Signature": sign(claimed.secret, timestamp, body),
+        },
+    )
+    try:
+        with _opener().open(request, timeout=timeout_s) as response:
+            code = int(response.status)
+    except TimeoutError:
+        return _Result(status_code=None, error="timeout")
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, TimeoutError):
+            return _Result(status_code=None, error="timeout")
+        return _Result(status_code=None, error=_short(reason if isinstance(reason, BaseException) else exc))
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return _Result(status_code=None, error=_short(exc))
+    return _Result(status_code=code, error=None if 200 <= code < 300 else f"HTTP {code}")
+
+
+def _short(exc: BaseException | str) -> str:
+    if isinstance(exc, str):
+        text = exc
+    elif isinstance(exc, ConnectionRefusedError):
+        text = "connection refused"
+    elif isinstance(exc, socket.gaierror):
+        text = f"DNS error: {exc.strerror or exc}"
+    else:
+        detail = str(exc)
+        text = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    return text[:MAX_ERROR_LENGTH]

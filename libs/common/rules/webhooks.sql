@@ -1,0 +1,67 @@
+-- name: insert_delivery
+-- Queue a webhook delivery, due at once.
+INSERT INTO webhook_deliveries (project_id, rule_id, trigger_id, url, payload, status, attempts, next_attempt_at,
+                                created_at, updated_at)
+VALUES (%(project_id)s, %(rule_id)s, %(trigger_id)s, %(url)s, %(payload)s, 'pending', 0, %(now)s, %(now)s, %(now)s)
+RETURNING id
+
+-- name: claim_delivery
+-- Claim a due pending delivery for one attempt (SKIP LOCKED: a busy one is left alone): the attempt is
+-- counted and the row leased (next_attempt_at moved past the call's deadline), with the project's secret.
+WITH picked AS (
+    SELECT id FROM webhook_deliveries
+    WHERE id = %(id)s AND status = 'pending' AND next_attempt_at <= %(now)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE webhook_deliveries d
+    SET attempts = d.attempts + 1, next_attempt_at = %(lease_until)s, updated_at = %(now)s
+    FROM picked WHERE d.id = picked.id
+    RETURNING d.id, d.project_id, d.rule_id, d.url, d.payload, d.attempts
+)
+SELECT claimed.id, claimed.project_id, claimed.rule_id, claimed.url, claimed.payload, claimed.attempts,
+       p.webhook_secret AS secret
+FROM claimed JOIN projects p ON p.id = claimed.project_id
+
+-- name: record_attempt
+-- Record an attempt's result, unless the lease ran out and another claim counted a later attempt.
+UPDATE webhook_deliveries
+SET status = %(status)s, next_attempt_at = %(next_attempt_at)s, last_status_code = %(status_code)s,
+    last_error = %(error)s, delivered_at = %(delivered_at)s, updated_at = %(now)s
+WHERE id = %(id)s AND status = 'pending' AND attempts = %(attempts)s
+RETURNING id, project_id, rule_id, status, attempts, next_attempt_at, last_status_code, last_error, delivered_at
+
+-- name: delivery_state
+-- A delivery's state, whatever its project (the worker's view).
+SELECT id, project_id, rule_id, status, attempts, next_attempt_at, last_status_code, last_error, delivered_at
+FROM webhook_deliveries
+WHERE id = %(id)s
+
+-- name: due_deliveries
+-- Pending deliveries due by now, the longest due first.
+SELECT id FROM webhook_deliveries
+WHERE status = 'pending' AND next_attempt_at <= %(now)s
+ORDER BY next_attempt_at, id
+LIMIT %(limit)s
+
+-- name: get_delivery
+-- One delivery of the project.
+SELECT id, project_id, rule_id, trigger_id, url, payload, status, attempts, next_attempt_at, last_status_code,
+       last_error, created_at, delivered_at, updated_at
+FROM webhook_deliveries
+WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: list_deliveries
+-- A page of the project's deliveries in id order, optionally of one rule or in one status.
+SELECT id, project_id, rule_id, trigger_id, url, payload, status, attempts, next_attempt_at, last_status_code,
+       last_error, created_at, delivered_at, updated_at
+FROM webhook_deliveries
+WHERE project_id = %(project_id)s
+  AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
+  AND (%(rule_id)s::uuid IS NULL OR rule_id = %(rule_id)s::uuid)
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: webhook_secret
+-- The key that signs a project's webhooks.
+SELECT webhook_secret FROM projects WHERE id = %(project_id)s

@@ -1,0 +1,153 @@
+"""Rules: create, read, list, update, enable / disable, reorder, delete; what each rule did; webhook
+deliveries and the key that signs them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from litestar import Controller, Request, delete, get, patch, post
+from litestar.params import FromPath, FromQuery, JSONBody
+
+from libs.common.core.runtime import Runtime
+from libs.common.rules import rules, webhooks
+from libs.common.rules.rules import Event, Rule, RuleCreate, RuleRun, RuleUpdate
+from libs.common.rules.webhooks import Delivery
+from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
+
+
+def _changed(runtime: Runtime, project_id: uuid.UUID) -> None:
+    """After the commit: every process forgets the project's cached rules (this one at once)."""
+    runtime.invalidator.publish(rules.INVALIDATION_KIND, project_id)
+
+
+class RulesController(Controller):
+    path = "/v1/rules"
+    tags = ["rules"]
+
+    @post("/", sync_to_thread=True)
+    def create(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[RuleCreate]
+    ) -> Rule:
+        """Create a rule: when ``event`` happens and ``conditions`` hold, run ``actions`` (after
+        ``execution_delay_minutes`` when set)."""
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            rule = rules.create_rule(conn, project_id, data, now=runtime.clock.now())
+        _changed(runtime, project_id)
+        return rule
+
+    @get("/", sync_to_thread=True)
+    def list(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        limit: PageLimit = 50,
+        after: FromQuery[uuid.UUID | None] = None,
+        event: FromQuery[Event | None] = None,
+        active: FromQuery[bool | None] = None,
+    ) -> dict[str, Any]:
+        """The project's rules in the order they run (position, then creation)."""
+        with transaction(runtime_of(request)) as conn:
+            rows = rules.list_rules(
+                conn, project_id, limit=limit + 1, after=after, event=event, active=active
+            )
+        return page(rows, limit)
+
+    @get("/{rule_id:uuid}", sync_to_thread=True)
+    def read(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, rule_id: FromPath[uuid.UUID]
+    ) -> Rule:
+        with transaction(runtime_of(request)) as conn:
+            return rules.get_rule(conn, project_id, rule_id)
+
+    @patch("/{rule_id:uuid}", sync_to_thread=True)
+    def update(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        rule_id: FromPath[uuid.UUID],
+        data: JSONBody[RuleUpdate],
+    ) -> Rule:
+        """Change any of a rule's fields (``position`` reorders it); absent fields are kept."""
+        return self._update(request, project_id, rule_id, data)
+
+    @post("/{rule_id:uuid}/enable", sync_to_thread=True, status_code=200)
+    def enable(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, rule_id: FromPath[uuid.UUID]
+    ) -> Rule:
+        return self._update(request, project_id, rule_id, RuleUpdate(active=True))
+
+    @post("/{rule_id:uuid}/disable", sync_to_thread=True, status_code=200)
+    def disable(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, rule_id: FromPath[uuid.UUID]
+    ) -> Rule:
+        return self._update(request, project_id, rule_id, RuleUpdate(active=False))
+
+    def _update(
+        self, request: Request[Any, Any, Any], project_id: uuid.UUID, rule_id: uuid.UUID, data: RuleUpdate
+    ) -> Rule:
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            rule = rules.update_rule(conn, project_id, rule_id, data, now=runtime.clock.now())
+        _changed(runtime, project_id)
+        return rule
+
+    @delete("/{rule_id:uuid}", sync_to_thread=True)
+    def remove(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, rule_id: FromPath[uuid.UUID]
+    ) -> None:
+        """Delete a rule (its pending executions go with it)."""
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            rules.delete_rule(conn, project_id, rule_id)
+        _changed(runtime, project_id)
+
+    @get("/{rule_id:uuid}/runs", sync_to_thread=True)
+    def runs(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        rule_id: FromPath[uuid.UUID],
+        limit: PageLimit = 50,
+    ) -> dict[str, Sequence[RuleRun]]:
+        """What the rule did with its latest triggers (executed, or rejected and why), newest first."""
+        with transaction(runtime_of(request)) as conn:
+            return {"items": rules.rule_runs(conn, project_id, rule_id, limit=limit)}
+
+
+class WebhookDeliveriesController(Controller):
+    path = "/v1/webhook-deliveries"
+    tags = ["rules"]
+
+    @get("/", sync_to_thread=True)
+    def list(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        limit: PageLimit = 50,
+        after: FromQuery[uuid.UUID | None] = None,
+        rule_id: FromQuery[uuid.UUID | None] = None,
+        status: FromQuery[Literal["pending", "delivered", "failed"] | None] = None,
+    ) -> dict[str, Any]:
+        """The deliveries of ``send_webhook`` actions, each with its attempts and last result."""
+        with transaction(runtime_of(request)) as conn:
+            rows = webhooks.list_deliveries(
+                conn, project_id, rule_id=rule_id, status=status, limit=limit + 1, after=after
+            )
+        return page(rows, limit)
+
+    @get("/{delivery_id:uuid}", sync_to_thread=True)
+    def read(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, delivery_id: FromPath[uuid.UUID]
+    ) -> Delivery:
+        with transaction(runtime_of(request)) as conn:
+            return webhooks.get_delivery(conn, project_id, delivery_id)
+
+    @get("/secret", sync_to_thread=True)
+    def secret(self, request: Request[Any, Any, Any], project_id: ProjectId) -> dict[str, str]:
+        """The key that signs the project's webhooks: ``X-Followups-Signature`` is ``sha256=`` and the hex
+        HMAC-SHA256 of ``<X-Followups-Timestamp>.<body>``."""
+        with transaction(runtime_of(request)) as conn:
+            return {"secret": webhooks.webhook_secret(conn, project_id)}

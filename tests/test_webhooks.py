@@ -1,0 +1,405 @@
+"""Webhook deliveries against a real local HTTP server: signing, retries with backoff, giving up, no double
+send under concurrent workers, and the project-scoped reads."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from libs.common.core.clock import ManualClock
+from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.rules import webhooks
+from libs.common.rules.webhooks import (
+    MAX_ATTEMPTS,
+    backoff,
+    deliver,
+    deliver_due,
+    get_delivery,
+    list_deliveries,
+    queue_delivery,
+    verify_signature,
+)
+from tests.conftest import Project
+from tests.helpers import rows, wait_until
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Receiver:
+    """What the test server received, and how it answers: each request takes the next planned answer (a
+    status code, or "sleep": answer 200 only after ``sleep_s``), then ``default`` once the plan runs out."""
+
+    url: str
+    requests: list[Received] = field(default_factory=list)
+    plan: list[int | str] = field(default_factory=list)
+    default: int | str = 200
+    sleep_s: float = 1.0
+    released: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_answer(self, received: Received) -> int | str:
+        with self.lock:
+            self.requests.append(received)
+            return self.plan.pop(0) if self.plan else self.default
+
+
+def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            answer = receiver.next_answer(Received(self.path, dict(self.headers.items()), body))
+            if answer == "sleep":
+                receiver.released.wait(receiver.sleep_s)
+                answer = 200
+            assert isinstance(answer, int)
+            self.send_response(answer)
+            if 300 <= answer < 400:
+                self.send_header("Location", "/elsewhere")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that gave up (a timeout test) leaves a broken pipe: expected
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = _Server(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    receiver = Receiver(url=f"http://127.0.0.1:{server.server_address[1]}/hook")
+    server.RequestHandlerClass = _handler(receiver)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        receiver.released.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def _rule(pool: ConnectionPool, project_id: uuid.UUID) -> uuid.UUID:
+    actions = json.dumps([{"type": "send_webhook", "url": "http://example.invalid/hook"}])
+    [(rule_id,)] = rows(
+        pool,
+        "INSERT INTO rules (project_id, name, event, actions) VALUES (%s, 'hook', 'message.received', %s)"
+        " RETURNING id",
+        project_id,
+        actions,
+    )
+    assert isinstance(rule_id, uuid.UUID)
+    return rule_id
+
+
+def _queue(
+    pool: ConnectionPool,
+    clock: ManualClock,
+    project_id: uuid.UUID,
+    url: str,
+    payload: dict[str, Any] | None = None,
+    rule_id: uuid.UUID | None = None,
+) -> uuid.UUID:
+    with pool.connection() as conn:
+        return queue_delivery(
+            conn,
+            project_id,
+            rule_id=rule_id,
+            trigger_id=42,
+            url=url,
+            payload=payload if payload is not None else {"event": "message.received"},
+            now=clock.now(),
+        )
+
+
+def _delivery(pool: ConnectionPool, project_id: uuid.UUID, delivery_id: uuid.UUID) -> webhooks.Delivery:
+    with pool.connection() as conn:
+        return get_delivery(conn, project_id, delivery_id)
+
+
+def test_a_delivery_arrives_signed_with_the_projects_secret(
+    pool: ConnectionPool, clock: ManualClock, project: Project, receiver: Receiver
+) -> None:
+    rule_id = _rule(pool, project.id)
+    payload = {"event": "message.received", "text": "olá", "n": 3, "nested": {"a": [1, 2]}}
+    delivery_id = _queue(pool, clock, project.id, receiver.url, payload, rule_id=rule_id)
+
+    state = deliver(pool, delivery_id, now=clock.now())
+
+    assert state is not None
+    assert (state.status, state.attempts, state.last_status_code) == ("delivered", 1, 200)
+    assert state.delivered_at == clock.now() and state.next_attempt_at is None
+    [request] = receiver.requests
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    assert request.path == "/hook"
+    assert json.loads(request.body) == payload
+    assert headers["content-type"] == "application/json"
+    assert headers["user-agent"] == "followups-webhooks"
+    assert headers["x-followups-delivery"] == str(delivery_id)
+    timestamp = headers["x-followups-timestamp"]
+    assert int(timestamp) == int(clock.now().timestamp())
+    [(secret,)] = rows(pool, "SELECT webhook_secret FROM projects WHERE id = %s", project.id)
+    by_hand = hmac.new(secret.encode(), timestamp.encode() + b"." + request.body, hashlib.sha256).hexdigest()
+    assert headers["x-followups-signature"] == f"sha256={by_hand}"
+    assert verify_signature(secret, timestamp, request.body, headers["x-followups-signature"])
+    assert verify_signature(secret, int(timestamp), request.body.decode(), headers["x-followups-signature"])
+    # a changed body, timestamp or secret, or a malformed signature, does not verify
+    assert not verify_signature(secret, timestamp, request.body + b" ", headers["x-followups-signature"])
+    assert not verify_signature(secret, int(timestamp) + 1, request.body, headers["x-followups-signature"])
+    assert not verify_signature(secret + "x", timestamp, request.body, headers["x-followups-signature"])
+    assert not verify_signature(secret, timestamp, request.body, by_hand)
+    assert not verify_signature(secret, timestamp, request.body, "sha256=ünïcode")
+
+    delivery = _delivery(pool, project.id, delivery_id)
+    assert (delivery.rule_id, delivery.trigger_id, delivery.url) == (rule_id, 42, receiver.url)
+    assert delivery.payload == payload
+    # delivered: not attempted again
+    assert deliver(pool, delivery_id, now=clock.advance(timedelta(hours=1))) is None
+    assert deliver_due(pool, clock) == 0
+    assert len(receiver.requests) == 1
+
+
+def test_a_500_is_retried_after_the_backoff_then_delivered(
+    pool: ConnectionPool, clock: ManualClock, project: Project, receiver: Receiver
+) -> None:
+    receiver.plan = [500]
+    delivery_id = _queue(pool, clock, project.id, receiver.url)
+    first = clock.now()
+
+    state = deliver(pool, delivery_id, now=first)
+
+    assert state is not None
+    assert (state.status, state.attempts, state.last_status_code) == ("pending", 1, 500)
+    assert state.last_error == "HTTP 500"
+    assert state.next_attempt_at == first + timedelta(seconds=30)
+    # not due before the backoff has passed
+    assert deliver(pool, delivery_id, now=clock.advance(timedelta(seconds=29))) is None
+    assert deliver_due(pool, clock) == 0
+    assert len(receiver.requests) == 1
+
+    clock.advance(timedelta(seconds=1))
+    assert deliver_due(pool, clock) == 1
+
+    delivery = _delivery(pool, project.id, delivery_id)
+    assert (delivery.status, delivery.attempts, delivery.last_status_code) == ("delivered", 2, 200)
+    assert delivery.delivered_at == first + timedelta(seconds=30)
+    assert delivery.last_error is None and delivery.next_attempt_at is None
+    assert len(receiver.requests) == 2
+    # each attempt is signed afresh, with its own timestamp
+    stamps = [r.headers["X-Followups-Timestamp"] for r in receiver.requests]
+    assert int(stamps[1]) - int(stamps[0]) == 30
+
+
+def test_backoff_doubles_from_30_seconds_up_to_an_hour() -> None:
+    assert [backoff(n).total_seconds() for n in range(1, 10)] == [
+        30,
+        60,
+        120,
+        240,
+        480,
+        960,
+        1920,
+        3600,
+        3600,
+    ]
+    assert backoff(1000) == timedelta(hours=1)
+
+
+def test_a_refused_connection_is_retried_not_raised(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    delivery_id = _queue(pool, clock, project.id, f"http://127.0.0.1:{_closed_port()}/hook")
+
+    state = deliver(pool, delivery_id, now=clock.now())
+
+    assert state is not None
+    assert (state.status, state.attempts, state.last_status_code) == ("pending", 1, None)
+    assert state.last_error == "connection refused"
+    assert state.next_attempt_at == clock.now() + timedelta(seconds=30)
+
+
+def test_a_timeout_is_retried_not_raised(
+    pool: ConnectionPool, clock: ManualClock, project: Project, receiver: Receiver
+) -> None:
+    receiver.plan = ["sleep"]
+    delivery_id = _queue(pool, clock, project.id, receiver.url)
+
+    state = deliver(pool, delivery_id, now=clock.now(), timeout_s=0.2)
+    receiver.released.set()
+
+    assert state is not None
+    assert (state.status, state.attempts, state.last_status_code) == ("pending", 1, None)
+    assert state.last_error == "timeout"
+    assert state.next_attempt_at == clock.now() + timedelta(seconds=30)
+
+
+def test_a_redirect_is_not_followed(
+    pool: ConnectionPool, clock: ManualClock, project: Project, receiver: Receiver
+) -> None:
+    receiver.plan = [302]
+    delivery_id = _queue(pool, clock, project.id, receiver.url)
+
+    state = deliver(pool, delivery_id, now=clock.now())
+
+    assert state is not None
+    assert (state.status, state.attempts, state.last_status_code) == ("pending", 1, 302)
+    assert [r.path for r in receiver.requests] == ["/hook"]
+
+
+def test_after_max_attempts_it_is_failed_and_no_longer_picked(
+    pool: ConnectionPool, clock: ManualClock, project: Project, receiver: Receiver
+) -> None:
+    receiver.default = 503
+    delivery_id = _queue(pool, clock, project.id, receiver.url)
+
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        assert deliver_due(pool, clock) == 1
+        delivery = _delivery(pool, project.id, delivery_id)
+        assert delivery.attempts == attempt
+        if attempt < MAX_ATTEMPTS:
+            assert delivery.status == "pending"
+            assert delivery.next_attempt_at == clock.now() + backoff(attempt)
+            clock.advance(backoff(attempt))
+
+    assert (delivery.status, delivery.last_status_code, delivery.next_attempt_at) == ("failed", 503, None)
+    assert delivery.delivered_at is None
+    clock.advance(timedelta(days=1))
+    assert deliver_due(pool, clock) == 0
+    assert deliver(pool, delivery_id, now=clock.now()) is None
+    assert len(receiver.requests) == MAX_ATTEMPTS
+
+
+def test_two_concurrent_deliveries_post_once(
+    pool: ConnectionPool, clock: ManualClock, project: Project, receiver: Receiver
+) -> None:
+    receiver.plan = ["sleep"]
+    receiver.sleep_s = 0.3  # the first call is still running when the second claims
+    delivery_id = _queue(pool, clock, project.id, receiver.url)
+    start = threading.Barrier(2)
+    results: list[webhooks.DeliveryState | None] = []
+
+    def attempt() -> None:
+        start.wait()
+        results.append(deliver(pool, delivery_id, now=clock.now()))
+
+    threads = [threading.Thread(target=attempt) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+
+    assert len(receiver.requests) == 1
+    assert len(results) == 2 and results.count(None) == 1
+    assert _delivery(pool, project.id, delivery_id).status == "delivered"
+
+
+def test_a_late_result_after_the_lease_ran_out_is_not_recorded(
+    pool: ConnectionPool, clock: ManualClock, project: Project, receiver: Receiver
+) -> None:
+    # a worker whose call outlived its lease: another worker claims the delivery again and delivers it; the
+    # first one's late result does not overwrite that
+    receiver.plan = ["sleep"]
+    receiver.sleep_s = 5
+    delivery_id = _queue(pool, clock, project.id, receiver.url)
+    first = clock.now()
+    late: list[webhooks.DeliveryState | None] = []
+    slow = threading.Thread(target=lambda: late.append(deliver(pool, delivery_id, now=first, timeout_s=10)))
+    slow.start()
+    try:
+        _wait_for_requests(receiver, 1)
+        assert deliver(pool, delivery_id, now=first + timedelta(seconds=39)) is None  # still leased
+        state = deliver(pool, delivery_id, now=first + timedelta(seconds=40))
+        assert state is not None
+        assert (state.status, state.attempts) == ("delivered", 2)
+    finally:
+        receiver.released.set()
+        slow.join(10)
+    [after] = late
+    assert after is not None
+    assert (after.status, after.attempts, after.last_status_code) == ("delivered", 2, 200)
+
+
+def _wait_for_requests(receiver: Receiver, count: int) -> None:
+    wait_until(lambda: len(receiver.requests) >= count, timeout=5, what=f"{count} requests")
+
+
+def test_list_and_get_page_by_id_within_the_project(
+    pool: ConnectionPool, clock: ManualClock, project: Project, other_project: Project, receiver: Receiver
+) -> None:
+    rule_id = _rule(pool, project.id)
+    ruled = {_queue(pool, clock, project.id, receiver.url, rule_id=rule_id) for _ in range(3)}
+    unruled = {_queue(pool, clock, project.id, receiver.url) for _ in range(2)}
+    theirs = _queue(pool, clock, other_project.id, receiver.url)
+    delivered = sorted(ruled)[0]
+    assert deliver(pool, delivered, now=clock.now()) is not None
+
+    with pool.connection() as conn:
+        pages, after = [], None
+        while page := list_deliveries(conn, project.id, limit=2, after=after):
+            pages.append([d.id for d in page])
+            after = page[-1].id
+        assert [len(p) for p in pages] == [2, 2, 1]
+        assert [i for p in pages for i in p] == sorted(ruled | unruled)
+
+        of_rule = list_deliveries(conn, project.id, rule_id=rule_id, limit=10)
+        assert [d.id for d in of_rule] == sorted(ruled)
+        assert [d.id for d in list_deliveries(conn, project.id, status="delivered", limit=10)] == [delivered]
+        pending_of_rule = list_deliveries(conn, project.id, rule_id=rule_id, status="pending", limit=10)
+        assert {d.id for d in pending_of_rule} == ruled - {delivered}
+        with pytest.raises(InvalidInput) as invalid:
+            list_deliveries(conn, project.id, status="sent", limit=10)
+        assert invalid.value.field == "status"
+
+        assert get_delivery(conn, project.id, delivered).status == "delivered"
+        # another project's delivery is not visible
+        assert theirs not in {d.id for d in list_deliveries(conn, project.id, limit=100)}
+        with pytest.raises(NotFound) as not_found:
+            get_delivery(conn, project.id, theirs)
+        assert not_found.value.field == "delivery_id"
+        with pytest.raises(NotFound):
+            get_delivery(conn, project.id, uuid.uuid4())
+        assert [d.id for d in list_deliveries(conn, other_project.id, limit=10)] == [theirs]
+
+
+def test_only_http_and_https_urls_are_queued(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    for url in ("file:///etc/passwd", "ftp://example.com/x", "/relative", "http://"):
+        with pytest.raises(InvalidInput) as invalid:
+            _queue(pool, clock, project.id, url)
+        assert invalid.value.field == "url"
