@@ -93,10 +93,15 @@ class Invalidator:
         return self._ready.wait(timeout)
 
     def stop(self) -> None:
+        """Stop the listener and close the publishing connection."""
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
+        with self._publish_lock:
+            if self._channel is not None and self._channel.connection.is_open:
+                self._channel.connection.close()
+            self._channel = None
 
     def _listen(self) -> None:
         assert self.amqp_url
@@ -109,6 +114,7 @@ class Invalidator:
                     queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
                     channel.queue_bind(queue, EXCHANGE)
                     self._ready.set()
+                    log.info("cache invalidation listening", extra={"exchange": EXCHANGE})
                     for method, _, body in channel.consume(queue, auto_ack=True, inactivity_timeout=0.2):
                         if self._stopping.is_set():
                             break
