@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev test check lint format typecheck imports unit bench bench-release bench-stop clean
+.PHONY: help install dev test check lint format typecheck imports unit bench bench-release bench-stop bench-triggers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -46,13 +46,16 @@ unit: $(STAMP) ## pytest only, in parallel (PYTEST_WORKERS=auto)
 
 test: check unit ## every check and every test (what CI runs)
 
-bench: bench-release bench-stop ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
+bench: bench-release bench-stop bench-triggers ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
 
 bench-release: $(STAMP) ## release throughput, lag and claim-cost benchmark
 	$(BIN)/python -m benchmarks.release $(ARGS)
 
 bench-stop: $(STAMP) ## stop-path latency with 10k and 1M enrollments
 	$(BIN)/python -m benchmarks.stop $(ARGS)
+
+bench-triggers: $(STAMP) ## rule matching throughput and event-to-action latency (50 rules, 100k contacts)
+	$(BIN)/python -m benchmarks.triggers $(ARGS)
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -7,9 +7,10 @@ on by the triggers service.
    call it, so rules never fire rules (the loop guard).
 2. :func:`process_triggers` claims a batch (``FOR UPDATE SKIP LOCKED``), evaluates every candidate rule's
    conditions for the whole batch in one SQL query per (project, event), and runs each matching rule's
-   actions in a SAVEPOINT of its own. A business refusal is an outcome (``rejected``); an unexpected error
-   rolls the rule back and retries the trigger with backoff, skipping the rules that already ran
-   (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS` (``failed``).
+   actions in a SAVEPOINT of its own (each trigger in a transaction of its own). A business refusal is an
+   outcome (``rejected``); an unexpected error rolls the rule back and retries the trigger with backoff,
+   skipping the rules that already ran (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS`
+   (``failed``).
 
 Each trigger is counted in ``whatstig_followup_triggers_total{type,outcome}`` once the batch committed, per
 rule it met: ``executed``, ``rejected``, ``not_matched``, ``delayed``; per trigger: ``no_rule`` (no active
@@ -43,6 +44,8 @@ QUERIES = load_queries("libs.common.rules", "triggers.sql")
 
 #: Attempts before a trigger whose rule keeps failing is given up.
 MAX_ATTEMPTS = 5
+#: How long a claimed trigger is kept from other workers while its rules run.
+LEASE = timedelta(minutes=2)
 #: Backoff of a failed trigger: 30 s, doubling, at most an hour.
 BACKOFF_MIN = timedelta(seconds=30)
 BACKOFF_MAX = timedelta(hours=1)
@@ -93,13 +96,20 @@ class Processed:
     """What a batch did."""
 
     triggers: int = 0
+    #: The triggers the batch handled (processed, retried or given up).
+    trigger_ids: list[int] = field(default_factory=list)
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
     done: Done = field(default_factory=Done)
 
 
 def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) -> Processed:
-    """Match and act on a batch of due triggers in one transaction; returns what it did (counted once the
-    transaction committed)."""
+    """Match and act on a batch of due triggers; returns what it did (counted once committed).
+
+    One short transaction claims the batch, evaluates the conditions of every candidate rule for all of it,
+    marks the triggers no rule matched as processed and leases the others (:data:`LEASE`); then each of
+    those runs its rules in a transaction of its own, so the locks its actions take (a contact, a
+    conversation) are held for that trigger only and two workers never deadlock on each other's batch.
+    """
     now = clock.now()
     processed = Processed()
     with pool.connection() as conn:
@@ -115,25 +125,24 @@ def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) ->
             if key not in candidates:
                 candidates[key] = RULES.rules(conn, trigger.project_id, trigger.type)
         matched = _match(conn, claimed, candidates)
-        runs: list[dict[str, Any]] = []
-        done_ids: list[int] = []
+        to_run: list[tuple[_Claimed, list[ActiveRule]]] = []
         for trigger in claimed:
-            if _process(
-                conn,
-                trigger,
-                candidates[(trigger.project_id, trigger.type)],
-                matched,
-                already,
-                runs,
-                processed,
-                now,
-            ):
-                done_ids.append(trigger.id)
-        if runs:
-            conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})
-        if done_ids:
-            conn.execute(QUERIES["mark_processed"], {"ids": done_ids, "now": now})
+            rules = _to_run(
+                trigger, candidates[(trigger.project_id, trigger.type)], matched, already, processed
+            )
+            if rules:
+                to_run.append((trigger, rules))
+        running = [trigger.id for trigger, _ in to_run]
+        conn.execute(
+            QUERIES["mark_processed"], {"ids": [i for i in ids if i not in set(running)], "now": now}
+        )
+        if running:
+            conn.execute(QUERIES["lease"], {"ids": running, "until": now + LEASE})
+    for trigger, rules in to_run:
+        with pool.connection() as conn:
+            _run(conn, trigger, rules, processed, now)
     processed.triggers = len(claimed)
+    processed.trigger_ids = ids
     for (kind, outcome), count in processed.outcomes.items():
         FOLLOWUP_TRIGGERS.labels(kind, outcome).inc(count)
     return processed
@@ -159,22 +168,40 @@ def _match(
     return matched
 
 
-def _process(
-    conn: Connection[Any],
+def _to_run(
     trigger: _Claimed,
     rules: list[ActiveRule],
     matched: dict[int, list[bool]],
     already: set[tuple[int, uuid.UUID]],
-    runs: list[dict[str, Any]],
     processed: Processed,
-    now: datetime,
-) -> bool:
-    """Run the trigger's matching rules; False when one failed (the trigger is retried or given up)."""
-    context = {"trigger_id": trigger.id, "project_id": str(trigger.project_id), "event_type": trigger.type}
+) -> list[ActiveRule]:
+    """The rules whose actions the trigger runs now: those that match and have not run for it yet."""
     results = matched.get(trigger.id)
     if not rules or results is None:  # no active rule any more, or the contact is gone
         processed.outcomes[(trigger.type, "no_rule")] += 1
-        return True
+        return []
+    chosen = []
+    for rule, holds in zip(rules, results, strict=True):
+        if (trigger.id, rule.id) in already:
+            continue
+        if not holds:
+            processed.outcomes[(trigger.type, "not_matched")] += 1
+        elif rule.execution_delay_minutes is not None:
+            # a delayed rule waits for its time and re-checks its conditions then (the delayed-rules work)
+            processed.outcomes[(trigger.type, "delayed")] += 1
+        else:
+            chosen.append(rule)
+    return chosen
+
+
+def _run(
+    conn: Connection[Any], trigger: _Claimed, rules: list[ActiveRule], processed: Processed, now: datetime
+) -> None:
+    """Run the rules' actions for one leased trigger, each rule in a savepoint, then mark it processed (or
+    failed: retried later, the rules that ran are not run again)."""
+    if conn.execute(QUERIES["lock_leased"], {"id": trigger.id}).fetchone() is None:
+        return  # processed meanwhile by a worker that took it over after the lease
+    context = {"trigger_id": trigger.id, "project_id": str(trigger.project_id), "event_type": trigger.type}
     subject = Subject(
         trigger_id=trigger.id,
         type=trigger.type,
@@ -184,16 +211,9 @@ def _process(
         payload=trigger.payload,
         occurred_at=trigger.occurred_at,
     )
-    for rule, holds in zip(rules, results, strict=True):
-        if (trigger.id, rule.id) in already:
-            continue
-        if not holds:
-            processed.outcomes[(trigger.type, "not_matched")] += 1
-            continue
-        if rule.execution_delay_minutes is not None:
-            # a delayed rule waits for its time and re-checks its conditions then (the delayed-rules work)
-            processed.outcomes[(trigger.type, "delayed")] += 1
-            continue
+    runs: list[dict[str, Any]] = []
+    failed = False
+    for rule in rules:
         run = {"trigger_id": trigger.id, "rule_id": str(rule.id), "project_id": str(trigger.project_id)}
         try:
             with conn.transaction():
@@ -205,14 +225,18 @@ def _process(
             continue
         except Exception as exc:
             _failed(conn, trigger, rule, exc, processed, now)
-            return False
+            failed = True
+            break
         runs.append(run | {"outcome": "executed", "detail": None})
         processed.outcomes[(trigger.type, "executed")] += 1
         processed.done.enrollments += done.enrollments
         processed.done.webhook_delivery_ids += done.webhook_delivery_ids
         processed.done.message_ids += done.message_ids
         log.info("rule executed", extra=context | {"rule_id": str(rule.id)})
-    return True
+    if runs:
+        conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})
+    if not failed:
+        conn.execute(QUERIES["mark_processed"], {"ids": [trigger.id], "now": now})
 
 
 def _failed(

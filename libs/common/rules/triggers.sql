@@ -24,6 +24,15 @@ ORDER BY next_attempt_at, id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
+-- name: lease
+-- Triggers whose rules run next, each in a transaction of its own: no other worker claims them meanwhile.
+UPDATE followup_triggers SET next_attempt_at = %(until)s WHERE id = ANY(%(ids)s)
+
+-- name: lock_leased
+-- A leased trigger, locked while its rules run (nothing when it was processed meanwhile).
+SELECT id FROM followup_triggers WHERE id = %(id)s AND processed_at IS NULL
+FOR UPDATE
+
 -- name: already_run
 -- The rules that already ran for these triggers (a retried trigger skips them).
 SELECT trigger_id, rule_id FROM rule_runs WHERE trigger_id = ANY(%(ids)s)

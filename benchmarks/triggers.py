@@ -1,0 +1,352 @@
+"""`make bench-triggers`: rule matching throughput and event-to-action latency.
+
+Seeds one project with C contacts (100,000 by default), each with an open conversation, tags and
+attributes, and R active rules (50 by default) over five events (message.created, conversation.updated,
+contact.tag_added, contact.updated, lead.created) with conditions of every shape (keywords, tags, typed
+attributes, nested any/all groups) and cheap actions (a label, a tag, a private note).
+
+1. Throughput: N mixed events (20,000 by default) go through the real event path (``apply_event`` and the
+   contact functions of ``libs.common.ingress``, which record the triggers in the event's transaction);
+   then W worker processes run the triggers service's batch (``process_triggers``) until every trigger is
+   processed. events/s = N / time to drain; matched/s = rule runs that executed / the same time.
+2. Latency: a steady stream of events at E per second (200 by default) for S seconds while the W workers
+   run; each worker polls every 5 ms when idle (standing for the nudge a committed event sends over
+   RabbitMQ). The event-to-action time of a trigger is its batch's commit time minus the event's time.
+
+The last line is `triggers: events_per_s=<n> matched_per_s=<n> p99_ms_event_to_action=<n>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import random
+import statistics
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import psycopg
+
+from benchmarks.common import bench_database, percentile
+from libs.common import ingress
+from libs.common.contracts.platform_events import ConversationUpdated, InboundMessage, LeadCreated
+from libs.common.core.clock import SYSTEM_CLOCK
+from libs.common.core.db import create_pool
+from libs.common.core.settings import DatabaseSettings
+from libs.common.platform.contacts import ContactUpdate
+from libs.common.platform.projects import create_project
+from libs.common.rules.rules import RuleCreate, create_rule
+from libs.common.rules.triggers import process_triggers
+
+BENCH_DATABASE = "followups_bench_triggers"
+
+KEYWORDS = ["stop", "price", "hello", "refund", "thanks", "book", "cancel", "help"]
+TAGS = ["vip", "lead", "churn-risk", "newsletter", "trial", "paid"]
+LABELS = ["billing", "sales", "support", "urgent-review"]
+
+
+def _rules(count: int) -> list[dict[str, Any]]:
+    """``count`` rules over five events, conditions of every shape, cheap actions; selective, as real
+    automations are (about one event in four runs a rule)."""
+    vip = {"attribute": "contact.tags", "operator": "contains", "value": "vip"}
+    shapes: list[tuple[str, dict[str, Any]]] = []
+    for i, word in enumerate(KEYWORDS):
+        shapes.append(
+            (
+                "message.created",
+                {
+                    "all": [
+                        {"attribute": "message.type", "operator": "equal_to", "value": "incoming"},
+                        {"attribute": "message.content", "operator": "contains", "value": word},
+                        vip,
+                        {
+                            "attribute": "contact.attributes.score",
+                            "operator": "is_greater_than",
+                            "value": 40 + i,
+                        },
+                    ]
+                },
+            )
+        )
+    for label in LABELS:
+        shapes.append(
+            (
+                "conversation.updated",
+                {
+                    "all": [
+                        {
+                            "attribute": "conversation.priority",
+                            "operator": "attribute_changed",
+                            "value": {"to": "high"},
+                        },
+                        {
+                            "any": [
+                                {"attribute": "conversation.labels", "operator": "contains", "value": label},
+                                {
+                                    "attribute": "contact.attributes.plan",
+                                    "operator": "equal_to",
+                                    "value": "gold",
+                                },
+                            ]
+                        },
+                        vip,
+                    ]
+                },
+            )
+        )
+    for tag in TAGS:
+        shapes.append(
+            (
+                "contact.tag_added",
+                {
+                    "all": [
+                        {"attribute": "changed", "operator": "contains", "value": "contact.tags"},
+                        {"attribute": "contact.tags", "operator": "contains", "value": tag},
+                        {"attribute": "contact.attributes.plan", "operator": "in", "value": ["gold"]},
+                        {"attribute": "contact.opted_out", "operator": "equal_to", "value": False},
+                    ]
+                },
+            )
+        )
+    for bound in (85, 90, 95):
+        shapes.append(
+            (
+                "contact.updated",
+                {
+                    "all": [
+                        {"attribute": "changed", "operator": "contains", "value": "contact.attributes.score"},
+                        {
+                            "attribute": "contact.attributes.score",
+                            "operator": "is_greater_than",
+                            "value": bound,
+                        },
+                    ]
+                },
+            )
+        )
+    shapes.append(
+        (
+            "lead.created",
+            {"all": [{"attribute": "lead.status", "operator": "equal_to", "value": "open"}, vip]},
+        )
+    )
+    actions = [
+        {"type": "add_label", "labels": ["auto"]},
+        {"type": "add_contact_tag", "tags": ["touched"]},
+        {"type": "add_private_note", "text": "matched by a rule"},
+    ]
+    return [
+        {
+            "name": f"rule {i}",
+            "event": shapes[i % len(shapes)][0],
+            "conditions": shapes[i % len(shapes)][1],
+            "actions": [actions[i % len(actions)]],
+        }
+        for i in range(count)
+    ]
+
+
+def _seed(url: str, contacts: int, rules: int) -> uuid.UUID:
+    with psycopg.connect(url) as conn:
+        project_id = create_project(conn, "bench").project_id
+        conn.execute(
+            """
+            INSERT INTO contacts (project_id, phone, name, tags, attributes)
+            SELECT %(project_id)s, '+1' || lpad((3000000000 + g)::text, 10, '0'), 'Contact ' || g,
+                   ARRAY[(ARRAY['vip', 'lead', 'trial', 'paid'])[1 + g %% 4]],
+                   jsonb_build_object('score', g %% 100,
+                                      'plan', (ARRAY['gold', 'silver', 'free'])[1 + g %% 3])
+            FROM generate_series(1, %(count)s) AS g
+            """,
+            {"project_id": project_id, "count": contacts},
+        )
+        conn.execute(
+            "INSERT INTO conversations (project_id, contact_id) SELECT project_id, id FROM contacts"
+            " WHERE project_id = %s",
+            (project_id,),
+        )
+        now = datetime.now(UTC)
+        for rule in _rules(rules):
+            create_rule(conn, project_id, msgspec.convert(rule, RuleCreate), now=now)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+    return project_id
+
+
+class _Producer:
+    """Mixed events through the real event path, each in a transaction of its own."""
+
+    def __init__(self, url: str, project_id: uuid.UUID, seed: int) -> None:
+        self.pool = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=1))
+        self.project_id = project_id
+        self.random = random.Random(seed)
+        with self.pool.connection() as conn:
+            self.contacts = [
+                row
+                for row in conn.execute(
+                    "SELECT c.id, v.id FROM contacts c JOIN conversations v ON v.contact_id = c.id"
+                    " WHERE c.project_id = %s",
+                    (project_id,),
+                )
+            ]
+
+    def one(self) -> None:
+        contact_id, conversation_id = self.random.choice(self.contacts)
+        kind = self.random.random()
+        now = datetime.now(UTC)
+        with self.pool.connection() as conn:
+            if kind < 0.4:
+                words = " ".join(self.random.choices(KEYWORDS, k=2))
+                event: Any = InboundMessage(
+                    provider_message_id=uuid.uuid4().hex,
+                    contact_id=contact_id,
+                    conversation_id=conversation_id,
+                    body=f"Hi, {words}?",
+                )
+                ingress.apply_event(conn, self.project_id, event, now=now)
+            elif kind < 0.65:
+                event = ConversationUpdated(
+                    conversation_id=conversation_id,
+                    labels=self.random.sample(LABELS, 1),
+                    priority=self.random.choice(["low", "high"]),
+                )
+                ingress.apply_event(conn, self.project_id, event, now=now)
+            elif kind < 0.85:
+                ingress.change_tags(
+                    conn,
+                    self.project_id,
+                    contact_id,
+                    add=[f"t{self.random.randrange(1000)}", self.random.choice(TAGS)],
+                    now=now,
+                )
+            elif kind < 0.97:
+                update = ContactUpdate(attributes={"score": self.random.randrange(100)})
+                ingress.update_contact(conn, self.project_id, contact_id, update, now=now)
+            else:
+                ingress.apply_event(conn, self.project_id, LeadCreated(contact_id=contact_id), now=now)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _worker(url: str, ready: Any, go: Any, stop: Any, results: Any, idle_exit: bool) -> None:
+    pool = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=1))
+    ready.release()
+    go.wait()
+    finished: list[tuple[int, float]] = []
+    while not stop.is_set():
+        processed = process_triggers(pool, SYSTEM_CLOCK, limit=100)
+        committed = time.time()
+        finished += [(trigger_id, committed) for trigger_id in processed.trigger_ids]
+        if processed.triggers == 0:
+            if idle_exit:
+                break
+            time.sleep(0.005)
+    results.put(finished)
+    pool.close()
+
+
+def _run_workers(
+    url: str, workers: int, *, idle_exit: bool, during: Any = None
+) -> tuple[float, list[tuple[int, float]]]:
+    context = multiprocessing.get_context("spawn")
+    ready, go, stop, results = context.Semaphore(0), context.Event(), context.Event(), context.Queue()
+    processes = [
+        context.Process(target=_worker, args=(url, ready, go, stop, results, idle_exit))
+        for _ in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        ready.acquire()
+    started = time.perf_counter()
+    go.set()
+    if during is not None:
+        during()
+        time.sleep(1.0)  # the last events' triggers
+        stop.set()
+    finished = [item for _ in processes for item in results.get()]
+    for process in processes:
+        process.join()
+    return time.perf_counter() - started, finished
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-c", "--contacts", type=int, default=100_000)
+    parser.add_argument("-r", "--rules", type=int, default=50)
+    parser.add_argument("-n", "--events", type=int, default=20_000)
+    parser.add_argument("-w", "--workers", type=int, default=2)
+    parser.add_argument("--rate", type=int, default=200, help="events per second of the steady stream")
+    parser.add_argument("--seconds", type=int, default=15, help="length of the steady stream")
+    args = parser.parse_args()
+
+    print(
+        f"triggers benchmark: {args.contacts} contacts, {args.rules} rules, {args.workers} worker processes"
+    )
+    with bench_database(BENCH_DATABASE) as url:
+        project_id = _seed(url, args.contacts, args.rules)
+        producer = _Producer(url, project_id, seed=1)
+        started = time.perf_counter()
+        for _ in range(args.events):
+            producer.one()
+        recorded_s = time.perf_counter() - started
+        with psycopg.connect(url) as conn:
+            triggers = conn.execute("SELECT count(*) FROM followup_triggers").fetchone()[0]  # type: ignore[index]
+        print(f"  {args.events} events recorded {triggers} triggers in {recorded_s:.1f} s")
+        elapsed, _ = _run_workers(url, args.workers, idle_exit=True)
+        with psycopg.connect(url) as conn:
+            left = conn.execute(
+                "SELECT count(*) FROM followup_triggers WHERE processed_at IS NULL"
+            ).fetchone()
+            executed = conn.execute("SELECT count(*) FROM rule_runs WHERE outcome = 'executed'").fetchone()
+        assert left is not None and left[0] == 0, f"{left} triggers left unprocessed"
+        assert executed is not None
+        events_per_s = args.events / elapsed
+        matched_per_s = executed[0] / elapsed
+        print(f"  drained in {elapsed:.2f} s: {events_per_s:.0f} events/s, {matched_per_s:.0f} rule runs/s")
+
+        with psycopg.connect(url) as conn:
+            first_new = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM followup_triggers").fetchone()[0]  # type: ignore[index]
+
+        def stream() -> None:
+            interval = 1.0 / args.rate
+            next_at = time.perf_counter()
+            for _ in range(args.rate * args.seconds):
+                producer.one()
+                next_at += interval
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+
+        producer_thread = threading.Thread(target=stream)
+
+        def during() -> None:
+            producer_thread.start()
+            producer_thread.join()
+
+        _, finished = _run_workers(url, args.workers, idle_exit=False, during=during)
+        producer.close()
+        committed = dict(finished)
+        with psycopg.connect(url) as conn:
+            occurred = conn.execute(
+                "SELECT id, extract(epoch FROM occurred_at) FROM followup_triggers WHERE id >= %s",
+                (first_new,),
+            ).fetchall()
+        latencies = [(committed[i] - float(at)) * 1000 for i, at in occurred if i in committed]
+        assert len(latencies) == len(occurred), f"{len(occurred) - len(latencies)} triggers not processed"
+        p50, p99 = statistics.median(latencies), percentile(latencies, 99)
+        print(
+            f"  steady {args.rate} events/s for {args.seconds} s: {len(latencies)} triggers, event to action"
+            f" p50 {p50:.0f} ms, p99 {p99:.0f} ms"
+        )
+    print(
+        f"triggers: events_per_s={events_per_s:.0f} matched_per_s={matched_per_s:.0f}"
+        f" p99_ms_event_to_action={p99:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
