@@ -67,6 +67,7 @@ from libs.common.platform.conversations import ConversationChange
 from libs.common.platform.numbers import NumberStatus
 from libs.common.platform.projects import require_project
 from libs.common.platform.send_lane import StatusReport, report_status
+from libs.common.rules import erasure as rules_erasure
 from libs.common.rules.triggers import record_trigger
 
 log = logging.getLogger(__name__)
@@ -357,6 +358,7 @@ def _erased(conn: Connection[Any], project_id: uuid.UUID, event: ContactErased, 
         EventResult(type="contact.erased", contact_id=event.contact_id),
     )
     followups_erasure.erase_contact(conn, project_id, event.contact_id, now=now)
+    rules_erasure.erase_contact(conn, project_id, event.contact_id)
     contacts.erase_contact(conn, project_id, event.contact_id, now=now)
     return result
 

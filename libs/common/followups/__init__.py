@@ -9,7 +9,7 @@
     release_step   one step, one transaction (the release service claims; the AI step's second pass too)
 
 Owns: ``followup_sequences``, ``followup_sequence_versions``, ``followup_enrollments``,
-``followup_step_runs``, ``followup_triggers`` (until rules have their context), ``followup_bulk_jobs``,
+``followup_step_runs``, ``followup_bulk_jobs``,
 ``followup_instance_pacing``, ``followup_settings``.
 May import: ``platform``, ``core``, ``contracts``.
 """

@@ -1,6 +1,6 @@
 """Privacy erasure, the follow-ups' part: the contact's enrollments keep no variables, keys or notes that
-could identify the person, and its recorded triggers are deleted. (Each context erases its own rows; the
-ingress calls every part in the erasure's transaction.)"""
+could identify the person. (Each context erases its own rows; the ingress calls every part in the
+erasure's transaction.)"""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ from typing import Any
 
 from psycopg import Connection
 
-from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
-
-QUERIES = load_queries("libs.common.followups", "erasure.sql")
 
 
 def erase_contact(
@@ -22,4 +19,3 @@ def erase_contact(
     """Erase what follow-ups hold about a contact (the caller locked it for erasure and stopped its
     follow-ups)."""
     transitions.anonymise(conn, project_id, contact_id, now=now)
-    conn.execute(QUERIES["delete_triggers"], {"project_id": project_id, "contact_id": contact_id})
