@@ -39,6 +39,11 @@ FOLLOWUP_TRIGGERS: Final = Counter(
     "Rule triggers processed, by type and outcome.",
     ["type", "outcome"],
 )
+WEBHOOK_DELIVERIES: Final = Counter(
+    "whatstig_webhook_deliveries_total",
+    "Webhook delivery attempts of rules, by outcome (delivered, retry: will be retried, failed: given up).",
+    ["outcome"],
+)
 AI_REQUESTS: Final = Counter(
     "whatstig_ai_requests_total",
     "Model requests, by kind and outcome.",

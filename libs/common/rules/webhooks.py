@@ -42,7 +42,6 @@ from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
 import msgspec
-from prometheus_client import Counter
 from psycopg import Connection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
@@ -50,6 +49,7 @@ from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
 from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.core.metrics import WEBHOOK_DELIVERIES
 from libs.common.core.sql import load_queries
 
 log = logging.getLogger(__name__)
@@ -71,13 +71,6 @@ SIGNATURE_PREFIX: Final = "sha256="
 Status = Literal["pending", "delivered", "failed"]
 STATUSES: Final = frozenset({"pending", "delivered", "failed"})
 Outcome = Literal["delivered", "retry", "failed"]
-
-#: Label values: delivered, retry (failed, will be retried), failed (failed, given up).
-WEBHOOK_DELIVERIES: Final = Counter(
-    "whatstig_webhook_deliveries_total",
-    "Webhook delivery attempts, by outcome (delivered, retry, failed).",
-    ["outcome"],
-)
 
 
 class Delivery(msgspec.Struct, kw_only=True, frozen=True):
