@@ -231,17 +231,25 @@ def _active(rule: Rule) -> ActiveRule:
 
 
 class RuleCache:
-    """Each project's active rules by event, kept for at most ``ttl`` seconds or until invalidated."""
+    """Each project's active rules by event, kept for at most ``ttl`` seconds or until invalidated.
+
+    A load that an invalidation overtakes (the change committed while the rules were being read) is used
+    once but not kept: each invalidation moves the project's generation on, and a load is stored only when
+    the generation it started under is still current.
+    """
 
     def __init__(self, ttl: float = CACHE_TTL_SECONDS) -> None:
         self.ttl = ttl
         self._lock = threading.Lock()
         self._entries: dict[uuid.UUID, tuple[float, dict[str, list[ActiveRule]]]] = {}
+        self._generations: dict[uuid.UUID, int] = {}
+        self._epoch = 0  # moved on by invalidate(None)
 
     def rules(self, conn: Connection[Any], project_id: uuid.UUID, event: str) -> list[ActiveRule]:
         """The project's active rules for ``event``, in the order they run."""
         with self._lock:
             entry = self._entries.get(project_id)
+            generation = (self._epoch, self._generations.get(project_id, 0))
         if entry is None or time.monotonic() - entry[0] > self.ttl:
             loaded = time.monotonic()
             with conn.cursor(row_factory=dict_row) as cur:
@@ -251,7 +259,8 @@ class RuleCache:
                 by_event.setdefault(rule.event, []).append(_active(rule))
             entry = (loaded, by_event)
             with self._lock:
-                self._entries[project_id] = entry
+                if generation == (self._epoch, self._generations.get(project_id, 0)):
+                    self._entries[project_id] = entry
         return entry[1].get(event, [])
 
     def invalidate(self, project_id: uuid.UUID | None = None) -> None:
@@ -259,8 +268,10 @@ class RuleCache:
         with self._lock:
             if project_id is None:
                 self._entries.clear()
+                self._epoch += 1
             else:
                 self._entries.pop(project_id, None)
+                self._generations[project_id] = self._generations.get(project_id, 0) + 1
 
 
 #: This process's rule cache.

@@ -273,11 +273,14 @@ def validate_url(url: str, *, field: str = "url") -> str:
     try:
         parts = urlsplit(url)
         hostname = parts.hostname
+        parts.port  # noqa: B018 - a port out of range or not a number raises here
     except ValueError:  # an unbalanced IPv6 bracket, a bad port
         hostname = None
     if hostname is None or parts.scheme not in ("http", "https") or any(c.isspace() for c in url):
         raise InvalidInput("the webhook URL must be an absolute http or https URL", field=field)
-    if len(url) > 2000 or "\x00" in url:
+    if "\x00" in url:
+        raise InvalidInput("the webhook URL must not contain NUL characters", field=field)
+    if len(url) > 2000:
         raise InvalidInput("the webhook URL has at most 2000 characters", field=field)
     return url
 
