@@ -521,7 +521,8 @@ def _conversation_status(
     )
     if previous != status:
         changed = {"conversation.status": {"from": previous, "to": status}}
-        rule_events = ["conversation.updated"] + ([kind] if kind != "conversation.status_changed" else [])
+        by_status = {"open": ["conversation.opened"], "resolved": ["conversation.resolved"]}
+        rule_events = ["conversation.updated", *by_status.get(status, [])]
         for rule_event in rule_events:
             _trigger(
                 conn,

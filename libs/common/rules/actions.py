@@ -25,6 +25,7 @@ from libs.common.followups import project_settings
 from libs.common.followups.definition import WhatsAppTemplate, check_whatsapp_template
 from libs.common.followups.enrollments import EnrollmentRejected, EnrollRequest, enroll
 from libs.common.followups.sequences import get_sequence
+from libs.common.followups.stops import Stopped, stop_followups_for_contact
 from libs.common.followups.templates import RenderContext, TemplateError, parse_template, render
 from libs.common.platform import contacts, conversations
 from libs.common.platform.conversations import ConversationChange, Priority
@@ -237,6 +238,8 @@ class Done:
     enrollments: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
     webhook_delivery_ids: list[uuid.UUID] = field(default_factory=list)
     message_ids: list[uuid.UUID] = field(default_factory=list)
+    #: Follow-ups a resolving action stopped (counted once committed).
+    stopped: list[Stopped] = field(default_factory=list)
 
 
 def run_actions(
@@ -422,14 +425,31 @@ def _status(
     now: datetime,
     done: Done,
 ) -> None:
+    """A new status; resolving the conversation runs the conversation-resolved stop path, as when an agent
+    resolves it (the contact is locked first: contact, then conversation, as everywhere)."""
     conversation_id = _conversation(conn, subject)
     if isinstance(action, SnoozeUntil):
         until = now + timedelta(minutes=action.minutes)
         conversations.change_status(
             conn, subject.project_id, conversation_id, "snoozed", now=now, snoozed_until=until
         )
-    else:
-        conversations.change_status(conn, subject.project_id, conversation_id, action.status, now=now)
+        return
+    if action.status == "resolved":
+        contacts.lock_contact(conn, subject.project_id, subject.contact_id)
+    _, previous = conversations.change_status(
+        conn, subject.project_id, conversation_id, action.status, now=now
+    )
+    if action.status == "resolved" and previous != "resolved":
+        done.stopped.append(
+            stop_followups_for_contact(
+                conn,
+                subject.project_id,
+                subject.contact_id,
+                "conversation_resolved",
+                now=now,
+                conversation_id=conversation_id,
+            )
+        )
 
 
 def _note(

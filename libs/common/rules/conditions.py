@@ -8,7 +8,8 @@ a tree into ONE parameterised SQL predicate.
                        "operator": "is_greater_than", "value": 80}]}]}
 
 The predicate is evaluated over the trigger's context (see ``CONTEXT``): the trigger row ``t`` (the event's
-own message and ``changed`` set live in its payload), its contact ``c``, conversation ``v``, the contact's
+own message and ``changed`` set live in its payload), its contact ``c`` (none once erased: no rule acts on
+an erased contact), conversation ``v``, the contact's
 lead ``l`` and deal ``d``. Identifiers come only from the catalogue below, written as SQL here; every value
 a user gave (custom attribute keys included) is a bound parameter. A predicate is never NULL: a leaf about
 a value that is absent is false, and a negative operator is the negation of its positive one.
@@ -98,7 +99,7 @@ _CUSTOM = _attr("contact.attributes", "custom", "c.attributes", "the contact's c
 #: FROM clause of the context a predicate is evaluated over (the trigger ``t`` is selected by the caller).
 CONTEXT = sql.SQL(
     """followup_triggers t
-JOIN contacts c ON c.id = t.contact_id
+JOIN contacts c ON c.id = t.contact_id AND c.erased_at IS NULL
 LEFT JOIN conversations v ON v.id = t.conversation_id
 LEFT JOIN LATERAL (
     SELECT status FROM leads

@@ -34,6 +34,7 @@ from psycopg_pool import ConnectionPool
 from libs.common.core.clock import Clock
 from libs.common.core.metrics import FOLLOWUP_TRIGGERS
 from libs.common.core.sql import load_queries
+from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
 from libs.common.rules.conditions import CONTEXT
 from libs.common.rules.rules import RULES, ActiveRule
@@ -136,15 +137,18 @@ def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) ->
         conn.execute(
             QUERIES["mark_processed"], {"ids": [i for i in ids if i not in set(running)], "now": now}
         )
+        until = now + LEASE
         if running:
-            conn.execute(QUERIES["lease"], {"ids": running, "until": now + LEASE})
+            conn.execute(QUERIES["lease"], {"ids": running, "until": until})
     for trigger, rules in to_run:
         with pool.connection() as conn:
-            _run(conn, trigger, rules, processed, now)
+            _run(conn, trigger, rules, until, processed, now)
     processed.triggers = len(claimed)
     processed.trigger_ids = ids
     for (kind, outcome), count in processed.outcomes.items():
         FOLLOWUP_TRIGGERS.labels(kind, outcome).inc(count)
+    for stopped in processed.done.stopped:
+        count_stopped(stopped)
     return processed
 
 
@@ -195,12 +199,18 @@ def _to_run(
 
 
 def _run(
-    conn: Connection[Any], trigger: _Claimed, rules: list[ActiveRule], processed: Processed, now: datetime
+    conn: Connection[Any],
+    trigger: _Claimed,
+    rules: list[ActiveRule],
+    until: datetime,
+    processed: Processed,
+    now: datetime,
 ) -> None:
     """Run the rules' actions for one leased trigger, each rule in a savepoint, then mark it processed (or
     failed: retried later, the rules that ran are not run again)."""
-    if conn.execute(QUERIES["lock_leased"], {"id": trigger.id}).fetchone() is None:
-        return  # processed meanwhile by a worker that took it over after the lease
+    lease = {"id": trigger.id, "until": until, "attempts": trigger.attempts}
+    if conn.execute(QUERIES["lock_leased"], lease).fetchone() is None:
+        return  # processed meanwhile, or taken over by another worker after the lease ran out
     context = {"trigger_id": trigger.id, "project_id": str(trigger.project_id), "event_type": trigger.type}
     subject = Subject(
         trigger_id=trigger.id,
@@ -232,6 +242,7 @@ def _run(
         processed.done.enrollments += done.enrollments
         processed.done.webhook_delivery_ids += done.webhook_delivery_ids
         processed.done.message_ids += done.message_ids
+        processed.done.stopped += done.stopped
         log.info("rule executed", extra=context | {"rule_id": str(rule.id)})
     if runs:
         conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})

@@ -29,8 +29,10 @@ FOR UPDATE SKIP LOCKED
 UPDATE followup_triggers SET next_attempt_at = %(until)s WHERE id = ANY(%(ids)s)
 
 -- name: lock_leased
--- A leased trigger, locked while its rules run (nothing when it was processed meanwhile).
-SELECT id FROM followup_triggers WHERE id = %(id)s AND processed_at IS NULL
+-- A trigger under this worker's lease, locked while its rules run; nothing when it was processed meanwhile,
+-- or taken over by another worker after the lease ran out (the lease's end and the attempts are its token).
+SELECT id FROM followup_triggers
+WHERE id = %(id)s AND processed_at IS NULL AND next_attempt_at = %(until)s AND attempts = %(attempts)s
 FOR UPDATE
 
 -- name: already_run
