@@ -21,7 +21,7 @@ from psycopg_pool import ConnectionPool
 from libs.common.core.clock import ManualClock
 from libs.common.rules.actions import Action
 from libs.common.rules.conditions import MAX_DEPTH, Group, Leaf
-from libs.common.rules.rules import MAX_DELAY_MINUTES, RULES, ActiveRule, Event
+from libs.common.rules.rules import MAX_DELAY_MINUTES, RULES, ActiveRule, Event, runs_after
 from tests.conftest import Project
 from tests.factories import make_sequence
 from tests.test_api_sequences import assert_problem, count, one
@@ -183,6 +183,8 @@ def test_create_echoes_every_field_stores_it_and_reads_it_back(
         "conditions",
         "actions",
         "execution_delay_minutes",
+        "delay_in_business_hours",
+        "runs_after",
         "active",
         "position",
         "created_at",
@@ -415,6 +417,8 @@ def test_patch_changes_one_field_and_keeps_the_others(
     updated = response.json()
 
     expected = rule | {field: value if stored is None else stored, "updated_at": updated["updated_at"]}
+    if field == "execution_delay_minutes":  # the badge follows the delay
+        expected["runs_after"] = runs_after(expected[field])
     assert updated == expected
     assert same_time(updated["updated_at"], clock.now())
     assert updated["created_at"] == rule["created_at"]

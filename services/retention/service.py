@@ -11,18 +11,29 @@ from periodiq import cron
 from libs.common.contracts import actors
 from libs.common.core.metrics import LAST_JOB_SUCCESS
 from libs.common.core.runtime import Runtime, Service
+from libs.common.rules import executions
 
 log = logging.getLogger(__name__)
 
+#: Rows deleted per transaction.
+PRUNE_BATCH = 10_000
 #: Daily at 03:15 UTC.
 FOLLOWUP_RETENTION_SCHEDULE = "15 3 * * *"
 
 
 def build(runtime: Runtime) -> Service:
     def followup_retention() -> None:
-        """Clean-up of finished follow-up data (the clean-up itself comes with the retention work)."""
+        """Daily clean-up: executed and skipped delayed-rule executions older than 30 days (a batch per
+        transaction). The rest of the retention rules come with the retention work."""
+        pruned = 0
+        while True:
+            with runtime.pool.connection() as conn:
+                deleted = executions.prune(conn, now=runtime.clock.now())
+            pruned += deleted
+            if deleted < PRUNE_BATCH:
+                break
         LAST_JOB_SUCCESS.labels("followup-retention").set(time.time())
-        log.info("retention job done", extra={"job": "followup-retention"})
+        log.info("retention job done", extra={"job": "followup-retention", "rule_executions_pruned": pruned})
 
     dramatiq.actor(
         broker=runtime.broker,

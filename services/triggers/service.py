@@ -1,9 +1,11 @@
-"""Wiring of the triggers service: the loop that matches triggers to rules and runs their actions, the loop
-that delivers webhooks, and the nudge actor that wakes both."""
+"""Wiring of the triggers service: the loop that matches triggers to rules and runs their actions, the sweep
+of delayed rules that fell due (every second), the loop that delivers webhooks, and the nudge actor that
+wakes them."""
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 import dramatiq
@@ -12,12 +14,15 @@ from libs.common.contracts import actors
 from libs.common.core.loops import PollingLoop
 from libs.common.core.runtime import Runtime, Service
 from libs.common.rules import webhooks
+from libs.common.rules.actions import Done
+from libs.common.rules.executions import sweep
 from libs.common.rules.triggers import process_triggers
 
 log = logging.getLogger(__name__)
 
 #: Names of the triggers service's polling loops.
 TRIGGERS_LOOP = "triggers"
+SWEEP_LOOP = "sweep"
 WEBHOOKS_LOOP = "webhooks"
 
 
@@ -30,17 +35,31 @@ def build(runtime: Runtime) -> Service:
         idle_max_sleep=settings.idle_max_sleep_seconds,
     )
 
-    def triggers() -> int:
-        processed = process_triggers(runtime.pool, runtime.clock)
-        for enrollment_id, project_id in processed.done.enrollments:
+    def after(done: Done) -> None:
+        """Once committed: the release service hears of new enrollments, webhooks go out."""
+        for enrollment_id, project_id in done.enrollments:
             _send(
                 runtime,
                 actors.RELEASE_NUDGE,
                 actors.ReleaseNudge(project_id=project_id, enrollment_id=enrollment_id),
             )
-        if processed.done.webhook_delivery_ids:
+        if done.webhook_delivery_ids:
             deliveries.wake()
+
+    def triggers() -> int:
+        processed = process_triggers(runtime.pool, runtime.clock)
+        after(processed.done)
         return processed.triggers
+
+    stale_after = timedelta(seconds=runtime.settings.rules.execution_stale_after_seconds)
+
+    def delayed() -> int:
+        swept = sweep(runtime.pool, runtime.clock, stale_after=stale_after)
+        after(swept.done)
+        return swept.claimed
+
+    interval = runtime.settings.rules.sweep_interval_seconds
+    sweeper = PollingLoop(SWEEP_LOOP, delayed, poll_interval=interval, idle_max_sleep=interval)
 
     loop = PollingLoop(
         TRIGGERS_LOOP,
@@ -52,10 +71,11 @@ def build(runtime: Runtime) -> Service:
     def triggers_nudge(payload: dict[str, Any]) -> None:
         actors.TRIGGERS_NUDGE.decode(payload)
         loop.wake()
+        sweeper.wake()
         deliveries.wake()
 
     dramatiq.actor(broker=runtime.broker, **actors.actor_options(actors.TRIGGERS_NUDGE))(triggers_nudge)
-    return Service("triggers", actors.TRIGGERS_QUEUE, [loop, deliveries])
+    return Service("triggers", actors.TRIGGERS_QUEUE, [loop, sweeper, deliveries])
 
 
 def _send(runtime: Runtime, contract: actors.Contract[actors.P], payload: actors.P) -> None:

@@ -39,6 +39,21 @@ FOLLOWUP_TRIGGERS: Final = Counter(
     "Rule triggers processed, by type and outcome.",
     ["type", "outcome"],
 )
+RULE_EXECUTIONS: Final = Counter(
+    "whatstig_rule_executions_total",
+    "Delayed rule executions the sweep finished, by outcome (executed, skipped, retry) and reason.",
+    ["outcome", "reason"],
+)
+RULE_EXECUTION_LAG: Final = Histogram(
+    "whatstig_rule_execution_lag_seconds",
+    "Time a delayed rule execution was executed or skipped minus its due time.",
+    buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600),
+)
+RULE_PENDING_EXECUTIONS: Final = Gauge(
+    "whatstig_rule_pending_executions",
+    "Delayed rule executions waiting for their time.",
+    multiprocess_mode="livemax",
+)
 WEBHOOK_DELIVERIES: Final = Counter(
     "whatstig_webhook_deliveries_total",
     "Webhook delivery attempts of rules, by outcome (delivered, retry: will be retried, failed: given up).",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -63,6 +63,11 @@ class FollowupSettings(_Settings):
     busy_retry_seconds: float = 2.0
     backoff_min_seconds: float = 30.0
     backoff_max_seconds: float = 3600.0
+
+
+class RuleSettings(_Settings):
+    sweep_interval_seconds: float = 1.0
+    execution_stale_after_seconds: float = 86400.0
 
 
 class LogSettings(_Settings):
@@ -144,6 +149,20 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             "Longest backoff after unexpected release errors.",
         ),
     ),
+    RuleSettings: (
+        Variable(
+            "RULES_SWEEP_INTERVAL_SECONDS",
+            "sweep_interval_seconds",
+            1.0,
+            "How often the triggers service sweeps the delayed rules that fell due (nudges wake it sooner).",
+        ),
+        Variable(
+            "RULES_EXECUTION_STALE_AFTER_SECONDS",
+            "execution_stale_after_seconds",
+            86400.0,
+            "A delayed rule found more than this late (the workers were down) is skipped `expired`.",
+        ),
+    ),
     LogSettings: (
         Variable("LOG_LEVEL", "level", "INFO", "DEBUG, INFO, WARNING or ERROR."),
         Variable("LOG_JSON", "json", True, "One JSON object per log line (`false`: plain text)."),
@@ -191,6 +210,8 @@ CHECKS: dict[str, Check] = {
     "FOLLOWUP_BUSY_RETRY_SECONDS": _positive,
     "FOLLOWUP_BACKOFF_MIN_SECONDS": _positive,
     "FOLLOWUP_BACKOFF_MAX_SECONDS": _positive,
+    "RULES_SWEEP_INTERVAL_SECONDS": _positive,
+    "RULES_EXECUTION_STALE_AFTER_SECONDS": _positive,
     "LOG_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
 }
 
@@ -230,6 +251,7 @@ class Settings:
     worker: WorkerSettings
     followup: FollowupSettings
     log: LogSettings
+    rules: RuleSettings = field(default_factory=RuleSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -240,6 +262,7 @@ class Settings:
             worker=load(WorkerSettings, environ),
             followup=load(FollowupSettings, environ),
             log=load(LogSettings, environ),
+            rules=load(RuleSettings, environ),
         )
 
 

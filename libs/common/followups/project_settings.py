@@ -48,6 +48,8 @@ class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     max_send_lane_backlog: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] | None = None
     #: Days finished enrollments are kept.
     retention_days: Annotated[int, msgspec.Meta(ge=1, le=3650)] = 90
+    #: The project's business hours (in its time zone): a rule may count its delay in them only.
+    business_hours: SendWindow | None = None
 
 
 #: What a project without a settings row has.
@@ -73,9 +75,12 @@ def put_settings(
     conn: Connection[Any], project_id: uuid.UUID, settings: ProjectSettings, *, now: datetime
 ) -> ProjectSettings:
     """Replace the project's settings (validated first: nothing is stored half)."""
-    if settings.send_window is not None:
-        validate_window(settings.send_window, "send_window")
+    for name in ("send_window", "business_hours"):
+        window = getattr(settings, name)
+        if window is not None:
+            validate_window(window, name)
     params = msgspec.to_builtins(settings) | {"project_id": project_id, "now": now}
-    params["send_window"] = Jsonb(params["send_window"]) if settings.send_window is not None else None
+    for name in ("send_window", "business_hours"):
+        params[name] = Jsonb(params[name]) if params[name] is not None else None
     conn.execute(QUERIES["put_settings"], params)
     return settings

@@ -1,7 +1,7 @@
 -- name: get_settings
 -- A project's follow-up settings (no row: the defaults).
 SELECT send_window, consent_mode, service_window, max_per_contact_24h, send_delay_ms, max_in_flight_per_number,
-       monthly_message_quota, max_send_lane_backlog, retention_days
+       monthly_message_quota, max_send_lane_backlog, retention_days, business_hours
 FROM followup_settings
 WHERE project_id = %(project_id)s
 
@@ -9,13 +9,14 @@ WHERE project_id = %(project_id)s
 -- Replace a project's follow-up settings.
 INSERT INTO followup_settings (project_id, send_window, consent_mode, service_window, max_per_contact_24h,
                                send_delay_ms, max_in_flight_per_number, monthly_message_quota,
-                               max_send_lane_backlog, retention_days, updated_at)
+                               max_send_lane_backlog, retention_days, business_hours, updated_at)
 VALUES (%(project_id)s, %(send_window)s, %(consent_mode)s, %(service_window)s, %(max_per_contact_24h)s,
         %(send_delay_ms)s, %(max_in_flight_per_number)s, %(monthly_message_quota)s, %(max_send_lane_backlog)s,
-        %(retention_days)s, %(now)s)
+        %(retention_days)s, %(business_hours)s, %(now)s)
 ON CONFLICT (project_id) DO UPDATE SET
     send_window = EXCLUDED.send_window, consent_mode = EXCLUDED.consent_mode,
     service_window = EXCLUDED.service_window, max_per_contact_24h = EXCLUDED.max_per_contact_24h,
     send_delay_ms = EXCLUDED.send_delay_ms, max_in_flight_per_number = EXCLUDED.max_in_flight_per_number,
     monthly_message_quota = EXCLUDED.monthly_message_quota, max_send_lane_backlog = EXCLUDED.max_send_lane_backlog,
-    retention_days = EXCLUDED.retention_days, updated_at = EXCLUDED.updated_at
+    retention_days = EXCLUDED.retention_days, business_hours = EXCLUDED.business_hours,
+    updated_at = EXCLUDED.updated_at

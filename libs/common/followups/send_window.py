@@ -104,3 +104,29 @@ def next_opening(window: SendWindow, moment: datetime, tz: tzinfo) -> datetime:
         if moment < closes:
             return max(moment, opens)
     raise AssertionError("a window with at least one day opens within a week")  # pragma: no cover
+
+
+def add_open_time(window: SendWindow, start: datetime, duration: timedelta, tz: tzinfo) -> datetime:
+    """The instant at which ``duration`` of the window's open time has passed since ``start`` (business
+    hours: 4 hours from Friday 16:00 with 09:00-17:00 Monday to Friday is Monday 11:00)."""
+    left = duration
+    moment = start
+    days = {WEEKDAYS.index(d) for d in window.days}
+    while True:
+        # the window open at ``moment`` or the next one, then how much of it is left to use
+        found = None
+        today = moment.astimezone(tz).date()
+        for offset in range(-1, 8):
+            day = today + timedelta(days=offset)
+            if day.weekday() not in days:
+                continue
+            opens, closes = _opening(window, day, tz)
+            if moment < closes:
+                found = (max(moment, opens), closes)
+                break
+        assert found is not None, "a window with at least one day opens within a week"
+        opens, closes = found
+        if opens + left <= closes:
+            return opens + left
+        left -= closes - opens
+        moment = closes

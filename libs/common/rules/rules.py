@@ -29,6 +29,7 @@ from libs.common.core import validation
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.invalidation import on_invalidation
 from libs.common.core.sql import load_queries
+from libs.common.followups.project_settings import get_settings
 from libs.common.rules.actions import Action, validate_actions
 from libs.common.rules.conditions import Node, compile_conditions, parse_conditions
 
@@ -66,6 +67,8 @@ class RuleCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     actions: list[Action]
     #: Run the actions this many minutes after the event, if the conditions still hold then.
     execution_delay_minutes: DelayMinutes | None = None
+    #: Count the delay in the project's business hours only (see the settings' ``business_hours``).
+    delay_in_business_hours: bool = False
     active: bool = True
     #: Where the rule runs among the project's rules (absent: last).
     position: Position | None = None
@@ -79,6 +82,7 @@ class RuleUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     conditions: dict[str, Any] | msgspec.UnsetType | None = msgspec.UNSET
     actions: list[Action] | msgspec.UnsetType = msgspec.UNSET
     execution_delay_minutes: DelayMinutes | msgspec.UnsetType | None = msgspec.UNSET
+    delay_in_business_hours: bool | msgspec.UnsetType = msgspec.UNSET
     active: bool | msgspec.UnsetType = msgspec.UNSET
     position: Position | msgspec.UnsetType = msgspec.UNSET
 
@@ -90,6 +94,9 @@ class Rule(msgspec.Struct, kw_only=True, frozen=True):
     conditions: dict[str, Any]
     actions: list[Action]
     execution_delay_minutes: int | None
+    delay_in_business_hours: bool
+    #: The delay as the rule list shows it: ``immediately``, ``45m``, ``4h``, ``1d 2h``.
+    runs_after: str
     active: bool
     position: int
     created_at: datetime
@@ -103,6 +110,31 @@ class RuleRun(msgspec.Struct, kw_only=True, frozen=True):
     ran_at: datetime
 
 
+def runs_after(minutes: int | None) -> str:
+    """A delay as the rule list shows it: ``immediately``, ``45m``, ``4h``, ``1d 2h``."""
+    if minutes is None:
+        return "immediately"
+    days, rest = divmod(minutes, 1440)
+    hours, mins = divmod(rest, 60)
+    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "", f"{mins}m" if mins else ""]
+    return " ".join(part for part in parts if part)
+
+
+def _check_delay(conn: Connection[Any], project_id: uuid.UUID, minutes: int | None, business: bool) -> None:
+    """A delay in business hours needs a delay, and the project's business hours to count it in."""
+    if not business:
+        return
+    if minutes is None:
+        raise InvalidInput(
+            "delay_in_business_hours needs execution_delay_minutes", field="delay_in_business_hours"
+        )
+    if get_settings(conn, project_id).business_hours is None:
+        raise InvalidInput(
+            "the project has no business hours: set them with PUT /v1/settings (business_hours) first",
+            field="delay_in_business_hours",
+        )
+
+
 def _name(value: str) -> str:
     value = validation.text(value.strip(), "name")
     if not 1 <= len(value) <= 200:
@@ -110,14 +142,21 @@ def _name(value: str) -> str:
     return value
 
 
+def _rules(rows: list[dict[str, Any]]) -> list[Rule]:
+    return msgspec.convert(
+        [row | {"runs_after": runs_after(row["execution_delay_minutes"])} for row in rows], list[Rule]
+    )
+
+
 def _row(conn: Connection[Any], query: str, params: dict[str, Any]) -> Rule | None:
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(QUERIES[query], params).fetchone()
-    return msgspec.convert(row, Rule) if row is not None else None
+    return _rules([row])[0] if row is not None else None
 
 
 def create_rule(conn: Connection[Any], project_id: uuid.UUID, data: RuleCreate, *, now: datetime) -> Rule:
     conditions = parse_conditions(data.conditions)
+    _check_delay(conn, project_id, data.execution_delay_minutes, data.delay_in_business_hours)
     params = {
         "project_id": project_id,
         "name": _name(data.name),
@@ -125,6 +164,7 @@ def create_rule(conn: Connection[Any], project_id: uuid.UUID, data: RuleCreate, 
         "conditions": Jsonb(conditions.to_json()),
         "actions": Jsonb(msgspec.to_builtins(validate_actions(conn, project_id, data.actions))),
         "execution_delay_minutes": data.execution_delay_minutes,
+        "delay_in_business_hours": data.delay_in_business_hours,
         "active": data.active,
         "position": data.position,
         "now": now,
@@ -153,7 +193,7 @@ def list_rules(
     params = {"project_id": project_id, "limit": limit, "after": after, "event": event, "active": active}
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(QUERIES["list_rules"], params).fetchall()
-    return msgspec.convert(rows, list[Rule])
+    return _rules(rows)
 
 
 def update_rule(
@@ -170,6 +210,17 @@ def update_rule(
     actions = (
         current.actions if data.actions is msgspec.UNSET else validate_actions(conn, project_id, data.actions)
     )
+    delay = (
+        current.execution_delay_minutes
+        if data.execution_delay_minutes is msgspec.UNSET
+        else data.execution_delay_minutes
+    )
+    business = (
+        current.delay_in_business_hours
+        if data.delay_in_business_hours is msgspec.UNSET
+        else data.delay_in_business_hours
+    )
+    _check_delay(conn, project_id, delay, business)
     params = {
         "project_id": project_id,
         "id": rule_id,
@@ -177,9 +228,8 @@ def update_rule(
         "event": current.event if data.event is msgspec.UNSET else data.event,
         "conditions": Jsonb(conditions.to_json()),
         "actions": Jsonb(msgspec.to_builtins(actions)),
-        "execution_delay_minutes": current.execution_delay_minutes
-        if data.execution_delay_minutes is msgspec.UNSET
-        else data.execution_delay_minutes,
+        "execution_delay_minutes": delay,
+        "delay_in_business_hours": business,
         "active": current.active if data.active is msgspec.UNSET else data.active,
         "position": current.position if data.position is msgspec.UNSET else data.position,
         "now": now,
@@ -220,13 +270,21 @@ class ActiveRule:
     params: list[Any]
     actions: list[Action]
     execution_delay_minutes: int | None
+    delay_in_business_hours: bool
 
 
 def _active(rule: Rule) -> ActiveRule:
     node = parse_conditions(rule.conditions)
     predicate, params = compile_conditions(node)
     return ActiveRule(
-        rule.id, rule.event, node, predicate, params, rule.actions, rule.execution_delay_minutes
+        rule.id,
+        rule.event,
+        node,
+        predicate,
+        params,
+        rule.actions,
+        rule.execution_delay_minutes,
+        rule.delay_in_business_hours,
     )
 
 
@@ -247,6 +305,14 @@ class RuleCache:
 
     def rules(self, conn: Connection[Any], project_id: uuid.UUID, event: str) -> list[ActiveRule]:
         """The project's active rules for ``event``, in the order they run."""
+        return self._by_event(conn, project_id).get(event, [])
+
+    def rule(self, conn: Connection[Any], project_id: uuid.UUID, rule_id: uuid.UUID) -> ActiveRule | None:
+        """One of the project's active rules, as it is now (None: deleted or inactive)."""
+        by_event = self._by_event(conn, project_id)
+        return next((rule for rules in by_event.values() for rule in rules if rule.id == rule_id), None)
+
+    def _by_event(self, conn: Connection[Any], project_id: uuid.UUID) -> dict[str, list[ActiveRule]]:
         with self._lock:
             entry = self._entries.get(project_id)
             generation = (self._epoch, self._generations.get(project_id, 0))
@@ -255,13 +321,13 @@ class RuleCache:
             with conn.cursor(row_factory=dict_row) as cur:
                 rows = cur.execute(QUERIES["active_rules"], {"project_id": project_id}).fetchall()
             by_event: dict[str, list[ActiveRule]] = {}
-            for rule in msgspec.convert(rows, list[Rule]):
+            for rule in _rules(rows):
                 by_event.setdefault(rule.event, []).append(_active(rule))
             entry = (loaded, by_event)
             with self._lock:
                 if generation == (self._epoch, self._generations.get(project_id, 0)):
                     self._entries[project_id] = entry
-        return entry[1].get(event, [])
+        return entry[1]
 
     def invalidate(self, project_id: uuid.UUID | None = None) -> None:
         """Forget a project's rules (every project's with None): the next read loads them again."""

@@ -1,25 +1,25 @@
 -- name: insert_rule
 -- Create a rule; without a position it goes last.
-INSERT INTO rules (project_id, name, event, conditions, actions, execution_delay_minutes, active, position,
-                   created_at, updated_at)
+INSERT INTO rules (project_id, name, event, conditions, actions, execution_delay_minutes,
+                   delay_in_business_hours, active, position, created_at, updated_at)
 SELECT %(project_id)s, %(name)s, %(event)s, %(conditions)s, %(actions)s, %(execution_delay_minutes)s,
-       %(active)s,
+       %(delay_in_business_hours)s, %(active)s,
        coalesce(%(position)s::integer,
                 (SELECT coalesce(max(r.position) + 1, 0) FROM rules r WHERE r.project_id = %(project_id)s)),
        %(now)s, %(now)s
-RETURNING id, name, event, conditions, actions, execution_delay_minutes, active, position, created_at,
-          updated_at
+RETURNING id, name, event, conditions, actions, execution_delay_minutes, delay_in_business_hours, active,
+          position, created_at, updated_at
 
 -- name: lock_rule
 -- One rule of a project, locked for an update.
-SELECT id, name, event, conditions, actions, execution_delay_minutes, active, position, created_at, updated_at
+SELECT id, name, event, conditions, actions, execution_delay_minutes, delay_in_business_hours, active, position, created_at, updated_at
 FROM rules
 WHERE project_id = %(project_id)s AND id = %(id)s
 FOR UPDATE
 
 -- name: get_rule
 -- One rule of a project.
-SELECT id, name, event, conditions, actions, execution_delay_minutes, active, position, created_at, updated_at
+SELECT id, name, event, conditions, actions, execution_delay_minutes, delay_in_business_hours, active, position, created_at, updated_at
 FROM rules
 WHERE project_id = %(project_id)s AND id = %(id)s
 
@@ -27,11 +27,12 @@ WHERE project_id = %(project_id)s AND id = %(id)s
 -- Write a rule's fields as the caller merged them.
 UPDATE rules
 SET name = %(name)s, event = %(event)s, conditions = %(conditions)s, actions = %(actions)s,
-    execution_delay_minutes = %(execution_delay_minutes)s, active = %(active)s, position = %(position)s,
+    execution_delay_minutes = %(execution_delay_minutes)s, delay_in_business_hours = %(delay_in_business_hours)s,
+    active = %(active)s, position = %(position)s,
     updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s
-RETURNING id, name, event, conditions, actions, execution_delay_minutes, active, position, created_at,
-          updated_at
+RETURNING id, name, event, conditions, actions, execution_delay_minutes, delay_in_business_hours, active,
+          position, created_at, updated_at
 
 -- name: delete_rule
 -- Delete a rule (its pending executions and runs go with it).
@@ -41,7 +42,7 @@ RETURNING id
 -- name: list_rules
 -- A page of a project's rules in the order they run: position, then creation. The cursor is the last
 -- rule's id (its position and creation time are looked up).
-SELECT r.id, r.name, r.event, r.conditions, r.actions, r.execution_delay_minutes, r.active, r.position,
+SELECT r.id, r.name, r.event, r.conditions, r.actions, r.execution_delay_minutes, r.delay_in_business_hours, r.active, r.position,
        r.created_at, r.updated_at
 FROM rules r
 WHERE r.project_id = %(project_id)s
@@ -55,7 +56,7 @@ LIMIT %(limit)s
 
 -- name: active_rules
 -- The project's active rules in the order they run (the per-process rule cache loads them).
-SELECT id, name, event, conditions, actions, execution_delay_minutes, active, position, created_at, updated_at
+SELECT id, name, event, conditions, actions, execution_delay_minutes, delay_in_business_hours, active, position, created_at, updated_at
 FROM rules
 WHERE project_id = %(project_id)s AND active
 ORDER BY position, created_at, id

@@ -37,6 +37,7 @@ from libs.common.core.sql import load_queries
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
 from libs.common.rules.conditions import CONTEXT
+from libs.common.rules.executions import ToSchedule, schedule
 from libs.common.rules.rules import RULES, ActiveRule
 
 log = logging.getLogger(__name__)
@@ -127,12 +128,26 @@ def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) ->
                 candidates[key] = RULES.rules(conn, trigger.project_id, trigger.type)
         matched = _match(conn, claimed, candidates)
         to_run: list[tuple[_Claimed, list[ActiveRule]]] = []
+        delayed: list[ToSchedule] = []
         for trigger in claimed:
             rules = _to_run(
-                trigger, candidates[(trigger.project_id, trigger.type)], matched, already, processed
+                trigger, candidates[(trigger.project_id, trigger.type)], matched, already, delayed, processed
             )
             if rules:
                 to_run.append((trigger, rules))
+        if delayed:
+            schedule(conn, delayed, now=now)
+            runs = [
+                {
+                    "trigger_id": item.trigger_id,
+                    "rule_id": str(item.rule.id),
+                    "project_id": str(item.project_id),
+                    "outcome": "scheduled",
+                    "detail": None,
+                }
+                for item in delayed
+            ]
+            conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})
         running = [trigger.id for trigger, _ in to_run]
         conn.execute(
             QUERIES["mark_processed"], {"ids": [i for i in ids if i not in set(running)], "now": now}
@@ -177,9 +192,11 @@ def _to_run(
     rules: list[ActiveRule],
     matched: dict[int, list[bool]],
     already: set[tuple[int, uuid.UUID]],
+    delayed: list[ToSchedule],
     processed: Processed,
 ) -> list[ActiveRule]:
-    """The rules whose actions the trigger runs now: those that match and have not run for it yet."""
+    """The rules whose actions the trigger runs now: those that match and have not run for it yet; the
+    delayed ones that match go to ``delayed`` (a pending execution each)."""
     results = matched.get(trigger.id)
     if not rules or results is None:  # no active rule any more, or the contact is gone
         processed.outcomes[(trigger.type, "no_rule")] += 1
@@ -191,7 +208,19 @@ def _to_run(
         if not holds:
             processed.outcomes[(trigger.type, "not_matched")] += 1
         elif rule.execution_delay_minutes is not None:
-            # a delayed rule waits for its time and re-checks its conditions then (the delayed-rules work)
+            # a delayed rule waits for its time and re-checks its conditions then
+            delayed.append(
+                ToSchedule(
+                    rule=rule,
+                    trigger_id=trigger.id,
+                    trigger_type=trigger.type,
+                    project_id=trigger.project_id,
+                    contact_id=trigger.contact_id,
+                    conversation_id=trigger.conversation_id,
+                    payload=trigger.payload,
+                    occurred_at=trigger.occurred_at,
+                )
+            )
             processed.outcomes[(trigger.type, "delayed")] += 1
         else:
             chosen.append(rule)

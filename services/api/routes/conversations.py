@@ -6,13 +6,15 @@ import uuid
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.followups.shortcut import FollowUpRequest, follow_up
 from libs.common.followups.transitions import Enrollment
 from libs.common.platform import conversations
 from libs.common.platform.conversations import Conversation
-from services.api.deps import ProjectId, nudge_release, runtime_of, transaction
+from libs.common.rules import executions
+from libs.common.rules.executions import ExecutionStatus
+from services.api.deps import PageLimit, ProjectId, nudge_release, page, runtime_of, transaction
 
 
 class ConversationsController(Controller):
@@ -25,6 +27,24 @@ class ConversationsController(Controller):
     ) -> Conversation:
         with transaction(runtime_of(request)) as conn:
             return conversations.get_conversation(conn, project_id, conversation_id)
+
+    @get("/{conversation_id:uuid}/rule-executions", sync_to_thread=True)
+    def rule_executions(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        conversation_id: FromPath[uuid.UUID],
+        limit: PageLimit = 50,
+        after: FromQuery[uuid.UUID | None] = None,
+        status: FromQuery[ExecutionStatus | None] = None,
+    ) -> dict[str, Any]:
+        """The delayed rules pending, executed or skipped for this conversation, newest first."""
+        with transaction(runtime_of(request)) as conn:
+            conversations.get_conversation(conn, project_id, conversation_id)
+            rows = executions.list_executions(
+                conn, project_id, conversation_id=conversation_id, status=status, limit=limit + 1, after=after
+            )
+        return page(rows, limit)
 
     @post("/{conversation_id:uuid}/follow-up", sync_to_thread=True)
     def follow_up(

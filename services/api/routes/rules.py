@@ -11,7 +11,8 @@ from litestar import Controller, Request, delete, get, patch, post
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.core.runtime import Runtime
-from libs.common.rules import rules, webhooks
+from libs.common.rules import executions, rules, webhooks
+from libs.common.rules.executions import ExecutionStatus
 from libs.common.rules.rules import Event, Rule, RuleCreate, RuleRun, RuleUpdate
 from libs.common.rules.webhooks import Delivery
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
@@ -103,6 +104,25 @@ class RulesController(Controller):
         with transaction(runtime) as conn:
             rules.delete_rule(conn, project_id, rule_id)
         _changed(runtime, project_id)
+
+    @get("/{rule_id:uuid}/executions", sync_to_thread=True)
+    def executions(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        rule_id: FromPath[uuid.UUID],
+        limit: PageLimit = 50,
+        after: FromQuery[uuid.UUID | None] = None,
+        status: FromQuery[ExecutionStatus | None] = None,
+    ) -> dict[str, Any]:
+        """A delayed rule's executions, newest first: due_at, status (pending, executed, skipped),
+        skip_reason, executed_at, message_id."""
+        with transaction(runtime_of(request)) as conn:
+            rules.get_rule(conn, project_id, rule_id)
+            rows = executions.list_executions(
+                conn, project_id, rule_id=rule_id, status=status, limit=limit + 1, after=after
+            )
+        return page(rows, limit)
 
     @get("/{rule_id:uuid}/runs", sync_to_thread=True)
     def runs(

@@ -1,0 +1,379 @@
+"""Delayed rules (seed 002): a rule with ``execution_delay_minutes`` whose conditions hold when its event
+happens records a pending execution instead of acting; when it falls due, the sweep re-checks it and runs
+its actions, or skips it with the reason.
+
+**Episodes.** One pending execution per (rule, conversation, episode); the episode key comes from the
+anchors captured in the event's transaction, never re-read later:
+
+    status          status:<status_changed_at>        the conversation's status episode (conversation
+                                                       events): due status_changed_at + delay; a repeated
+                                                       event of the episode does not reset the clock
+    reply_chase     reply_chase:<last incoming id>     an agent's message (the customer went quiet): due
+                                                       the latest agent reply + delay, moved forward only
+    awaiting_agent  awaiting_agent:<waiting_since>     a customer's message (the agent went quiet): due
+                                                       waiting_since + delay; an agent reply ends the wait
+    event           event:<trigger id>                 an event without a conversation: each its own
+
+**The sweep** (:func:`sweep`, every second and on nudge) claims due rows in a batch and leases them; each
+then runs in a transaction of its own through the guard chain, each failure skipping it with its reason:
+the rule deleted or inactive (``rule_inactive``); the conversation gone (``conversation_gone``); the episode
+no longer current, recomputed from the conversation now (``episode_moved``); the rule's current conditions
+false (``conditions_changed``); found more than the staleness limit late (``expired``). Else the actions
+run through the same code as the immediate path, and the row becomes ``executed`` in the same transaction
+(a message is queued exactly once). A business refusal of an action skips the row with its code
+(``opted_out``, ...). An unexpected error retries the row after a backoff, then skips it ``failed``.
+
+Statuses: ``pending`` (waiting; ``locked_until`` set while a sweeper holds its lease), ``executed``,
+``skipped``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import msgspec
+from psycopg import Connection, sql
+from psycopg.rows import class_row, dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from libs.common.core.clock import Clock
+from libs.common.core.metrics import RULE_EXECUTION_LAG, RULE_EXECUTIONS, RULE_PENDING_EXECUTIONS
+from libs.common.core.sql import load_queries
+from libs.common.followups.project_settings import get_settings
+from libs.common.followups.send_window import add_open_time, zone
+from libs.common.followups.stops import count_stopped
+from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
+from libs.common.rules.conditions import CONTEXT
+from libs.common.rules.rules import RULES, ActiveRule
+
+log = logging.getLogger(__name__)
+
+QUERIES = load_queries("libs.common.rules", "executions.sql")
+
+#: How long a claimed execution is kept from other sweepers while it runs.
+LEASE = timedelta(minutes=2)
+#: Attempts before an execution whose actions keep failing is skipped ``failed``.
+MAX_ATTEMPTS = 5
+BACKOFF_MIN = timedelta(seconds=30)
+BACKOFF_MAX = timedelta(hours=1)
+#: Executed and skipped rows are kept this long (an audit trail), then pruned by the retention service.
+KEEP_DONE = timedelta(days=30)
+#: How often a process recounts the pending gauge.
+GAUGE_EVERY_SECONDS = 15.0
+
+
+# --- at event time ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Episode:
+    kind: str
+    key: str
+    #: When the episode's clock started (the delay counts from it).
+    since: datetime
+
+
+def _stamp(value: Any) -> datetime | None:
+    """A timestamp of the anchors (ISO text in JSON, or a datetime read from the table), in UTC."""
+    if value is None:
+        return None
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    assert isinstance(moment, datetime)
+    return moment.astimezone(UTC)
+
+
+def _key(kind: str, anchor: Any) -> str:
+    stamp = _stamp(anchor) if kind in ("status", "awaiting_agent") else None
+    return f"{kind}:{stamp.isoformat() if stamp is not None else anchor}"
+
+
+def episode_of(
+    trigger_id: int,
+    trigger_type: str,
+    conversation_id: uuid.UUID | None,
+    payload: dict[str, Any],
+    occurred_at: datetime,
+) -> Episode:
+    """The episode an event opens or continues, from the anchors captured with it."""
+    anchors = payload.get("anchors") or {}
+    if conversation_id is None:
+        return Episode("event", f"event:{trigger_id}", occurred_at)
+    if trigger_type == "message.created":
+        message = payload.get("message") or {}
+        if message.get("type") == "outgoing":
+            return Episode(
+                "reply_chase", _key("reply_chase", anchors.get("last_incoming_message_id")), occurred_at
+            )
+        waiting = anchors.get("waiting_since")
+        return Episode("awaiting_agent", _key("awaiting_agent", waiting), _stamp(waiting) or occurred_at)
+    changed = anchors.get("status_changed_at")
+    return Episode("status", _key("status", changed), _stamp(changed) or occurred_at)
+
+
+def current_key(kind: str, row: dict[str, Any]) -> str | None:
+    """The episode key the conversation has now (None: an event episode, always current)."""
+    if kind == "event":
+        return None
+    anchor = {
+        "status": row["status_changed_at"],
+        "reply_chase": str(row["last_incoming_message_id"]) if row["last_incoming_message_id"] else None,
+        "awaiting_agent": row["waiting_since"],
+    }[kind]
+    return _key(kind, anchor)
+
+
+@dataclass(frozen=True)
+class ToSchedule:
+    """A delayed rule that matched a trigger."""
+
+    rule: ActiveRule
+    trigger_id: int
+    trigger_type: str
+    project_id: uuid.UUID
+    contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    payload: dict[str, Any]
+    occurred_at: datetime
+
+
+def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime) -> None:
+    """Record the pending executions of delayed rules that matched, in the caller's transaction."""
+    if not matched:
+        return
+    rows = []
+    business: dict[uuid.UUID, tuple[Any, Any]] = {}
+    for item in matched:
+        episode = episode_of(
+            item.trigger_id, item.trigger_type, item.conversation_id, item.payload, item.occurred_at
+        )
+        delay = timedelta(minutes=item.rule.execution_delay_minutes or 0)
+        if item.rule.delay_in_business_hours:
+            if item.project_id not in business:
+                settings = get_settings(conn, item.project_id)
+                project_zone = conn.execute(
+                    "SELECT timezone FROM projects WHERE id = %s", (item.project_id,)
+                ).fetchone()
+                business[item.project_id] = (
+                    settings.business_hours,
+                    zone(None, project_zone[0] if project_zone else None),
+                )
+            hours, tz = business[item.project_id]
+            due = (
+                add_open_time(hours, episode.since, delay, tz) if hours is not None else episode.since + delay
+            )
+        else:
+            due = episode.since + delay
+        rows.append(
+            {
+                "project_id": str(item.project_id),
+                "rule_id": str(item.rule.id),
+                "conversation_id": str(item.conversation_id) if item.conversation_id else None,
+                "contact_id": str(item.contact_id),
+                "trigger_id": item.trigger_id,
+                "episode_key": episode.key,
+                "episode_kind": episode.kind,
+                "due_at": due.isoformat(),
+            }
+        )
+    conn.execute(QUERIES["schedule"], {"rows": Jsonb(rows), "now": now})
+
+
+# --- the sweep -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Swept:
+    """What one sweep did."""
+
+    claimed: int = 0
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    done: Done = field(default_factory=Done)
+
+
+_last_gauge = [0.0]
+
+
+def sweep(pool: ConnectionPool, clock: Clock, *, stale_after: timedelta, limit: int = 100) -> Swept:
+    """Run the delayed rules that fell due: claim a batch, then each in a transaction of its own."""
+    now = clock.now()
+    until = now + LEASE
+    swept = Swept()
+    with pool.connection() as conn:
+        ids = [
+            row[0] for row in conn.execute(QUERIES["claim_due"], {"now": now, "until": until, "limit": limit})
+        ]
+    swept.claimed = len(ids)
+    for execution_id in ids:
+        with pool.connection() as conn:
+            _execute(conn, execution_id, until, stale_after, swept, now)
+    for (outcome, reason), count in swept.outcomes.items():
+        RULE_EXECUTIONS.labels(outcome, reason).inc(count)
+    for stopped in swept.done.stopped:
+        count_stopped(stopped)
+    if time.monotonic() - _last_gauge[0] >= GAUGE_EVERY_SECONDS or (ids and len(ids) < limit):
+        _last_gauge[0] = time.monotonic()
+        with pool.connection() as conn:
+            RULE_PENDING_EXECUTIONS.set(conn.execute(QUERIES["count_pending"]).fetchone()[0])  # type: ignore[index]
+    return swept
+
+
+def _execute(
+    conn: Connection[Any],
+    execution_id: uuid.UUID,
+    until: datetime,
+    stale_after: timedelta,
+    swept: Swept,
+    now: datetime,
+) -> None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(QUERIES["lock_leased"], {"id": execution_id, "until": until}).fetchone()
+    if row is None:
+        return  # done meanwhile, or taken over by another sweeper after the lease ran out
+    context = {
+        "execution_id": str(execution_id),
+        "rule_id": str(row["rule_id"]),
+        "project_id": str(row["project_id"]),
+        "conversation_id": str(row["conversation_id"]) if row["conversation_id"] else None,
+    }
+    rule = RULES.rule(conn, row["project_id"], row["rule_id"])
+    reason = _guard(conn, row, rule, stale_after, now)
+    if reason is not None:
+        _finish(conn, row, "skipped", reason, None, swept, now)
+        log.info("delayed rule skipped", extra=context | {"reason": reason})
+        return
+    assert rule is not None
+    subject = Subject(
+        trigger_id=row["trigger_id"],
+        type=row["trigger_type"],
+        project_id=row["project_id"],
+        contact_id=row["contact_id"],
+        conversation_id=row["conversation_id"],
+        payload=row["payload"],
+        occurred_at=row["occurred_at"],
+    )
+    try:
+        with conn.transaction():
+            done = run_actions(conn, rule.id, rule.actions, subject, now=now)
+    except BUSINESS_ERRORS as refusal:
+        _finish(conn, row, "skipped", refusal.code or "rejected", None, swept, now)
+        log.info("delayed rule refused", extra=context | {"reason": refusal.code})
+        return
+    except Exception as exc:
+        backoff = min(BACKOFF_MAX, BACKOFF_MIN * 2 ** row["attempts"])
+        params = {
+            "id": execution_id,
+            "error": repr(exc)[:1000],
+            "retry_at": now + backoff,
+            "max_attempts": MAX_ATTEMPTS,
+            "now": now,
+        }
+        status = conn.execute(QUERIES["failed"], params).fetchone()
+        given_up = status is not None and status[0] == "skipped"
+        swept.outcomes[("skipped", "failed") if given_up else ("retry", "error")] += 1
+        log.log(
+            logging.ERROR if given_up else logging.WARNING,
+            "delayed rule failed; given up" if given_up else "delayed rule failed; retried later",
+            extra=context | {"attempts": row["attempts"] + 1, "error": repr(exc)},
+            exc_info=exc,
+        )
+        return
+    _finish(conn, row, "executed", None, done.message_ids[0] if done.message_ids else None, swept, now)
+    swept.done.enrollments += done.enrollments
+    swept.done.webhook_delivery_ids += done.webhook_delivery_ids
+    swept.done.message_ids += done.message_ids
+    swept.done.stopped += done.stopped
+    log.info("delayed rule executed", extra=context)
+
+
+def _guard(
+    conn: Connection[Any], row: dict[str, Any], rule: ActiveRule | None, stale_after: timedelta, now: datetime
+) -> str | None:
+    """The guard chain, in order: the first reason to skip, or None to run the actions."""
+    if not row["rule_active"] or rule is None:
+        return "rule_inactive"
+    if row["episode_kind"] != "event" and not row["conversation_exists"]:
+        return "conversation_gone"
+    if row["trigger_type"] is None:  # the trigger that opened the episode was pruned: it cannot be re-checked
+        return "expired"
+    current = current_key(row["episode_kind"], row)
+    if current is not None and current != row["episode_key"]:
+        return "episode_moved"
+    query = sql.SQL("SELECT {} FROM {} WHERE t.id = %s").format(rule.predicate, CONTEXT)
+    holds = conn.execute(query, [*rule.params, row["trigger_id"]]).fetchone()
+    if holds is None or not holds[0]:
+        return "conditions_changed"
+    if now - row["due_at"] > stale_after:
+        return "expired"
+    return None
+
+
+def _finish(
+    conn: Connection[Any],
+    row: dict[str, Any],
+    status: str,
+    reason: str | None,
+    message_id: uuid.UUID | None,
+    swept: Swept,
+    now: datetime,
+) -> None:
+    params = {"id": row["id"], "status": status, "skip_reason": reason, "message_id": message_id, "now": now}
+    conn.execute(QUERIES["finish"], params)
+    swept.outcomes[(status, reason or "none")] += 1
+    RULE_EXECUTION_LAG.observe(max(0.0, (now - row["due_at"]).total_seconds()))
+
+
+# --- reads and retention ---------------------------------------------------------------------------------
+
+
+ExecutionStatus = Literal["pending", "executed", "skipped"]
+
+
+class Execution(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    rule_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    contact_id: uuid.UUID | None
+    episode_key: str
+    due_at: datetime
+    status: str
+    skip_reason: str | None
+    executed_at: datetime | None
+    message_id: uuid.UUID | None
+    attempts: int
+    created_at: datetime
+    updated_at: datetime
+
+
+def list_executions(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    *,
+    rule_id: uuid.UUID | None = None,
+    conversation_id: uuid.UUID | None = None,
+    status: str | None = None,
+    limit: int,
+    after: uuid.UUID | None = None,
+) -> list[Execution]:
+    """A page of executions, newest first (of one rule, or one conversation)."""
+    params = {
+        "project_id": project_id,
+        "rule_id": rule_id,
+        "conversation_id": conversation_id,
+        "status": status,
+        "limit": limit,
+        "after": after,
+    }
+    with conn.cursor(row_factory=class_row(Execution)) as cur:
+        return cur.execute(QUERIES["list_executions"], params).fetchall()
+
+
+def prune(conn: Connection[Any], *, now: datetime, limit: int = 10_000) -> int:
+    """Delete up to ``limit`` executed or skipped rows older than :data:`KEEP_DONE`; returns how many."""
+    return conn.execute(QUERIES["prune"], {"before": now - KEEP_DONE, "limit": limit}).rowcount

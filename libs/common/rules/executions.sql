@@ -1,0 +1,90 @@
+-- name: schedule
+-- Pending executions of delayed rules, one per (rule, conversation, episode): a repeated event of the same
+-- episode changes nothing (the clock is not reset), except a reply chase, whose due time follows the
+-- latest agent reply forward (never back). Rows go in key order, so two batches never deadlock.
+INSERT INTO rule_pending_executions AS e (project_id, rule_id, conversation_id, contact_id, trigger_id,
+                                          episode_key, episode_kind, due_at, created_at, updated_at)
+SELECT s.project_id, s.rule_id, s.conversation_id, s.contact_id, s.trigger_id, s.episode_key, s.episode_kind,
+       s.due_at, %(now)s, %(now)s
+FROM jsonb_to_recordset(%(rows)s::jsonb)
+     AS s(project_id uuid, rule_id uuid, conversation_id uuid, contact_id uuid, trigger_id bigint,
+          episode_key text, episode_kind text, due_at timestamptz)
+ORDER BY s.rule_id, s.conversation_id, s.episode_key
+ON CONFLICT ON CONSTRAINT rule_pending_executions_episode_key DO UPDATE
+SET due_at = excluded.due_at, trigger_id = excluded.trigger_id, updated_at = excluded.updated_at
+WHERE e.episode_kind = 'reply_chase' AND e.status = 'pending' AND excluded.due_at > e.due_at
+
+-- name: claim_due
+-- A batch of due pending executions, oldest due first, leased to this sweeper (rows locked or leased by
+-- another sweeper are skipped).
+WITH due AS (
+    SELECT id FROM rule_pending_executions
+    WHERE status = 'pending' AND due_at <= %(now)s AND (locked_until IS NULL OR locked_until <= %(now)s)
+    ORDER BY due_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE rule_pending_executions e SET locked_until = %(until)s
+FROM due WHERE e.id = due.id
+RETURNING e.id
+
+-- name: lock_leased
+-- One execution under this sweeper's lease, with what the guard chain needs: the rule as it is now, the
+-- conversation's anchors now, and the trigger that opened the episode (nothing when another sweeper took it
+-- over after the lease ran out, or it is done).
+SELECT e.id, e.project_id, e.rule_id, e.conversation_id, e.contact_id, e.trigger_id, e.episode_key,
+       e.episode_kind, e.due_at, e.attempts,
+       r.id IS NOT NULL AND r.active AS rule_active,
+       v.id IS NOT NULL AS conversation_exists,
+       v.status_changed_at, v.last_incoming_message_id, v.waiting_since,
+       t.type AS trigger_type, t.payload, t.occurred_at
+FROM rule_pending_executions e
+LEFT JOIN rules r ON r.id = e.rule_id
+LEFT JOIN conversations v ON v.id = e.conversation_id
+LEFT JOIN followup_triggers t ON t.id = e.trigger_id
+WHERE e.id = %(id)s AND e.status = 'pending' AND e.locked_until = %(until)s
+FOR UPDATE OF e
+
+-- name: finish
+-- An execution executed, or skipped with its reason.
+UPDATE rule_pending_executions
+SET status = %(status)s, skip_reason = %(skip_reason)s, message_id = %(message_id)s, executed_at = %(now)s,
+    locked_until = NULL, updated_at = %(now)s
+WHERE id = %(id)s
+
+-- name: failed
+-- An execution whose actions failed unexpectedly: retried after a backoff, or skipped `failed` after its
+-- last attempt.
+UPDATE rule_pending_executions
+SET attempts = attempts + 1, last_error = %(error)s, locked_until = %(retry_at)s, updated_at = %(now)s,
+    status = CASE WHEN attempts + 1 >= %(max_attempts)s THEN 'skipped' ELSE status END,
+    skip_reason = CASE WHEN attempts + 1 >= %(max_attempts)s THEN 'failed' END,
+    executed_at = CASE WHEN attempts + 1 >= %(max_attempts)s THEN %(now)s::timestamptz END
+WHERE id = %(id)s AND status = 'pending'
+RETURNING status
+
+-- name: count_pending
+-- How many executions wait (the pending gauge).
+SELECT count(*) FROM rule_pending_executions WHERE status = 'pending'
+
+-- name: list_executions
+-- A page of a project's executions (of one rule or one conversation), newest first.
+SELECT e.id, e.rule_id, e.conversation_id, e.contact_id, e.episode_key, e.due_at, e.status, e.skip_reason,
+       e.executed_at, e.message_id, e.attempts, e.created_at, e.updated_at
+FROM rule_pending_executions e
+WHERE e.project_id = %(project_id)s
+  AND (%(rule_id)s::uuid IS NULL OR e.rule_id = %(rule_id)s::uuid)
+  AND (%(conversation_id)s::uuid IS NULL OR e.conversation_id = %(conversation_id)s::uuid)
+  AND (%(status)s::text IS NULL OR e.status = %(status)s::text)
+  AND (%(after)s::uuid IS NULL
+       OR (e.created_at, e.id) < (SELECT a.created_at, a.id FROM rule_pending_executions a
+                                 WHERE a.project_id = %(project_id)s AND a.id = %(after)s::uuid))
+ORDER BY e.created_at DESC, e.id DESC
+LIMIT %(limit)s
+
+-- name: prune
+-- Executed and skipped rows older than the audit period (a batch at a time).
+DELETE FROM rule_pending_executions
+WHERE id IN (SELECT id FROM rule_pending_executions
+             WHERE status <> 'pending' AND updated_at < %(before)s
+             LIMIT %(limit)s)
