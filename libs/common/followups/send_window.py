@@ -108,7 +108,7 @@ def next_opening(window: SendWindow, moment: datetime, tz: tzinfo) -> datetime:
 
 def add_open_time(window: SendWindow, start: datetime, duration: timedelta, tz: tzinfo) -> datetime:
     """The instant at which ``duration`` of the window's open time has passed since ``start`` (business
-    hours: 4 hours from Friday 16:00 with 09:00-17:00 Monday to Friday is Monday 11:00)."""
+    hours: 4 hours from Friday 16:00 with 09:00-17:00 Monday to Friday is Monday 12:00)."""
     left = duration
     moment = start
     days = {WEEKDAYS.index(d) for d in window.days}

@@ -143,46 +143,67 @@ class ToSchedule:
     occurred_at: datetime
 
 
-def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime) -> None:
-    """Record the pending executions of delayed rules that matched, in the caller's transaction."""
-    if not matched:
-        return
-    rows = []
+def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime) -> list[ToSchedule]:
+    """Record the pending executions of delayed rules that matched, in the caller's transaction; returns
+    those recorded. An event whose episode has already ended (a backlog: the conversation moved on before
+    its trigger was processed) records nothing; several events of one episode in the batch record one
+    execution (a reply chase due after the latest reply)."""
+    anchors = _current_anchors(conn, [item.conversation_id for item in matched if item.conversation_id])
+    by_key: dict[tuple[uuid.UUID, uuid.UUID | None, str], dict[str, Any]] = {}
+    dues: dict[tuple[uuid.UUID, uuid.UUID | None, str], datetime] = {}
+    recorded: list[ToSchedule] = []
     business: dict[uuid.UUID, tuple[Any, Any]] = {}
     for item in matched:
         episode = episode_of(
             item.trigger_id, item.trigger_type, item.conversation_id, item.payload, item.occurred_at
         )
+        if item.conversation_id is not None:
+            current = anchors.get(item.conversation_id)
+            if current is None or current_key(episode.kind, current) != episode.key:
+                continue
         delay = timedelta(minutes=item.rule.execution_delay_minutes or 0)
+        due = episode.since + delay
         if item.rule.delay_in_business_hours:
             if item.project_id not in business:
-                settings = get_settings(conn, item.project_id)
-                project_zone = conn.execute(
-                    "SELECT timezone FROM projects WHERE id = %s", (item.project_id,)
-                ).fetchone()
-                business[item.project_id] = (
-                    settings.business_hours,
-                    zone(None, project_zone[0] if project_zone else None),
-                )
+                business[item.project_id] = _business_hours(conn, item.project_id)
             hours, tz = business[item.project_id]
-            due = (
-                add_open_time(hours, episode.since, delay, tz) if hours is not None else episode.since + delay
-            )
-        else:
-            due = episode.since + delay
-        rows.append(
-            {
-                "project_id": str(item.project_id),
-                "rule_id": str(item.rule.id),
-                "conversation_id": str(item.conversation_id) if item.conversation_id else None,
-                "contact_id": str(item.contact_id),
-                "trigger_id": item.trigger_id,
-                "episode_key": episode.key,
-                "episode_kind": episode.kind,
-                "due_at": due.isoformat(),
-            }
-        )
-    conn.execute(QUERIES["schedule"], {"rows": Jsonb(rows), "now": now})
+            if hours is not None:
+                due = add_open_time(hours, episode.since, delay, tz)
+        recorded.append(item)
+        key = (item.rule.id, item.conversation_id, episode.key)
+        if key in dues and dues[key] >= due:
+            continue
+        dues[key] = due
+        by_key[key] = {
+            "project_id": str(item.project_id),
+            "rule_id": str(item.rule.id),
+            "conversation_id": str(item.conversation_id) if item.conversation_id else None,
+            "contact_id": str(item.contact_id),
+            "trigger_id": item.trigger_id,
+            "episode_key": episode.key,
+            "episode_kind": episode.kind,
+            "due_at": due.astimezone(UTC).isoformat(),
+        }
+    if by_key:
+        conn.execute(QUERIES["schedule"], {"rows": Jsonb(list(by_key.values())), "now": now})
+    return recorded
+
+
+def _current_anchors(
+    conn: Connection[Any], conversation_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """The conversations' anchors now, in the caller's transaction."""
+    if not conversation_ids:
+        return {}
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(QUERIES["anchors"], {"ids": list(set(conversation_ids))}).fetchall()
+    return {row["id"]: row for row in rows}
+
+
+def _business_hours(conn: Connection[Any], project_id: uuid.UUID) -> tuple[Any, Any]:
+    """The project's business hours and its time zone."""
+    found = conn.execute(QUERIES["project_timezone"], {"project_id": project_id}).fetchone()
+    return get_settings(conn, project_id).business_hours, zone(None, found[0] if found else None)
 
 
 # --- the sweep -------------------------------------------------------------------------------------------

@@ -14,6 +14,15 @@ ON CONFLICT ON CONSTRAINT rule_pending_executions_episode_key DO UPDATE
 SET due_at = excluded.due_at, trigger_id = excluded.trigger_id, updated_at = excluded.updated_at
 WHERE e.episode_kind = 'reply_chase' AND e.status = 'pending' AND excluded.due_at > e.due_at
 
+-- name: anchors
+-- The conversations' anchors now: an event whose episode already ended schedules nothing.
+SELECT id, status_changed_at, last_incoming_message_id, waiting_since
+FROM conversations WHERE id = ANY(%(ids)s)
+
+-- name: project_timezone
+-- The time zone a project's business hours are in.
+SELECT timezone FROM projects WHERE id = %(project_id)s
+
 -- name: claim_due
 -- A batch of due pending executions, oldest due first, leased to this sweeper (rows locked or leased by
 -- another sweeper are skipped).

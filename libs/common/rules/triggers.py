@@ -136,7 +136,7 @@ def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) ->
             if rules:
                 to_run.append((trigger, rules))
         if delayed:
-            schedule(conn, delayed, now=now)
+            recorded = schedule(conn, delayed, now=now)
             runs = [
                 {
                     "trigger_id": item.trigger_id,
@@ -145,7 +145,7 @@ def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) ->
                     "outcome": "scheduled",
                     "detail": None,
                 }
-                for item in delayed
+                for item in recorded
             ]
             conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})
         running = [trigger.id for trigger, _ in to_run]
