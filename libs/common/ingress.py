@@ -561,8 +561,9 @@ def _conversation_updated(
             raise InvalidInput("private_note must be 1 to 10000 characters", field="private_note")
         conversations.add_private_note(
             conn,
-            conversation,
             project_id,
+            conversation.contact_id,
+            conversation.id,
             event.private_note,
             executed_by=event.executed_by or "platform",
             now=now,

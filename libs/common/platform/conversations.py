@@ -242,20 +242,21 @@ def _kept(value: str | msgspec.UnsetType | None, current: str | None, field: str
 
 def add_private_note(
     conn: Connection[Any],
-    conversation: Conversation,
     project_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    conversation_id: uuid.UUID,
     text: str,
     *,
     executed_by: str,
     now: datetime,
 ) -> None:
-    """A private note on the conversation (in the contact's timeline, never sent to the contact)."""
+    """A private note on the contact's conversation (in its timeline, never sent to the contact)."""
     data = {
-        "conversation_id": str(conversation.id),
+        "conversation_id": str(conversation_id),
         "text": validation.text(text, "text"),
         "executed_by": executed_by,
     }
     conn.execute(
         QUERIES["insert_private_note"],
-        {"project_id": project_id, "contact_id": conversation.contact_id, "data": Jsonb(data), "now": now},
+        {"project_id": project_id, "contact_id": contact_id, "data": Jsonb(data), "now": now},
     )

@@ -460,9 +460,14 @@ def _note(
     now: datetime,
     done: Done,
 ) -> None:
-    conversation = conversations.get_conversation(conn, subject.project_id, _conversation(conn, subject))
     conversations.add_private_note(
-        conn, conversation, subject.project_id, action.text, executed_by=_executed_by(rule_id), now=now
+        conn,
+        subject.project_id,
+        subject.contact_id,
+        _conversation(conn, subject),
+        action.text,
+        executed_by=_executed_by(rule_id),
+        now=now,
     )
 
 

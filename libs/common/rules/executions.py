@@ -222,49 +222,71 @@ _last_gauge = [0.0]
 
 
 def sweep(pool: ConnectionPool, clock: Clock, *, stale_after: timedelta, limit: int = 100) -> Swept:
-    """Run the delayed rules that fell due: claim a batch, then each in a transaction of its own."""
+    """Run the delayed rules that fell due: claim a batch (and re-check the rules' current conditions for
+    all of it in one query per rule), then each in a transaction of its own."""
     now = clock.now()
     until = now + LEASE
     swept = Swept()
-    with pool.connection() as conn:
-        ids = [
-            row[0] for row in conn.execute(QUERIES["claim_due"], {"now": now, "until": until, "limit": limit})
-        ]
-    swept.claimed = len(ids)
-    for execution_id in ids:
-        with pool.connection() as conn:
-            _execute(conn, execution_id, until, stale_after, swept, now)
+    with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        claimed = cur.execute(QUERIES["claim_due"], {"now": now, "until": until, "limit": limit}).fetchall()
+        holds = _conditions(conn, claimed)
+    swept.claimed = len(claimed)
+    for item in claimed:
+        try:
+            with pool.connection() as conn:
+                _execute(
+                    conn, item["id"], until, holds.get(item["id"], False), stale_after, swept, clock.now()
+                )
+        except Exception as exc:  # outside the actions (the lock, a lost connection): retried after a backoff
+            with pool.connection() as conn:
+                _failed(conn, item["id"], until, exc, swept, clock.now())
     for (outcome, reason), count in swept.outcomes.items():
         RULE_EXECUTIONS.labels(outcome, reason).inc(count)
     for stopped in swept.done.stopped:
         count_stopped(stopped)
-    if time.monotonic() - _last_gauge[0] >= GAUGE_EVERY_SECONDS or (ids and len(ids) < limit):
+    if time.monotonic() - _last_gauge[0] >= GAUGE_EVERY_SECONDS or (claimed and len(claimed) < limit):
         _last_gauge[0] = time.monotonic()
         with pool.connection() as conn:
             RULE_PENDING_EXECUTIONS.set(conn.execute(QUERIES["count_pending"]).fetchone()[0])  # type: ignore[index]
     return swept
 
 
+def _conditions(conn: Connection[Any], claimed: list[dict[str, Any]]) -> dict[uuid.UUID, bool]:
+    """Whether each claimed execution's rule, as it is now, holds over its trigger's context now."""
+    by_rule: dict[tuple[uuid.UUID, uuid.UUID], list[dict[str, Any]]] = {}
+    for item in claimed:
+        by_rule.setdefault((item["project_id"], item["rule_id"]), []).append(item)
+    holds: dict[uuid.UUID, bool] = {}
+    for (project_id, rule_id), items in by_rule.items():
+        rule = RULES.rule(conn, project_id, rule_id)
+        if rule is None:
+            continue  # inactive or deleted: the guard chain says so
+        query = sql.SQL("SELECT t.id, {} FROM {} WHERE t.id = ANY(%s)").format(rule.predicate, CONTEXT)
+        triggers = [item["trigger_id"] for item in items if item["trigger_id"] is not None]
+        by_trigger = dict(conn.execute(query, [*rule.params, triggers]).fetchall())
+        for item in items:
+            holds[item["id"]] = bool(by_trigger.get(item["trigger_id"], False))
+    return holds
+
+
 def _execute(
     conn: Connection[Any],
     execution_id: uuid.UUID,
     until: datetime,
+    holds: bool,
     stale_after: timedelta,
     swept: Swept,
     now: datetime,
 ) -> None:
+    """One execution under this sweeper's lease: the guard chain, then the actions and the status in one
+    transaction. A refusal or an error rolls the actions back and records the outcome instead."""
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(QUERIES["lock_leased"], {"id": execution_id, "until": until}).fetchone()
     if row is None:
         return  # done meanwhile, or taken over by another sweeper after the lease ran out
-    context = {
-        "execution_id": str(execution_id),
-        "rule_id": str(row["rule_id"]),
-        "project_id": str(row["project_id"]),
-        "conversation_id": str(row["conversation_id"]) if row["conversation_id"] else None,
-    }
+    context = _context(row)
     rule = RULES.rule(conn, row["project_id"], row["rule_id"])
-    reason = _guard(conn, row, rule, stale_after, now)
+    reason = _guard(row, rule, holds, stale_after, now)
     if reason is not None:
         _finish(conn, row, "skipped", reason, None, swept, now)
         log.info("delayed rule skipped", extra=context | {"reason": reason})
@@ -280,30 +302,16 @@ def _execute(
         occurred_at=row["occurred_at"],
     )
     try:
-        with conn.transaction():
-            done = run_actions(conn, rule.id, rule.actions, subject, now=now)
+        done = run_actions(conn, rule.id, rule.actions, subject, now=now)
     except BUSINESS_ERRORS as refusal:
-        _finish(conn, row, "skipped", refusal.code or "rejected", None, swept, now)
-        log.info("delayed rule refused", extra=context | {"reason": refusal.code})
+        conn.rollback()
+        if _relock(conn, execution_id, until) is not None:
+            _finish(conn, row, "skipped", refusal.code or "rejected", None, swept, now)
+            log.info("delayed rule refused", extra=context | {"reason": refusal.code})
         return
     except Exception as exc:
-        backoff = min(BACKOFF_MAX, BACKOFF_MIN * 2 ** row["attempts"])
-        params = {
-            "id": execution_id,
-            "error": repr(exc)[:1000],
-            "retry_at": now + backoff,
-            "max_attempts": MAX_ATTEMPTS,
-            "now": now,
-        }
-        status = conn.execute(QUERIES["failed"], params).fetchone()
-        given_up = status is not None and status[0] == "skipped"
-        swept.outcomes[("skipped", "failed") if given_up else ("retry", "error")] += 1
-        log.log(
-            logging.ERROR if given_up else logging.WARNING,
-            "delayed rule failed; given up" if given_up else "delayed rule failed; retried later",
-            extra=context | {"attempts": row["attempts"] + 1, "error": repr(exc)},
-            exc_info=exc,
-        )
+        conn.rollback()
+        _failed(conn, execution_id, until, exc, swept, now)
         return
     _finish(conn, row, "executed", None, done.message_ids[0] if done.message_ids else None, swept, now)
     swept.done.enrollments += done.enrollments
@@ -313,8 +321,54 @@ def _execute(
     log.info("delayed rule executed", extra=context)
 
 
+def _context(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "execution_id": str(row["id"]),
+        "rule_id": str(row["rule_id"]),
+        "project_id": str(row["project_id"]),
+        "conversation_id": str(row["conversation_id"]) if row["conversation_id"] else None,
+    }
+
+
+def _relock(conn: Connection[Any], execution_id: uuid.UUID, until: datetime) -> dict[str, Any] | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(QUERIES["lock_leased"], {"id": execution_id, "until": until}).fetchone()
+
+
+def _failed(
+    conn: Connection[Any],
+    execution_id: uuid.UUID,
+    until: datetime,
+    exc: Exception,
+    swept: Swept,
+    now: datetime,
+) -> None:
+    """An unexpected error: the execution is retried after a backoff, or skipped ``failed`` after its last
+    attempt."""
+    row = _relock(conn, execution_id, until)
+    if row is None:
+        return
+    backoff = min(BACKOFF_MAX, BACKOFF_MIN * 2 ** row["attempts"])
+    params = {
+        "id": execution_id,
+        "error": repr(exc)[:1000],
+        "retry_at": now + backoff,
+        "max_attempts": MAX_ATTEMPTS,
+        "now": now,
+    }
+    status = conn.execute(QUERIES["failed"], params).fetchone()
+    given_up = status is not None and status[0] == "skipped"
+    swept.outcomes[("skipped", "failed") if given_up else ("retry", "error")] += 1
+    log.log(
+        logging.ERROR if given_up else logging.WARNING,
+        "delayed rule failed; given up" if given_up else "delayed rule failed; retried later",
+        extra=_context(row) | {"attempts": row["attempts"] + 1, "error": repr(exc)},
+        exc_info=exc,
+    )
+
+
 def _guard(
-    conn: Connection[Any], row: dict[str, Any], rule: ActiveRule | None, stale_after: timedelta, now: datetime
+    row: dict[str, Any], rule: ActiveRule | None, holds: bool, stale_after: timedelta, now: datetime
 ) -> str | None:
     """The guard chain, in order: the first reason to skip, or None to run the actions."""
     if not row["rule_active"] or rule is None:
@@ -326,9 +380,7 @@ def _guard(
     current = current_key(row["episode_kind"], row)
     if current is not None and current != row["episode_key"]:
         return "episode_moved"
-    query = sql.SQL("SELECT {} FROM {} WHERE t.id = %s").format(rule.predicate, CONTEXT)
-    holds = conn.execute(query, [*rule.params, row["trigger_id"]]).fetchone()
-    if holds is None or not holds[0]:
+    if not holds:
         return "conditions_changed"
     if now - row["due_at"] > stale_after:
         return "expired"

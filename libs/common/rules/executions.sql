@@ -35,7 +35,7 @@ WITH due AS (
 )
 UPDATE rule_pending_executions e SET locked_until = %(until)s
 FROM due WHERE e.id = due.id
-RETURNING e.id
+RETURNING e.id, e.project_id, e.rule_id, e.trigger_id
 
 -- name: lock_leased
 -- One execution under this sweeper's lease, with what the guard chain needs: the rule as it is now, the
