@@ -25,6 +25,7 @@ from libs.common.followups import release_step
 from libs.common.followups.definition import MessageStep
 from libs.common.ingress import apply_event
 from libs.common.platform.send_lane import ClaimRequest, claim_messages
+from libs.common.rules import bulk
 from services.release.release import release_batch
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
@@ -100,6 +101,19 @@ def _run_every_event_path(
     make_enrollment(pool, clock, project.id, one_step, poisoned)
     release_batch(pool, clock, msgspec.structs.replace(settings, max_failures=1))
     monkeypatch.undo()
+
+    # a bulk enrollment of two contacts, a chunk at a time: progress, then completed
+    with pool.connection() as conn:
+        bulk.create_job(
+            conn,
+            project.id,
+            bulk.BulkCreate(
+                sequence_id=one_step, contact_ids=[make_contact(pool, project.id) for _ in range(2)]
+            ),
+            now=clock.now(),
+        )
+    while bulk.process_chunk(pool, clock, chunk=1):
+        pass
 
     _event(pool, project, clock, ContactErased(contact_id=completer))
 

@@ -35,6 +35,7 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.platform_events import (
+    CampaignRecipientReleased,
     ContactErased,
     ContactOptedIn,
     ContactOptedOut,
@@ -58,6 +59,7 @@ from libs.common.contracts.platform_events import (
 from libs.common.core import validation
 from libs.common.core.db import map_errors
 from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.followups import campaigns
 from libs.common.followups import erasure as followups_erasure
 from libs.common.followups.enrollments import resume_waiting_for_a_number
 from libs.common.followups.stops import StopFlag, Stopped, count_stopped, stop_followups_for_contact
@@ -92,6 +94,8 @@ class EventResult(msgspec.Struct, kw_only=True):
     number_id: uuid.UUID | None = None
     #: Enrollments paused for want of a usable number that a connected number resumed.
     resumed_enrollment_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
+    #: The enrollment a released campaign recipient got.
+    enrollment_id: uuid.UUID | None = None
     #: Triggers recorded for the rules that listen for this event.
     trigger_ids: list[int] = msgspec.field(default_factory=list)
 
@@ -590,6 +594,26 @@ def _conversation_updated(
     return result
 
 
+# -- campaigns ----------------------------------------------------------------------------------------------
+
+
+def _recipient_released(
+    conn: Connection[Any], project_id: uuid.UUID, event: CampaignRecipientReleased, now: datetime
+) -> EventResult:
+    """A campaign's released recipient enters its no-reply sequence; a refusal is the result's status."""
+    contacts.lock_contact(conn, project_id, event.contact_id)
+    enrollment, result = campaigns.release_recipient(
+        conn, project_id, event.campaign_id, event.recipient_id, event.contact_id, now=now
+    )
+    return EventResult(
+        type="campaign.recipient_released",
+        applied=result == "enrolled",
+        contact_id=event.contact_id,
+        enrollment_id=enrollment.id if enrollment else None,
+        status=result,
+    )
+
+
 # -- numbers ------------------------------------------------------------------------------------------------
 
 
@@ -625,6 +649,7 @@ _HANDLERS: dict[type[Any], Callable[[Connection[Any], uuid.UUID, Any, datetime],
     ConversationStatusChanged: _conversation_status,
     ConversationResolved: _conversation_status,
     ConversationUpdated: _conversation_updated,
+    CampaignRecipientReleased: _recipient_released,
     NumberConnected: _number_status,
     NumberDisconnected: _number_status,
 }

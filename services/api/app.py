@@ -11,6 +11,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from libs.common.core.runtime import Runtime
 from services.api.deps import project_id
 from services.api.problems import EXCEPTION_HANDLERS
+from services.api.routes.bulk import BulkEnrollmentsController, CampaignsController
 from services.api.routes.contacts import ContactsController
 from services.api.routes.conversations import ConversationsController
 from services.api.routes.enrollments import EnrollmentsController
@@ -42,6 +43,8 @@ def create_app(runtime: Runtime) -> Litestar:
             SettingsController,
             RulesController,
             WebhookDeliveriesController,
+            BulkEnrollmentsController,
+            CampaignsController,
         ],
         dependencies={"project_id": Provide(project_id, sync_to_thread=True)},
         exception_handlers=EXCEPTION_HANDLERS,

@@ -1,6 +1,6 @@
 """Wiring of the triggers service: the loop that matches triggers to rules and runs their actions, the sweep
-of delayed rules that fell due (every second), the loop that delivers webhooks, and the nudge actor that
-wakes them."""
+of delayed rules that fell due (every second), bulk enrollment jobs (a chunk per transaction), the loop
+that delivers webhooks, and the nudge actor that wakes them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import dramatiq
 from libs.common.contracts import actors
 from libs.common.core.loops import PollingLoop
 from libs.common.core.runtime import Runtime, Service
-from libs.common.rules import webhooks
+from libs.common.rules import bulk, webhooks
 from libs.common.rules.actions import Done
 from libs.common.rules.executions import sweep
 from libs.common.rules.triggers import process_triggers
@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 #: Names of the triggers service's polling loops.
 TRIGGERS_LOOP = "triggers"
 SWEEP_LOOP = "sweep"
+BULK_LOOP = "bulk"
 WEBHOOKS_LOOP = "webhooks"
 
 
@@ -58,6 +59,13 @@ def build(runtime: Runtime) -> Service:
         after(swept.done)
         return swept.claimed
 
+    bulk_jobs = PollingLoop(
+        BULK_LOOP,
+        lambda: bulk.process_chunk(runtime.pool, runtime.clock),
+        poll_interval=settings.poll_interval_seconds,
+        idle_max_sleep=settings.idle_max_sleep_seconds,
+    )
+
     interval = runtime.settings.rules.sweep_interval_seconds
     sweeper = PollingLoop(SWEEP_LOOP, delayed, poll_interval=interval, idle_max_sleep=interval)
 
@@ -72,10 +80,11 @@ def build(runtime: Runtime) -> Service:
         actors.TRIGGERS_NUDGE.decode(payload)
         loop.wake()
         sweeper.wake()
+        bulk_jobs.wake()
         deliveries.wake()
 
     dramatiq.actor(broker=runtime.broker, **actors.actor_options(actors.TRIGGERS_NUDGE))(triggers_nudge)
-    return Service("triggers", actors.TRIGGERS_QUEUE, [loop, sweeper, deliveries])
+    return Service("triggers", actors.TRIGGERS_QUEUE, [loop, sweeper, bulk_jobs, deliveries])
 
 
 def _send(runtime: Runtime, contract: actors.Contract[actors.P], payload: actors.P) -> None:

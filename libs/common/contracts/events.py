@@ -184,6 +184,35 @@ class ContactErased(Event, kw_only=True, frozen=True):
         return self.contact_id
 
 
+class BulkJobEvent(Event, kw_only=True, frozen=True):
+    aggregate_type: ClassVar[str] = "bulk_job"
+
+    job_id: uuid.UUID
+    processed: int
+    total: int
+    enrolled: int
+    #: Skipped contacts by reason.
+    skipped: dict[str, int]
+
+    @property
+    def aggregate_id(self) -> uuid.UUID:
+        return self.job_id
+
+
+class BulkJobProgress(BulkJobEvent, kw_only=True, frozen=True):
+    """A bulk enrollment moved on (at most one a second per job)."""
+
+    type: ClassVar[str] = "bulk_job.progress"
+
+
+class BulkJobCompleted(BulkJobEvent, kw_only=True, frozen=True):
+    """A bulk enrollment finished: every contact handled (``completed``) or stopped (``cancelled``)."""
+
+    type: ClassVar[str] = "bulk_job.completed"
+
+    status: str
+
+
 #: Every event type, by its ``type``.
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
@@ -202,10 +231,14 @@ EVENT_TYPES: dict[str, type[Event]] = {
         EnrollmentStopped,
         EnrollmentFailed,
         ContactErased,
+        BulkJobProgress,
+        BulkJobCompleted,
     )
 }
 
 #: The finished-enrollment event of each final status.
+
+
 FINISHED: dict[str, type[EnrollmentFinished]] = {
     "completed": EnrollmentCompleted,
     "stopped": EnrollmentStopped,

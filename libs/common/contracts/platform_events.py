@@ -122,6 +122,15 @@ class ConversationUpdated(_Event, kw_only=True, tag="conversation.updated"):
     executed_by: str | None = None
 
 
+class CampaignRecipientReleased(_Event, kw_only=True, tag="campaign.recipient_released"):
+    """A campaign released a recipient: enroll them in the campaign's no-reply sequence (once per
+    campaign and recipient)."""
+
+    campaign_id: uuid.UUID
+    recipient_id: str
+    contact_id: uuid.UUID
+
+
 class NumberConnected(_Event, kw_only=True, tag="number.connected"):
     """A sending number is usable again: enrollments paused for want of one resume."""
 
@@ -150,6 +159,7 @@ PlatformEvent = (
     | ConversationStatusChanged
     | ConversationResolved
     | ConversationUpdated
+    | CampaignRecipientReleased
     | NumberConnected
     | NumberDisconnected
 )

@@ -116,6 +116,25 @@ LEFT JOIN LATERAL (
 )
 
 
+#: FROM clause of a segment (bulk enrollment): every contact ``c`` with its newest conversation ``v``, lead
+#: ``l`` and deal ``d``; there is no event, so ``t`` has an empty payload (event attributes are refused).
+SEGMENT_CONTEXT = sql.SQL(
+    """contacts c
+CROSS JOIN (SELECT '{}'::jsonb AS payload) t
+LEFT JOIN LATERAL (
+    SELECT * FROM conversations WHERE conversations.contact_id = c.id ORDER BY created_at DESC, id LIMIT 1
+) v ON true
+LEFT JOIN LATERAL (
+    SELECT status FROM leads WHERE leads.contact_id = c.id ORDER BY leads.created_at DESC, leads.id LIMIT 1
+) l ON true
+LEFT JOIN LATERAL (
+    SELECT stage FROM deals WHERE deals.contact_id = c.id ORDER BY deals.updated_at DESC, deals.id LIMIT 1
+) d ON true"""
+)
+#: Attributes only an event has: a segment may not use them.
+EVENT_ATTRIBUTES = frozenset({"message.type", "message.content", "changed"})
+
+
 # --- the tree ----------------------------------------------------------------------------------------------
 
 
@@ -153,6 +172,29 @@ def parse_conditions(raw: Any, field: str = "conditions") -> Node:
         return ALWAYS
     leaves = [0]
     return _parse(raw, field, 0, leaves)
+
+
+def parse_segment(raw: Any, field: str = "segment") -> Node:
+    """A segment: a condition tree about contacts only (no event attributes, no attribute_changed)."""
+    node = parse_conditions(raw, field)
+    for path, leaf in _leaves(node, field):
+        if leaf.attribute in EVENT_ATTRIBUTES:
+            raise InvalidInput(
+                f"a segment has no event: {leaf.attribute} cannot be used", field=f"{path}.attribute"
+            )
+        if leaf.operator == "attribute_changed":
+            raise InvalidInput(
+                "a segment has no event: attribute_changed cannot be used", field=f"{path}.operator"
+            )
+    return node
+
+
+def _leaves(node: Node, path: str) -> list[tuple[str, Leaf]]:
+    if isinstance(node, Leaf):
+        return [(path, node)]
+    return [
+        found for i, child in enumerate(node.children) for found in _leaves(child, f"{path}.{node.kind}.{i}")
+    ]
 
 
 def _parse(raw: Any, field: str, depth: int, leaves: list[int]) -> Node:

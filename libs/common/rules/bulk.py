@@ -1,0 +1,350 @@
+"""Bulk enrollment: a resumable job that enrolls a list of contacts, or the contacts a segment matched,
+in a sequence.
+
+**The contacts are fixed when the job is created.** A list (contact ids and/or phones, up to 100,000) is
+copied into ``followup_bulk_job_items`` row by row; a segment (a condition tree in the rules syntax, about
+contacts only) is evaluated once, in SQL, and the contacts it matched then are the job's, in order: a
+contact who matches later is not swept in, and one who stops matching is still enrolled (``enroll()``
+refuses the opted-out and the already enrolled, as for any enrollment).
+
+**Processing** (the triggers service's ``bulk`` loop, :func:`process_chunk`): one chunk per transaction.
+The job's row is locked ``FOR UPDATE SKIP LOCKED`` for the chunk (one worker at a time moves a job on);
+the chunk's contacts go through ``enroll()`` each in a savepoint (a refusal is an outcome: ``skipped`` with
+its reason), their outcomes, the cursor and the counts are written in the same transaction. A worker
+killed at any moment loses only its uncommitted chunk, which the next worker redoes: no contact is
+enrolled twice and none is skipped. A cancel takes effect at the next chunk.
+
+Events: ``bulk_job.progress`` (at most one a second per job) and ``bulk_job.completed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import msgspec
+from psycopg import Connection, sql
+from psycopg.rows import class_row, dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from libs.common.contracts.events import BulkJobCompleted, BulkJobProgress
+from libs.common.core import validation
+from libs.common.core.clock import Clock
+from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
+from libs.common.core.outbox import write_events
+from libs.common.core.sql import load_queries
+from libs.common.followups.enrollments import EnrollmentRejected, EnrollRequest, enroll
+from libs.common.followups.sequences import get_sequence
+from libs.common.rules.conditions import SEGMENT_CONTEXT, compile_conditions, parse_segment
+
+log = logging.getLogger(__name__)
+
+QUERIES = load_queries("libs.common.rules", "bulk.sql")
+
+#: Most contacts one job may list.
+MAX_CONTACTS = 100_000
+#: Contacts enrolled per transaction.
+CHUNK = 500
+#: Least time between two progress events of a job.
+PROGRESS_EVERY = timedelta(seconds=1)
+
+BulkStatus = Literal["queued", "running", "completed", "cancelled", "failed"]
+
+
+class BulkCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Enroll contacts in a sequence: listed (``contact_ids`` and/or ``phones``) or a ``segment``."""
+
+    sequence_id: uuid.UUID
+    contact_ids: list[uuid.UUID] | None = None
+    phones: list[str] | None = None
+    #: A condition tree about contacts (the rules syntax, without event attributes), frozen at creation.
+    segment: dict[str, Any] | None = None
+    #: Template variables shared by every enrollment of the job.
+    variables: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: The anchor of every enrollment ...
+    anchor_at: datetime | None = None
+    #: ... or each contact's own, from a custom attribute holding an ISO 8601 time.
+    anchor_attribute: str | None = None
+
+
+class BulkJob(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    sequence_id: uuid.UUID
+    status: BulkStatus
+    total: int
+    processed: int
+    enrolled: int
+    #: Skipped contacts by reason (already_enrolled, opted_out, plan_limit, unknown_contact, invalid_phone).
+    skipped: dict[str, int]
+    segment: dict[str, Any] | None
+    variables: dict[str, Any]
+    anchor_at: datetime | None
+    anchor_attribute: str | None
+    cancel_requested: bool
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+def create_job(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    data: BulkCreate,
+    *,
+    idempotency_key: str | None = None,
+    now: datetime,
+) -> tuple[BulkJob, bool]:
+    """Create a job with its contacts fixed; returns it and whether it was created (a repeated
+    ``idempotency_key`` returns the job it created before)."""
+    if idempotency_key is not None:
+        if not 1 <= len(validation.text(idempotency_key, "Idempotency-Key")) <= 200:
+            raise InvalidInput("Idempotency-Key has 1 to 200 characters", field="Idempotency-Key")
+        found = conn.execute(
+            QUERIES["by_idempotency_key"], {"project_id": project_id, "key": idempotency_key}
+        ).fetchone()
+        if found is not None:
+            return get_job(conn, project_id, found[0]), False
+    listed = len(data.contact_ids or []) + len(data.phones or [])
+    if (data.segment is None) == (data.contact_ids is None and data.phones is None):
+        raise InvalidInput("give either contacts (contact_ids, phones) or a segment", field="segment")
+    if data.segment is None and not 1 <= listed <= MAX_CONTACTS:
+        raise InvalidInput(f"a job lists 1 to {MAX_CONTACTS} contacts", field="contact_ids")
+    segment = parse_segment(data.segment) if data.segment is not None else None
+    try:
+        sequence = get_sequence(conn, project_id, data.sequence_id)
+    except NotFound:
+        raise NotFound("sequence not found", field="sequence_id") from None
+    if sequence.current_version_id is None or sequence.status != "active":
+        raise InvalidInput("the sequence must be published and active", field="sequence_id")
+    if data.anchor_at is not None and data.anchor_at.tzinfo is None:
+        raise InvalidInput("anchor_at needs a time zone offset", field="anchor_at")
+    if data.anchor_attribute is not None:
+        if data.anchor_at is not None:
+            raise InvalidInput("give anchor_at or anchor_attribute, not both", field="anchor_attribute")
+        if not data.anchor_attribute.startswith("contact.attributes.") or len(data.anchor_attribute) <= 19:
+            raise InvalidInput("anchor_attribute is contact.attributes.<key>", field="anchor_attribute")
+    validation.json_value(data.variables, "variables")
+    params = {
+        "project_id": project_id,
+        "sequence_id": data.sequence_id,
+        "segment": Jsonb(data.segment) if data.segment is not None else None,
+        "variables": Jsonb(data.variables),
+        "anchor_at": data.anchor_at,
+        "anchor_attribute": data.anchor_attribute,
+        "idempotency_key": idempotency_key,
+        "now": now,
+    }
+    row = conn.execute(QUERIES["insert_job"], params).fetchone()
+    assert row is not None
+    job_id: uuid.UUID = row[0]
+    if segment is not None:
+        predicate, values = compile_conditions(segment)
+        query = (
+            "INSERT INTO followup_bulk_job_items (job_id, position, contact_id)"
+            " SELECT %s, row_number() OVER (ORDER BY c.id), c.id FROM {} WHERE c.project_id = %s"
+            " AND c.erased_at IS NULL AND {}"
+        )
+        conn.execute(sql.SQL(query).format(SEGMENT_CONTEXT, predicate), [job_id, project_id, *values])
+    else:
+        with conn.cursor().copy(
+            "COPY followup_bulk_job_items (job_id, position, contact_id, phone) FROM STDIN"
+        ) as copy:
+            position = 0
+            for contact_id in data.contact_ids or []:
+                position += 1
+                copy.write_row((job_id, position, contact_id, None))
+            for phone in data.phones or []:
+                position += 1
+                copy.write_row((job_id, position, None, phone.replace("\x00", "")[:64]))
+    conn.execute(QUERIES["set_total"], {"id": job_id})
+    job = get_job(conn, project_id, job_id)
+    log.info(
+        "bulk job created", extra={"project_id": str(project_id), "job_id": str(job_id), "total": job.total}
+    )
+    return job, True
+
+
+def get_job(conn: Connection[Any], project_id: uuid.UUID, job_id: uuid.UUID) -> BulkJob:
+    with conn.cursor(row_factory=class_row(BulkJob)) as cur:
+        job = cur.execute(QUERIES["get_job"], {"project_id": project_id, "id": job_id}).fetchone()
+    if job is None:
+        raise NotFound("bulk enrollment not found", field="job_id")
+    return job
+
+
+def list_jobs(
+    conn: Connection[Any], project_id: uuid.UUID, *, limit: int, after: uuid.UUID | None = None
+) -> list[BulkJob]:
+    with conn.cursor(row_factory=class_row(BulkJob)) as cur:
+        return cur.execute(
+            QUERIES["list_jobs"], {"project_id": project_id, "limit": limit, "after": after}
+        ).fetchall()
+
+
+def cancel_job(conn: Connection[Any], project_id: uuid.UUID, job_id: uuid.UUID, *, now: datetime) -> BulkJob:
+    """Ask the job to stop at its next chunk (a finished job is returned as it is)."""
+    conn.execute(QUERIES["request_cancel"], {"project_id": project_id, "id": job_id, "now": now})
+    return get_job(conn, project_id, job_id)
+
+
+def skipped_rows(
+    conn: Connection[Any], project_id: uuid.UUID, job_id: uuid.UUID
+) -> Iterator[tuple[Any, ...]]:
+    """The contacts the job skipped, with the reason (position, contact_id, phone, reason), in order."""
+    get_job(conn, project_id, job_id)
+    with conn.cursor(name=f"skipped_{job_id.hex}") as cur:  # server-side: a long list is streamed
+        cur.execute(QUERIES["skipped_items"], {"project_id": project_id, "job_id": job_id})
+        yield from cur
+
+
+# --- processing -----------------------------------------------------------------------------------------
+
+
+def process_chunk(pool: ConnectionPool, clock: Clock, *, chunk: int = CHUNK) -> int:
+    """Move the oldest unfinished job on by one chunk; returns how many contacts it handled (0: nothing
+    to do, or every job is being processed by another worker)."""
+    now = clock.now()
+    with pool.connection() as conn:
+        with conn.cursor(row_factory=dict_row) as cur:
+            job = cur.execute(QUERIES["lock_next_job"]).fetchone()
+        if job is None:
+            return 0
+        context = {"job_id": str(job["id"]), "project_id": str(job["project_id"])}
+        if job["cancel_requested"]:
+            _advance(conn, job, job["cursor"], [], "cancelled", now)
+            log.info("bulk job cancelled", extra=context | {"processed": job["processed"]})
+            return 0
+        items = conn.execute(
+            QUERIES["next_items"], {"job_id": job["id"], "cursor": job["cursor"], "limit": chunk}
+        ).fetchall()
+        outcomes = _enroll_chunk(conn, job, items, now)
+        status = "running" if len(items) == chunk else "completed"
+        _advance(conn, job, items[-1][0] if items else job["cursor"], outcomes, status, now)
+        log.info(
+            "bulk job chunk" if status == "running" else "bulk job completed",
+            extra=context | {"contacts": len(items), "processed": job["processed"] + len(items)},
+        )
+    return len(items)
+
+
+def _enroll_chunk(
+    conn: Connection[Any], job: dict[str, Any], items: list[tuple[Any, ...]], now: datetime
+) -> list[dict[str, Any]]:
+    """Enroll the chunk's contacts, each in a savepoint; returns each one's outcome."""
+    project_id = job["project_id"]
+    phones: dict[str, str | None] = {}
+    for _, _, phone in items:
+        if phone is not None:
+            try:
+                phones[phone] = validation.phone(phone)
+            except InvalidInput:
+                phones[phone] = None
+    by_phone = (
+        dict(
+            conn.execute(
+                QUERIES["contacts_by_phone"],
+                {"project_id": project_id, "phones": [p for p in phones.values() if p is not None]},
+            ).fetchall()
+        )
+        if phones
+        else {}
+    )
+    anchors: dict[uuid.UUID, Any] = {}
+    key = (job["anchor_attribute"] or "").removeprefix("contact.attributes.")
+    if key:
+        ids = [c for _, c, _ in items if c is not None] + list(by_phone.values())
+        anchors = dict(conn.execute(QUERIES["anchors"], {"project_id": project_id, "key": key, "ids": ids}))
+    outcomes = []
+    for position, contact_id, phone in items:
+        if phone is not None:
+            normalized = phones[phone]
+            if normalized is None:
+                outcomes.append({"position": position, "outcome": "skipped", "reason": "invalid_phone"})
+                continue
+            contact_id = by_phone.get(normalized)
+        if contact_id is None:
+            outcomes.append({"position": position, "outcome": "skipped", "reason": "unknown_contact"})
+            continue
+        anchor_at = job["anchor_at"]
+        if key:
+            anchor_at = _anchor(anchors.get(contact_id))
+            if anchor_at is None:
+                outcomes.append({"position": position, "outcome": "skipped", "reason": "missing_anchor"})
+                continue
+        request = EnrollRequest(
+            contact_id=contact_id,
+            sequence_id=job["sequence_id"],
+            variables=job["variables"],
+            anchor_at=anchor_at,
+        )
+        try:
+            with conn.transaction():
+                enroll(conn, project_id, request, now=now, source="bulk")
+        except EnrollmentRejected as rejection:
+            outcomes.append(
+                {"position": position, "outcome": "skipped", "reason": rejection.code or "rejected"}
+            )
+            continue
+        except NotFound:  # the contact was deleted since the job was created
+            outcomes.append({"position": position, "outcome": "skipped", "reason": "unknown_contact"})
+            continue
+        except FollowupsError as refusal:
+            outcomes.append({"position": position, "outcome": "skipped", "reason": refusal.code or "invalid"})
+            continue
+        outcomes.append({"position": position, "outcome": "enrolled", "reason": None})
+    return outcomes
+
+
+def _anchor(raw: Any) -> datetime | None:
+    try:
+        value = datetime.fromisoformat(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+    return value if value is not None and value.tzinfo is not None else None
+
+
+def _advance(
+    conn: Connection[Any],
+    job: dict[str, Any],
+    cursor: int,
+    outcomes: list[dict[str, Any]],
+    status: str,
+    now: datetime,
+) -> None:
+    """Write the chunk's outcomes and move the job on, with its progress (or completed) event."""
+    if outcomes:
+        conn.execute(QUERIES["record_items"], {"job_id": job["id"], "items": Jsonb(outcomes)})
+    skipped = dict(job["skipped"])
+    for outcome in outcomes:
+        if outcome["outcome"] == "skipped":
+            skipped[outcome["reason"]] = skipped.get(outcome["reason"], 0) + 1
+    enrolled = job["enrolled"] + sum(1 for o in outcomes if o["outcome"] == "enrolled")
+    processed = job["processed"] + len(outcomes)
+    progress_at = job["progress_at"]
+    events: list[BulkJobProgress | BulkJobCompleted] = []
+    counts = {"processed": processed, "total": job["total"], "enrolled": enrolled, "skipped": skipped}
+    if status in ("completed", "cancelled"):
+        events.append(BulkJobCompleted(job_id=job["id"], status=status, **counts))
+    elif progress_at is None or now - progress_at >= PROGRESS_EVERY:
+        events.append(BulkJobProgress(job_id=job["id"], **counts))
+        progress_at = now
+    conn.execute(
+        QUERIES["advance"],
+        {
+            "id": job["id"],
+            "cursor": cursor,
+            "processed": processed,
+            "enrolled": enrolled,
+            "skipped": Jsonb(skipped),
+            "skipped_count": sum(skipped.values()),
+            "status": status,
+            "progress_at": progress_at,
+            "now": now,
+        },
+    )
+    write_events(conn, job["project_id"], events, occurred_at=now)

@@ -1,0 +1,89 @@
+-- name: by_idempotency_key
+-- The job a create with this Idempotency-Key made before.
+SELECT id FROM followup_bulk_jobs WHERE project_id = %(project_id)s AND idempotency_key = %(key)s
+
+-- name: insert_job
+-- A new job (queued); its contacts follow.
+INSERT INTO followup_bulk_jobs (project_id, sequence_id, segment, variables, anchor_at, anchor_attribute,
+                                idempotency_key, created_at, updated_at)
+VALUES (%(project_id)s, %(sequence_id)s, %(segment)s, %(variables)s, %(anchor_at)s, %(anchor_attribute)s,
+        %(idempotency_key)s, %(now)s, %(now)s)
+RETURNING id
+
+-- name: set_total
+-- How many contacts the job holds, once they are in.
+UPDATE followup_bulk_jobs SET total = (SELECT count(*) FROM followup_bulk_job_items WHERE job_id = %(id)s)
+WHERE id = %(id)s
+
+-- name: get_job
+-- One job of a project.
+SELECT id, sequence_id, status, total, processed, enrolled, skipped, segment, variables, anchor_at,
+       anchor_attribute, cancel_requested, error, created_at, updated_at, finished_at
+FROM followup_bulk_jobs
+WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: list_jobs
+-- A page of a project's jobs, oldest first.
+SELECT id, sequence_id, status, total, processed, enrolled, skipped, segment, variables, anchor_at,
+       anchor_attribute, cancel_requested, error, created_at, updated_at, finished_at
+FROM followup_bulk_jobs
+WHERE project_id = %(project_id)s
+  AND (%(after)s::uuid IS NULL
+       OR (created_at, id) > (SELECT a.created_at, a.id FROM followup_bulk_jobs a
+                             WHERE a.project_id = %(project_id)s AND a.id = %(after)s::uuid))
+ORDER BY created_at, id
+LIMIT %(limit)s
+
+-- name: request_cancel
+-- Ask a job to stop at its next chunk (a finished job stays as it is).
+UPDATE followup_bulk_jobs SET cancel_requested = true, updated_at = %(now)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND status IN ('queued', 'running')
+
+-- name: lock_next_job
+-- The oldest unfinished job no other worker is processing: its row stays locked for the chunk, so one
+-- worker at a time moves a job on, and a worker that dies releases it with its transaction.
+SELECT id, project_id, sequence_id, variables, anchor_at, anchor_attribute, cursor, total, processed,
+       enrolled, skipped, cancel_requested, progress_at
+FROM followup_bulk_jobs
+WHERE status IN ('queued', 'running')
+ORDER BY created_at, id
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+
+-- name: next_items
+-- The job's next chunk of contacts after its cursor.
+SELECT position, contact_id, phone FROM followup_bulk_job_items
+WHERE job_id = %(job_id)s AND position > %(cursor)s
+ORDER BY position
+LIMIT %(limit)s
+
+-- name: contacts_by_phone
+-- The project's contacts with these phones.
+SELECT phone, id FROM contacts WHERE project_id = %(project_id)s AND phone = ANY(%(phones)s)
+
+-- name: anchors
+-- The anchor each contact holds in a custom attribute (ISO 8601 text).
+SELECT id, attributes ->> %(key)s::text FROM contacts WHERE project_id = %(project_id)s AND id = ANY(%(ids)s)
+
+-- name: record_items
+-- Each contact's outcome in the chunk.
+UPDATE followup_bulk_job_items i SET outcome = r.outcome, reason = r.reason
+FROM jsonb_to_recordset(%(items)s::jsonb) AS r(position bigint, outcome text, reason text)
+WHERE i.job_id = %(job_id)s AND i.position = r.position
+
+-- name: advance
+-- The job after a chunk: its cursor, counts and status.
+UPDATE followup_bulk_jobs
+SET cursor = %(cursor)s, processed = %(processed)s, enrolled = %(enrolled)s, skipped = %(skipped)s,
+    skipped_count = %(skipped_count)s, status = %(status)s, progress_at = %(progress_at)s,
+    finished_at = CASE WHEN %(status)s IN ('completed', 'cancelled') THEN %(now)s::timestamptz END,
+    updated_at = %(now)s
+WHERE id = %(id)s
+
+-- name: skipped_items
+-- The contacts a job skipped, with the reason, in order.
+SELECT i.position, i.contact_id, i.phone, i.reason
+FROM followup_bulk_job_items i
+JOIN followup_bulk_jobs j ON j.id = i.job_id
+WHERE j.project_id = %(project_id)s AND i.job_id = %(job_id)s AND i.outcome = 'skipped'
+ORDER BY i.position

@@ -1,0 +1,128 @@
+"""Bulk enrollments (a list of contacts or a frozen segment, enrolled by a resumable job) and campaigns
+(each released recipient enters the campaign's no-reply sequence)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post, put
+from litestar.params import FromPath, FromQuery, JSONBody
+from litestar.response import Stream
+
+from libs.common.followups import campaigns
+from libs.common.followups.campaigns import Campaign, CampaignPut
+from libs.common.rules import bulk
+from libs.common.rules.bulk import BulkCreate, BulkJob
+from services.api.deps import PageLimit, ProjectId, nudge_triggers, page, runtime_of, transaction
+
+
+class BulkEnrollmentsController(Controller):
+    path = "/v1/bulk-enrollments"
+    tags = ["bulk enrollments"]
+
+    @post("/", sync_to_thread=True)
+    def create(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[BulkCreate]
+    ) -> Response[BulkJob]:
+        """Enroll a list of contacts (``contact_ids`` and/or ``phones``, up to 100,000) or the contacts a
+        ``segment`` matches now in a sequence. 202 with the queued job; with an ``Idempotency-Key`` header,
+        a retry returns the same job (200)."""
+        runtime = runtime_of(request)
+        key = request.headers.get("idempotency-key")
+        with transaction(runtime) as conn:
+            job, created = bulk.create_job(
+                conn, project_id, data, idempotency_key=key, now=runtime.clock.now()
+            )
+        if created:
+            nudge_triggers(runtime, project_id)
+        return Response(job, status_code=202 if created else 200)
+
+    @get("/", sync_to_thread=True)
+    def list(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        limit: PageLimit = 50,
+        after: FromQuery[uuid.UUID | None] = None,
+    ) -> dict[str, Any]:
+        with transaction(runtime_of(request)) as conn:
+            rows = bulk.list_jobs(conn, project_id, limit=limit + 1, after=after)
+        return page(rows, limit)
+
+    @get("/{job_id:uuid}", sync_to_thread=True)
+    def read(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, job_id: FromPath[uuid.UUID]
+    ) -> BulkJob:
+        """Progress: status (queued, running, completed, cancelled, failed), total, processed, enrolled, and
+        skipped contacts by reason."""
+        with transaction(runtime_of(request)) as conn:
+            return bulk.get_job(conn, project_id, job_id)
+
+    @post("/{job_id:uuid}/cancel", sync_to_thread=True, status_code=200)
+    def cancel(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, job_id: FromPath[uuid.UUID]
+    ) -> BulkJob:
+        """Stop the job at its next chunk (contacts already enrolled stay enrolled)."""
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            job = bulk.cancel_job(conn, project_id, job_id, now=runtime.clock.now())
+        nudge_triggers(runtime, project_id)
+        return job
+
+    @get("/{job_id:uuid}/skipped", sync_to_thread=True)
+    def skipped(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, job_id: FromPath[uuid.UUID]
+    ) -> Stream:
+        """The skipped contacts with their reason, as CSV: position, contact_id, phone, reason."""
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            bulk.get_job(conn, project_id, job_id)  # 404 before the stream starts
+
+        def lines() -> Iterator[str]:
+            out = io.StringIO()
+            writer = csv.writer(out)
+            writer.writerow(["position", "contact_id", "phone", "reason"])
+            with transaction(runtime) as conn:
+                for row in bulk.skipped_rows(conn, project_id, job_id):
+                    writer.writerow(["" if value is None else value for value in row])
+                    if out.tell() > 64_000:
+                        yield out.getvalue()
+                        out.seek(0)
+                        out.truncate()
+            yield out.getvalue()
+
+        return Stream(
+            lines(),
+            media_type="text/csv",
+            headers={"Content-Disposition": f'attachment; filename="bulk-{job_id}-skipped.csv"'},
+        )
+
+
+class CampaignsController(Controller):
+    path = "/v1/campaigns"
+    tags = ["bulk enrollments"]
+
+    @put("/{campaign_id:uuid}", sync_to_thread=True)
+    def put(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        campaign_id: FromPath[uuid.UUID],
+        data: JSONBody[CampaignPut],
+    ) -> Campaign:
+        """Set the campaign's no-reply sequence: each recipient released (``campaign.recipient_released``)
+        is enrolled in it, once."""
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            return campaigns.put_campaign(conn, project_id, campaign_id, data, now=runtime.clock.now())
+
+    @get("/{campaign_id:uuid}", sync_to_thread=True)
+    def read(
+        self, request: Request[Any, Any, Any], project_id: ProjectId, campaign_id: FromPath[uuid.UUID]
+    ) -> Campaign:
+        with transaction(runtime_of(request)) as conn:
+            return campaigns.get_campaign(conn, project_id, campaign_id)
