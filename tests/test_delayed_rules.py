@@ -26,10 +26,10 @@ from prometheus_client import REGISTRY
 from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
 from libs.common.rules.executions import Swept, sweep
-from libs.common.rules.triggers import process_triggers
 from tests.conftest import Project
 from tests.factories import new_phone
 from tests.helpers import rows
+from tests.rule_helpers import add_label, create_rule, post_event, process
 
 PROBLEM_JSON = "application/problem+json"
 STALE_AFTER = timedelta(days=1)
@@ -54,28 +54,8 @@ def set_time(runtime: Runtime, value: str) -> None:
     clock.set(at(value))
 
 
-def add_label(*labels: str) -> dict[str, Any]:
-    return {"type": "add_label", "labels": list(labels)}
-
-
 def send(text: str = FOLLOW_UP) -> dict[str, Any]:
     return {"type": "send_message", "text": text}
-
-
-def create_rule(
-    client: TestClient[Any],
-    event: str,
-    actions: list[dict[str, Any]],
-    conditions: dict[str, Any] | None = None,
-    **fields: Any,
-) -> str:
-    body: dict[str, Any] = {"name": f"on {event}", "event": event, "actions": actions, **fields}
-    if conditions is not None:
-        body["conditions"] = conditions
-    response = client.post("/v1/rules", json=body)
-    assert response.status_code == 201, response.text
-    rule_id: str = response.json()["id"]
-    return rule_id
 
 
 def patch_rule(client: TestClient[Any], rule_id: str, **fields: Any) -> dict[str, Any]:
@@ -83,24 +63,6 @@ def patch_rule(client: TestClient[Any], rule_id: str, **fields: Any) -> dict[str
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
-
-
-def post_event(client: TestClient[Any], event: dict[str, Any]) -> dict[str, Any]:
-    response = client.post("/v1/events", json=event)
-    assert response.status_code < 300, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
-def process(runtime: Runtime) -> int:
-    """The triggers service's work until no trigger is due: how many triggers it claimed."""
-    total = 0
-    for _ in range(20):
-        claimed = process_triggers(runtime.pool, runtime.clock).triggers
-        if claimed == 0:
-            return total
-        total += claimed
-    raise AssertionError("process_triggers never ran out of due triggers")
 
 
 def fire(runtime: Runtime, stale_after: timedelta = STALE_AFTER) -> Swept:
