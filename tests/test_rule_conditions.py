@@ -2,7 +2,8 @@
 documented semantics, over random trees and random contexts stored as real rows; no user value (custom
 attribute keys included) ever reaches the SQL text; invalid trees are rejected naming the JSON path.
 
-The evaluator below is written from ``libs.common.rules.conditions``' docstring, not from its SQL:
+The evaluator below is written from what ``libs.common.rules.conditions`` documents (its docstring and the
+catalogue's descriptions), not from its SQL:
 
 * text ignores ASCII case only (A-Z fold to a-z, every other letter compares as written);
 * a leaf about an absent value is false, and a negative operator is NOT of its positive one;
@@ -539,12 +540,12 @@ NOTHING: SearchStrategy[Any] = st.nothing()
 
 
 #: Ways to write a text in another case (Python's mapping: non-ASCII letters change too).
-CASES: tuple[Callable[[str], str], ...] = (str.strip, str.upper, str.lower, str.swapcase, str.title)
+CASES: tuple[Callable[[str], str], ...] = (str.upper, str.lower, str.swapcase, str.title)
 
 
 def recased(texts: SearchStrategy[str]) -> SearchStrategy[str]:
     """One of ``texts`` as written or in another case."""
-    return st.tuples(texts, st.sampled_from(CASES[1:]), st.booleans()).map(
+    return st.tuples(texts, st.sampled_from(CASES), st.booleans()).map(
         lambda drawn: drawn[1](drawn[0]) if drawn[2] else drawn[0]
     )
 
@@ -620,10 +621,6 @@ def make_leaf(attribute: str, operator: str, value: Any = ABSENT) -> dict[str, A
     if value is not ABSENT:
         raw["value"] = value
     return raw
-
-
-def _ops(operators: list[str], values: SearchStrategy[Any]) -> SearchStrategy[tuple[str, Any]]:
-    return st.tuples(st.sampled_from(operators), values)
 
 
 def choices(attribute: str, pools: Pools) -> list[tuple[str, SearchStrategy[Any]]]:
@@ -857,7 +854,7 @@ def examples(draw: st.DrawFn) -> tuple[Context, list[Any]]:
         for attribute in attributes
         for operator, values in choices(attribute, pools)
     ]
-    return ctx, probes + draw(st.lists(trees(leaves(pools)), min_size=1, max_size=20))
+    return ctx, probes + draw(st.lists(trees(leaves(pools)), min_size=1, max_size=12))
 
 
 QUICK = settings(
@@ -880,7 +877,7 @@ def test_the_evaluator_knows_every_attribute_of_the_catalogue() -> None:
 
 # no shrinking: an example is a few hundred leaves, each alone already; a failure names the leaves that
 # disagree, where shrinking them would take minutes
-@settings(QUICK, max_examples=100, phases=[Phase.explicit, Phase.generate])
+@settings(QUICK, max_examples=80, phases=[Phase.explicit, Phase.generate])
 @given(example=examples())
 def test_sql_agrees_with_the_documented_semantics(
     pool: ConnectionPool, project: Project, example: tuple[Context, list[Any]]
@@ -966,7 +963,8 @@ SEMANTICS: list[tuple[Any, bool]] = [
     (_leaf("conversation.labels", "is_not_present"), True),
     (_leaf("message.type", "equal_to", "INCOMING"), True),
     (_leaf("message.content", "contains", "stop"), True),
-    (_leaf("lead.status", "equal_to", "won"), True),  # another contact's lead is never the event's own
+    # the newest, of two: the lowest id (another contact's lead, though the payload's, is not the event's)
+    (_leaf("lead.status", "equal_to", "won"), True),
     (_leaf("deal.stage", "equal_to", "proposal"), True),  # the event's own deal, though not the newest
     (_leaf("changed", "contains", "conversation.status"), True),
     (_leaf("changed", "contains", "Conversation.Status"), False),  # attribute names are not text
