@@ -4,6 +4,8 @@ then count what happened."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from datetime import timedelta
 
 from psycopg.rows import class_row
 from psycopg_pool import ConnectionPool
@@ -22,8 +24,13 @@ from libs.common.followups.release_step import (
 QUERIES = load_queries("services.release", "claim.sql")
 
 
-def release_one(pool: ConnectionPool, clock: Clock, settings: FollowupSettings) -> Released | None:
-    """Release the oldest due enrollment, if any; returns what happened, or None when nothing is due."""
+def release_one(
+    pool: ConnectionPool, clock: Clock, settings: FollowupSettings, ai_lease: timedelta | None = None
+) -> Released | None:
+    """Release the oldest due enrollment, if any; returns what happened, or None when nothing is due.
+
+    ``ai_lease`` (a model is configured): an AI step is leased for that long and returned as ``lease``; the
+    caller sends it to the ai_steps service once committed."""
     now = clock.now()
     claimed_id: uuid.UUID | None = None
     try:
@@ -35,7 +42,7 @@ def release_one(pool: ConnectionPool, clock: Clock, settings: FollowupSettings) 
             if row is None:
                 return None
             claimed_id = row.id
-            released = release_claimed(conn, row, settings, now=now)
+            released = release_claimed(conn, row, settings, now=now, ai_lease=ai_lease)
             conn.commit()
     except Exception as exc:
         if claimed_id is None:
@@ -45,11 +52,23 @@ def release_one(pool: ConnectionPool, clock: Clock, settings: FollowupSettings) 
     return released
 
 
-def release_batch(pool: ConnectionPool, clock: Clock, settings: FollowupSettings, limit: int = 100) -> int:
-    """Release due enrollments one transaction at a time, up to ``limit``; returns how many were handled."""
+def release_batch(
+    pool: ConnectionPool,
+    clock: Clock,
+    settings: FollowupSettings,
+    limit: int = 100,
+    *,
+    ai_lease: timedelta | None = None,
+    on_lease: Callable[[Released], None] | None = None,
+) -> int:
+    """Release due enrollments one transaction at a time, up to ``limit``; returns how many were handled.
+    ``on_lease`` hears of each AI step leased (after its commit)."""
     handled = 0
     while handled < limit:
-        if release_one(pool, clock, settings) is None:
+        released = release_one(pool, clock, settings, ai_lease)
+        if released is None:
             break
+        if released.action == "lease" and on_lease is not None:
+            on_lease(released)
         handled += 1
     return handled

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from datetime import timedelta
 from typing import Any
 
 import dramatiq
@@ -9,7 +11,10 @@ import dramatiq
 from libs.common.contracts import actors
 from libs.common.core.loops import PollingLoop
 from libs.common.core.runtime import Runtime, Service
+from libs.common.followups.release_step import Released
 from services.release.release import release_batch
+
+log = logging.getLogger(__name__)
 
 #: Name of the release polling loop.
 RELEASE_LOOP = "release"
@@ -17,9 +22,32 @@ RELEASE_LOOP = "release"
 
 def build(runtime: Runtime) -> Service:
     settings = runtime.settings
+    ai_lease = timedelta(milliseconds=settings.ai.lease_ms) if settings.ai.base_url else None
+
+    def leased(released: Released) -> None:
+        """An AI step leased: the ai_steps service writes it (lost, the lease expires and it comes back)."""
+        assert released.project_id and released.fence is not None and released.step_index is not None
+        try:
+            actors.send(
+                runtime.broker,
+                actors.AI_STEP,
+                actors.AiStepDue(
+                    project_id=released.project_id,
+                    enrollment_id=released.enrollment_id,
+                    step_index=released.step_index,
+                    fence=released.fence,
+                ),
+            )
+        except Exception:
+            log.warning(
+                "ai step not sent", extra={"enrollment_id": str(released.enrollment_id)}, exc_info=True
+            )
+
     loop = PollingLoop(
         RELEASE_LOOP,
-        lambda: release_batch(runtime.pool, runtime.clock, settings.followup),
+        lambda: release_batch(
+            runtime.pool, runtime.clock, settings.followup, ai_lease=ai_lease, on_lease=leased
+        ),
         poll_interval=settings.worker.poll_interval_seconds,
         idle_max_sleep=settings.worker.idle_max_sleep_seconds,
     )

@@ -59,6 +59,20 @@ class ReleaseNudge(Payload):
 RELEASE_NUDGE = Contract(RELEASE_QUEUE, "release_nudge", ReleaseNudge)
 
 
+class AiStepDue(Payload):
+    """An AI step was leased for its model call: write the message, then run the second pass fenced on
+    ``fence`` (the enrollment's attempts when it was leased)."""
+
+    project_id: uuid.UUID
+    enrollment_id: uuid.UUID
+    step_index: int
+    fence: int
+
+
+#: Sent by the release service after it leased an AI step; consumed by the ai_steps service.
+AI_STEP = Contract(AI_STEPS_QUEUE, "ai_step", AiStepDue)
+
+
 class TriggersNudge(Payload):
     """Triggers were recorded (or webhook deliveries queued): wake the triggers service's loops."""
 

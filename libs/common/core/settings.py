@@ -70,6 +70,15 @@ class RuleSettings(_Settings):
     execution_stale_after_seconds: float = 86400.0
 
 
+class AiSettings(_Settings):
+    base_url: str | None = None
+    api_key: str | None = None
+    model: str = "gpt-4o-mini"
+    timeout_seconds: float = 20.0
+    lease_ms: int = 120_000
+    concurrency: int = 16
+
+
 class LogSettings(_Settings):
     level: str = "INFO"
     json: bool = True
@@ -163,6 +172,31 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             "A delayed rule found more than this late (the workers were down) is skipped `expired`.",
         ),
     ),
+    AiSettings: (
+        Variable(
+            "AI_BASE_URL",
+            "base_url",
+            None,
+            "OpenAI-compatible API of the model AI steps use (`https://api.openai.com/v1`, vLLM, Ollama's"
+            " `/v1`, llama.cpp server). Unset: every AI step takes its fallback (`ai_unavailable`).",
+        ),
+        Variable("AI_API_KEY", "api_key", None, "Bearer key for `AI_BASE_URL` (unset: none sent)."),
+        Variable("AI_MODEL", "model", "gpt-4o-mini", "Model name sent with each AI step's request."),
+        Variable(
+            "AI_TIMEOUT_SECONDS",
+            "timeout_seconds",
+            20.0,
+            "Longest wait for a model answer (then `ai_timeout`).",
+        ),
+        Variable(
+            "FOLLOWUP_AI_LEASE_MS",
+            "lease_ms",
+            120_000,
+            "How long an AI step is leased for its model call; a worker that dies lets it expire and the step"
+            " is run again with a new fence.",
+        ),
+        Variable("AI_CONCURRENCY", "concurrency", 16, "Model calls one ai_steps process makes at once."),
+    ),
     LogSettings: (
         Variable("LOG_LEVEL", "level", "INFO", "DEBUG, INFO, WARNING or ERROR."),
         Variable("LOG_JSON", "json", True, "One JSON object per log line (`false`: plain text)."),
@@ -212,6 +246,10 @@ CHECKS: dict[str, Check] = {
     "FOLLOWUP_BACKOFF_MAX_SECONDS": _positive,
     "RULES_SWEEP_INTERVAL_SECONDS": _positive,
     "RULES_EXECUTION_STALE_AFTER_SECONDS": _positive,
+    "AI_BASE_URL": _prefix("http://", "https://"),
+    "AI_TIMEOUT_SECONDS": _positive,
+    "FOLLOWUP_AI_LEASE_MS": _positive,
+    "AI_CONCURRENCY": _positive,
     "LOG_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
 }
 
@@ -252,6 +290,7 @@ class Settings:
     followup: FollowupSettings
     log: LogSettings
     rules: RuleSettings = field(default_factory=RuleSettings)
+    ai: AiSettings = field(default_factory=AiSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -263,6 +302,7 @@ class Settings:
             followup=load(FollowupSettings, environ),
             log=load(LogSettings, environ),
             rules=load(RuleSettings, environ),
+            ai=load(AiSettings, environ),
         )
 
 

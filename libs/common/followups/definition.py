@@ -77,10 +77,19 @@ class MessageStep(_Step, kw_only=True, tag="message", tag_field="kind"):
 
 
 class AiStep(_Step, kw_only=True, tag="ai", tag_field="kind"):
-    """A message written by the model from ``instructions``; ``fallback`` when it cannot be used."""
+    """A message written by the model from ``instructions``; ``fallback`` when it cannot be used (the model
+    unavailable or failing, its answer invalid or below ``min_confidence``, the budget used up)."""
 
     instructions: str
     fallback: TemplateFallback | SkipFallback
+    #: What the message is for (the prompt's goal); the instructions say how to write it.
+    goal: str | None = None
+    #: Answers the model is less sure of than this (0 to 1) take the fallback.
+    min_confidence: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
+    #: The contact's custom attributes the model may see (none by default).
+    contact_attributes: list[str] = msgspec.field(default_factory=list)
+    #: How many of the conversation's last messages the model sees.
+    history_messages: Annotated[int, msgspec.Meta(ge=0, le=50)] = 10
 
 
 Step = MessageStep | AiStep

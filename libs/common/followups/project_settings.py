@@ -50,6 +50,9 @@ class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     retention_days: Annotated[int, msgspec.Meta(ge=1, le=3650)] = 90
     #: The project's business hours (in its time zone): a rule may count its delay in them only.
     business_hours: SendWindow | None = None
+    #: Most model tokens the project's AI steps use in a calendar month (UTC); over it, AI steps take their
+    #: fallback (``ai_budget_exhausted``) without calling the model. Null: no budget.
+    ai_monthly_token_budget: Annotated[int, msgspec.Meta(ge=1, le=10_000_000_000)] | None = None
 
 
 #: What a project without a settings row has.

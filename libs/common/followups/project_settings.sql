@@ -1,7 +1,8 @@
 -- name: get_settings
 -- A project's follow-up settings (no row: the defaults).
 SELECT send_window, consent_mode, service_window, max_per_contact_24h, send_delay_ms, max_in_flight_per_number,
-       monthly_message_quota, max_send_lane_backlog, retention_days, business_hours
+       monthly_message_quota, max_send_lane_backlog, retention_days, business_hours,
+       ai_monthly_token_budget
 FROM followup_settings
 WHERE project_id = %(project_id)s
 
@@ -9,14 +10,16 @@ WHERE project_id = %(project_id)s
 -- Replace a project's follow-up settings.
 INSERT INTO followup_settings (project_id, send_window, consent_mode, service_window, max_per_contact_24h,
                                send_delay_ms, max_in_flight_per_number, monthly_message_quota,
-                               max_send_lane_backlog, retention_days, business_hours, updated_at)
+                               max_send_lane_backlog, retention_days, business_hours, ai_monthly_token_budget,
+                               updated_at)
 VALUES (%(project_id)s, %(send_window)s, %(consent_mode)s, %(service_window)s, %(max_per_contact_24h)s,
         %(send_delay_ms)s, %(max_in_flight_per_number)s, %(monthly_message_quota)s, %(max_send_lane_backlog)s,
-        %(retention_days)s, %(business_hours)s, %(now)s)
+        %(retention_days)s, %(business_hours)s, %(ai_monthly_token_budget)s, %(now)s)
 ON CONFLICT (project_id) DO UPDATE SET
     send_window = EXCLUDED.send_window, consent_mode = EXCLUDED.consent_mode,
     service_window = EXCLUDED.service_window, max_per_contact_24h = EXCLUDED.max_per_contact_24h,
     send_delay_ms = EXCLUDED.send_delay_ms, max_in_flight_per_number = EXCLUDED.max_in_flight_per_number,
     monthly_message_quota = EXCLUDED.monthly_message_quota, max_send_lane_backlog = EXCLUDED.max_send_lane_backlog,
     retention_days = EXCLUDED.retention_days, business_hours = EXCLUDED.business_hours,
+    ai_monthly_token_budget = EXCLUDED.ai_monthly_token_budget,
     updated_at = EXCLUDED.updated_at

@@ -55,7 +55,7 @@ QUERIES = load_queries("libs.common.followups", "release_step.sql")
 _encode = msgspec.json.Encoder().encode
 
 #: What one release transaction did.
-Action = Literal["queue", "skip", "defer", "pause", "stop", "retry", "fail"]
+Action = Literal["queue", "skip", "defer", "pause", "stop", "retry", "fail", "lease"]
 
 
 class ClaimedEnrollment(msgspec.Struct, kw_only=True, frozen=True):
@@ -110,6 +110,10 @@ class Released:
     lag_seconds: float | None = None
     #: The status the enrollment finished with in this transaction (its last step, a stop, a failure).
     finished: FinalStatus | None = None
+    #: An AI step leased for its model call (action ``lease``): its project, fence and step.
+    project_id: uuid.UUID | None = None
+    fence: int | None = None
+    step_index: int | None = None
 
 
 def observe(released: Released) -> None:
@@ -150,10 +154,30 @@ class _Claim:
         return self.definition.steps[self.row.step_index]
 
 
+@dataclass(frozen=True)
+class AiDraft:
+    """What the model call of an AI step came to: the message to send, or why its fallback is taken
+    (``ai_low_confidence``, ``ai_invalid_output``, ``ai_error``, ``ai_timeout``, ``ai_budget_exhausted``)."""
+
+    text: str | None = None
+    fallback_reason: str | None = None
+
+
 def release_claimed(
-    conn: Connection[Any], row: ClaimedEnrollment, settings: FollowupSettings, *, now: datetime
+    conn: Connection[Any],
+    row: ClaimedEnrollment,
+    settings: FollowupSettings,
+    *,
+    now: datetime,
+    ai_lease: timedelta | None = None,
+    draft: AiDraft | None = None,
 ) -> Released:
-    """Release the claimed enrollment's due step, in the caller's transaction (which holds its lock)."""
+    """Release the claimed enrollment's due step, in the caller's transaction (which holds its lock).
+
+    An AI step is released in two passes: the first (``ai_lease`` set: a model is configured) leases the
+    step after the checks and returns ``lease``; the model is called holding no lock; the second pass
+    (:func:`release_drafted`, with the ``draft``) re-runs every check and constraint and queues the draft or
+    the fallback. Without a model configured, an AI step takes its fallback at once."""
     definition = version_definition(conn, row.version_id)
     params = {
         "contact_id": row.contact_id,
@@ -172,10 +196,19 @@ def release_claimed(
     checked = _checks(conn, claim) or _timing(conn, claim)
     if checked is not None:
         return checked
+    if isinstance(claim.step, AiStep) and draft is None and ai_lease is not None:
+        fence = transitions.lease(conn, claim.id, now + ai_lease)
+        log.info(
+            "ai step leased",
+            extra={"enrollment_id": str(claim.id), "step_index": row.step_index, "fence": fence},
+        )
+        return Released(
+            claim.id, "lease", "ai_step", project_id=row.project_id, fence=fence, step_index=row.step_index
+        )
     decision = constraints.check(conn, _constrained(row), claim.step, definition, state, now)
     if isinstance(decision, Hold):
         return _hold(conn, claim, decision)
-    content, reason = _render(claim, decision.template)
+    content, reason = _render(claim, decision.template, draft)
     if content is None:
         assert reason is not None
         return _skip(conn, claim, reason)
@@ -260,7 +293,9 @@ class _Content:
 TEMPLATE_REASON = "service_window_template"
 
 
-def _render(claim: _Claim, template: WhatsAppTemplate | None) -> tuple[_Content | None, str | None]:
+def _render(
+    claim: _Claim, template: WhatsAppTemplate | None, draft: AiDraft | None = None
+) -> tuple[_Content | None, str | None]:
     """What to send (or None) and the reason: the skip reason, or why a fallback or template was used."""
     step = claim.step
     if template is not None:
@@ -275,10 +310,13 @@ def _render(claim: _Claim, template: WhatsAppTemplate | None) -> tuple[_Content 
         text, fallback_reason = step.text, None
     else:
         assert isinstance(step, AiStep)
-        # the model call comes with the AI steps work; until then every AI step takes its fallback
+        if draft is not None and draft.text is not None:
+            return _Content(draft.text), None  # the model's words, sent as written (not a template)
+        # no model configured, or its answer cannot be used: the step's fallback
+        reason = draft.fallback_reason if draft is not None else None
         if not isinstance(step.fallback, TemplateFallback):
-            return None, "ai_unavailable"
-        text, fallback_reason = step.fallback.text, "ai_fallback:model_unavailable"
+            return None, reason or "ai_unavailable"
+        text, fallback_reason = step.fallback.text, f"ai_fallback:{reason or 'model_unavailable'}"
     rendered = render(text, _render_context(claim))
     if rendered.text is None:
         return None, rendered.skip_reason
@@ -451,6 +489,31 @@ class _Finishing(msgspec.Struct, frozen=True):
     project_id: uuid.UUID
     sequence_id: uuid.UUID | None
     contact_id: uuid.UUID
+
+
+def release_drafted(
+    conn: Connection[Any],
+    enrollment_id: uuid.UUID,
+    step_index: int,
+    fence: int,
+    draft: AiDraft,
+    settings: FollowupSettings,
+    *,
+    now: datetime,
+) -> Released | None:
+    """The second pass of an AI step: lock the enrollment, check the fence (still active, same step, same
+    attempts: no other pass took the step over after the lease), then release the step with the draft
+    through every check again. None: fenced out (the draft is dropped)."""
+    with conn.cursor(row_factory=class_row(ClaimedEnrollment)) as cur:
+        params = {"id": enrollment_id, "step_index": step_index, "fence": fence}
+        row = cur.execute(QUERIES["lock_fenced"], params).fetchone()
+    if row is None:
+        log.info(
+            "ai draft dropped: fenced out",
+            extra={"enrollment_id": str(enrollment_id), "step_index": step_index, "fence": fence},
+        )
+        return None
+    return release_claimed(conn, row, settings, now=now, draft=draft)
 
 
 def record_failure(

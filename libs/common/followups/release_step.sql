@@ -95,3 +95,13 @@ WHERE %(activity)s::jsonb IS NOT NULL
 -- name: failing_enrollment
 -- What the followup.failed event of an enrollment that failed for good names.
 SELECT id, project_id, sequence_id, contact_id FROM followup_enrollments WHERE id = %(id)s
+
+-- name: lock_fenced
+-- The AI step's enrollment for its second pass: still active, at the same step and attempts (the fence),
+-- locked (a release holding it is short).
+SELECT id, project_id, sequence_id, version_id, contact_id, conversation_id, number_id, step_index,
+       next_run_at, step_due_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply,
+       waiting_reason, unavailable_since
+FROM followup_enrollments
+WHERE id = %(id)s AND status = 'active' AND step_index = %(step_index)s AND attempts = %(fence)s
+FOR UPDATE

@@ -169,6 +169,14 @@ def finish(
     write_events(conn, project_id, [*preceding, *events], occurred_at=now)
 
 
+def lease(conn: Connection[Any], enrollment_id: uuid.UUID, until: datetime) -> int:
+    """Lease an AI step until ``until``; returns the fence (the attempts count now)."""
+    row = conn.execute(QUERIES["lease"], {"id": enrollment_id, "until": until}).fetchone()
+    assert row is not None
+    fence: int = row[0]
+    return fence
+
+
 def count_failure(conn: Connection[Any], enrollment_id: uuid.UUID, error: str) -> int | None:
     """Count an unexpected failure; the consecutive count, or None when the enrollment is no longer active."""
     row = conn.execute(QUERIES["count_failure"], {"id": enrollment_id, "error": error}).fetchone()

@@ -8,19 +8,21 @@ UPDATE followup_enrollments
 SET step_index = %(step_index)s, next_run_at = %(next_run_at)s, step_due_at = %(next_run_at)s,
     waiting_reason = NULL, unavailable_since = NULL,
     last_message_id = coalesce(%(message_id)s, last_message_id),
-    last_step_at = %(now)s, failure_count = 0, updated_at = %(now)s
+    last_step_at = %(now)s, failure_count = 0, locked_until = NULL, updated_at = %(now)s
 WHERE id = %(id)s
 
 -- name: defer
--- Try the same step again later, saying why (the lease stays free); unavailable_since is kept once set.
+-- Try the same step again later, saying why (an AI step's lease is given back); unavailable_since is kept
+-- once set.
 UPDATE followup_enrollments
-SET next_run_at = %(next_run_at)s, waiting_reason = %(reason)s,
+SET next_run_at = %(next_run_at)s, waiting_reason = %(reason)s, locked_until = NULL,
     unavailable_since = coalesce(%(unavailable_since)s, unavailable_since)
 WHERE id = %(id)s
 
 -- name: pause
 -- Pause active enrollments, with the reason (manual, sequence_paused).
-UPDATE followup_enrollments SET status = 'paused', reason = %(reason)s, updated_at = %(now)s
+UPDATE followup_enrollments
+SET status = 'paused', reason = %(reason)s, locked_until = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status = 'active'
 RETURNING *
 
@@ -38,11 +40,19 @@ RETURNING *
 -- advance folds in here: step_index, last message and last step time, when given.
 UPDATE followup_enrollments
 SET status = %(status)s, reason = %(reason)s, note = coalesce(%(note)s, note), finished_at = %(now)s,
-    updated_at = %(now)s,
+    locked_until = NULL, updated_at = %(now)s,
     step_index = coalesce(%(step_index)s, step_index),
     last_message_id = coalesce(%(message_id)s, last_message_id),
     last_step_at = CASE WHEN %(step_index)s::integer IS NULL THEN last_step_at ELSE %(now)s END
 WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status IN ('active', 'paused')
+
+-- name: lease
+-- Lease an AI step for its model call: the claim skips the enrollment until ``until``, and the attempts it
+-- returns is the fence the second pass must still find (a lease that expired is claimed again, with a new
+-- fence, and the late draft of the first call is dropped).
+UPDATE followup_enrollments SET locked_until = %(until)s, attempts = attempts + 1
+WHERE id = %(id)s
+RETURNING attempts
 
 -- name: count_failure
 -- Count an unexpected release failure; returns the consecutive failure count.
