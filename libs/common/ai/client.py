@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,8 @@ class ModelClient:
         self._http.close()
 
     def complete(self, messages: list[dict[str, str]]) -> ModelAnswer:
+        """One answer within ``AI_TIMEOUT_SECONDS`` in all (a server refusing ``response_format`` is asked
+        again in the time left)."""
         body: dict[str, Any] = {
             "model": self.settings.model,
             "messages": messages,
@@ -81,29 +84,55 @@ class ModelClient:
                 "json_schema": {"name": "followup_message", "schema": ANSWER_SCHEMA, "strict": True},
             },
         }
+        deadline = time.monotonic() + self.settings.timeout_seconds
         try:
-            response = self._http.post("/chat/completions", json=body)
-            if response.status_code == 400 and "response_format" in response.text:
+            status, content = self._post(body, deadline)
+            if status == 400 and b"response_format" in content:
                 del body["response_format"]  # a server without structured output: the prompt asks for JSON
-                response = self._http.post("/chat/completions", json=body)
-        except httpx.TimeoutException:
+                status, content = self._post(body, deadline)
+        except (httpx.TimeoutException, _DeadlinePassed):
             return ModelAnswer(None, "ai_timeout")
         except httpx.HTTPError as exc:
             log.warning("model call failed", extra={"error": repr(exc)})
             return ModelAnswer(None, "ai_error")
-        if response.status_code != 200:
-            log.warning("model call failed", extra={"status_code": response.status_code})
+        if status != 200:
+            log.warning("model call failed", extra={"status_code": status})
             return ModelAnswer(None, "ai_error")
-        return _parse(response)
+        return _parse(content)
+
+    def _post(self, body: dict[str, Any], deadline: float) -> tuple[int, bytes]:
+        """POST, reading the answer until ``deadline`` at the latest (each read waits for the time left)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _DeadlinePassed
+        with self._http.stream("POST", "/chat/completions", json=body, timeout=left) as response:
+            chunks = []
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise _DeadlinePassed
+            return response.status_code, b"".join(chunks)
 
 
-def _parse(response: httpx.Response) -> ModelAnswer:
+class _DeadlinePassed(Exception):
+    """The call's time ran out."""
+
+
+def _tokens(value: Any) -> int:
+    """A usage figure as the ledger can hold it (a server's nonsense clamped, not trusted)."""
     try:
-        payload = response.json()
+        return max(0, min(int(value or 0), 2**31 - 1))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def _parse(body: bytes) -> ModelAnswer:
+    try:
+        payload = json.loads(body)
         usage = payload.get("usage") or {}
-        tokens = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        tokens = _tokens(usage.get("prompt_tokens")), _tokens(usage.get("completion_tokens"))
         content = payload["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return ModelAnswer(None, "ai_invalid_output")
     answer = _answer(content)
     if answer is None:

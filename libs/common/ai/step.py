@@ -122,23 +122,27 @@ def run_step(
         called = client.complete(build_prompt(step, context, history))
         draft = _draft(called, step)
     now = clock.now()
-    with pool.connection() as conn:
-        if called is not None:
-            conn.execute(
-                QUERIES["record_call"],
-                {
-                    "project_id": due.project_id,
-                    "prompt_tokens": called.prompt_tokens,
-                    "completion_tokens": called.completion_tokens,
-                    "enrollment_id": due.enrollment_id,
-                    "outcome": draft.fallback_reason or "drafted",
-                    "now": now,
-                },
+    try:
+        with pool.connection() as conn:
+            released = release_step.release_drafted(
+                conn, due.enrollment_id, due.step_index, due.fence, draft, settings, now=now
             )
-        released = release_step.release_drafted(
-            conn, due.enrollment_id, due.step_index, due.fence, draft, settings, now=now
-        )
-    outcome = "fenced_out" if released is None else (draft.fallback_reason or "drafted")
+            outcome = "fenced_out" if released is None else (draft.fallback_reason or "drafted")
+            if called is not None:  # the tokens were spent, whatever became of the draft
+                conn.execute(
+                    QUERIES["record_call"],
+                    {
+                        "project_id": due.project_id,
+                        "prompt_tokens": called.prompt_tokens,
+                        "completion_tokens": called.completion_tokens,
+                        "enrollment_id": due.enrollment_id,
+                        "outcome": outcome,
+                        "now": now,
+                    },
+                )
+    except Exception as exc:  # the second pass failed: counted like a release failure (backoff, then failed)
+        released = release_step.record_failure(pool, due.enrollment_id, exc, now, settings)
+        outcome = "error"
     AI_REQUESTS.labels("followup", outcome).inc()
     log.info("ai step done", extra=context_ids | {"outcome": outcome})
     if released is not None:

@@ -196,7 +196,12 @@ def release_claimed(
     checked = _checks(conn, claim) or _timing(conn, claim)
     if checked is not None:
         return checked
+    decision = constraints.check(conn, _constrained(row), claim.step, definition, state, now)
+    if isinstance(decision, Hold):
+        return _hold(conn, claim, decision)
     if isinstance(claim.step, AiStep) and draft is None and ai_lease is not None:
+        # only a step that could go out now is written: the model never sees a contact the step may not
+        # reach (no consent, outside the window, no number), and is not called again at each deferral
         fence = transitions.lease(conn, claim.id, now + ai_lease)
         log.info(
             "ai step leased",
@@ -205,9 +210,6 @@ def release_claimed(
         return Released(
             claim.id, "lease", "ai_step", project_id=row.project_id, fence=fence, step_index=row.step_index
         )
-    decision = constraints.check(conn, _constrained(row), claim.step, definition, state, now)
-    if isinstance(decision, Hold):
-        return _hold(conn, claim, decision)
     content, reason = _render(claim, decision.template, draft)
     if content is None:
         assert reason is not None
