@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from datetime import datetime
 from typing import Any
@@ -83,7 +84,8 @@ def release_recipient(
     request = EnrollRequest(
         contact_id=contact_id,
         sequence_id=campaign.sequence_id,
-        dedupe_key=f"campaign:{campaign_id}:{recipient_id}",
+        # the recipient id hashed: a dedupe key stays short whatever the platform's ids are like
+        dedupe_key=f"campaign:{campaign_id}:{hashlib.sha256(recipient_id.encode()).hexdigest()[:40]}",
         variables={"campaign_id": str(campaign_id)},
     )
     try:

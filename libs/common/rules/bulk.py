@@ -126,8 +126,16 @@ def create_job(
     if data.anchor_attribute is not None:
         if data.anchor_at is not None:
             raise InvalidInput("give anchor_at or anchor_attribute, not both", field="anchor_attribute")
-        if not data.anchor_attribute.startswith("contact.attributes.") or len(data.anchor_attribute) <= 19:
-            raise InvalidInput("anchor_attribute is contact.attributes.<key>", field="anchor_attribute")
+        key = data.anchor_attribute.removeprefix("contact.attributes.")
+        if (
+            not data.anchor_attribute.startswith("contact.attributes.")
+            or not 1 <= len(key) <= 64
+            or "\x00" in key
+        ):
+            raise InvalidInput(
+                "anchor_attribute is contact.attributes.<key> (a key of 1 to 64 characters)",
+                field="anchor_attribute",
+            )
     validation.json_value(data.variables, "variables")
     params = {
         "project_id": project_id,
@@ -140,7 +148,12 @@ def create_job(
         "now": now,
     }
     row = conn.execute(QUERIES["insert_job"], params).fetchone()
-    assert row is not None
+    if row is None:  # a concurrent create with the same Idempotency-Key committed first: its job
+        found = conn.execute(
+            QUERIES["by_idempotency_key"], {"project_id": project_id, "key": idempotency_key}
+        ).fetchone()
+        assert found is not None
+        return get_job(conn, project_id, found[0]), False
     job_id: uuid.UUID = row[0]
     if segment is not None:
         predicate, values = compile_conditions(segment)
@@ -206,19 +219,28 @@ def skipped_rows(
 
 
 def process_chunk(pool: ConnectionPool, clock: Clock, *, chunk: int = CHUNK) -> int:
-    """Move the oldest unfinished job on by one chunk; returns how many contacts it handled (0: nothing
-    to do, or every job is being processed by another worker)."""
+    """Move the oldest unfinished job on by one chunk; returns how many contacts it handled. A job that only
+    finishes (its last chunk was full, it was cancelled, it had nobody) does not end the call: the next job
+    is moved on, so 0 means there was nothing to do (or every unfinished job is held by another worker)."""
+    while True:
+        handled, moved = _one_chunk(pool, clock, chunk)
+        if handled or not moved:
+            return handled
+
+
+def _one_chunk(pool: ConnectionPool, clock: Clock, chunk: int) -> tuple[int, bool]:
+    """One chunk of the oldest unfinished job: (contacts handled, whether a job was there to move on)."""
     now = clock.now()
     with pool.connection() as conn:
         with conn.cursor(row_factory=dict_row) as cur:
             job = cur.execute(QUERIES["lock_next_job"]).fetchone()
         if job is None:
-            return 0
+            return 0, False
         context = {"job_id": str(job["id"]), "project_id": str(job["project_id"])}
         if job["cancel_requested"]:
             _advance(conn, job, job["cursor"], [], "cancelled", now)
             log.info("bulk job cancelled", extra=context | {"processed": job["processed"]})
-            return 0
+            return 0, True
         items = conn.execute(
             QUERIES["next_items"], {"job_id": job["id"], "cursor": job["cursor"], "limit": chunk}
         ).fetchall()
@@ -229,7 +251,7 @@ def process_chunk(pool: ConnectionPool, clock: Clock, *, chunk: int = CHUNK) -> 
             "bulk job chunk" if status == "running" else "bulk job completed",
             extra=context | {"contacts": len(items), "processed": job["processed"] + len(items)},
         )
-    return len(items)
+    return len(items), True
 
 
 def _enroll_chunk(
@@ -295,6 +317,13 @@ def _enroll_chunk(
             continue
         except FollowupsError as refusal:
             outcomes.append({"position": position, "outcome": "skipped", "reason": refusal.code or "invalid"})
+            continue
+        except Exception as exc:  # this contact's data must not wedge the job (a due time out of range, ...)
+            log.warning(
+                "bulk job contact failed",
+                extra={"job_id": str(job["id"]), "contact_id": str(contact_id), "error": repr(exc)},
+            )
+            outcomes.append({"position": position, "outcome": "skipped", "reason": "error"})
             continue
         outcomes.append({"position": position, "outcome": "enrolled", "reason": None})
     return outcomes

@@ -8,6 +8,7 @@ INSERT INTO followup_bulk_jobs (project_id, sequence_id, segment, variables, anc
                                 idempotency_key, created_at, updated_at)
 VALUES (%(project_id)s, %(sequence_id)s, %(segment)s, %(variables)s, %(anchor_at)s, %(anchor_attribute)s,
         %(idempotency_key)s, %(now)s, %(now)s)
+ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id
 
 -- name: set_total
