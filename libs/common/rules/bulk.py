@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import msgspec
+import psycopg
 from psycopg import Connection, sql
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
@@ -173,7 +174,8 @@ def create_job(
                 copy.write_row((job_id, position, contact_id, None))
             for phone in data.phones or []:
                 position += 1
-                copy.write_row((job_id, position, None, phone.replace("\x00", "")[:64]))
+                # kept as given (cut to 64): a malformed one is skipped invalid_phone when its turn comes
+                copy.write_row((job_id, position, None, phone.replace("\x00", "\ufffd")[:64]))
     conn.execute(QUERIES["set_total"], {"id": job_id})
     job = get_job(conn, project_id, job_id)
     log.info(
@@ -318,7 +320,8 @@ def _enroll_chunk(
         except FollowupsError as refusal:
             outcomes.append({"position": position, "outcome": "skipped", "reason": refusal.code or "invalid"})
             continue
-        except Exception as exc:  # this contact's data must not wedge the job (a due time out of range, ...)
+        except (OverflowError, ValueError, psycopg.DataError) as exc:  # this contact's data (a due time
+            # out of range, ...) must not wedge the job; anything else rolls the chunk back to be retried
             log.warning(
                 "bulk job contact failed",
                 extra={"job_id": str(job["id"]), "contact_id": str(contact_id), "error": repr(exc)},
