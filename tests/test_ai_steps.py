@@ -45,7 +45,7 @@ from services.release.release import release_batch
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment
 from tests.helpers import rows, start_worker, stop_all, wait_until
-from tests.model_server import ModelServer, model_server
+from followups.model_server import ModelServer, model_server
 from tests.test_api_sequences import assert_problem
 
 LEASE = timedelta(seconds=120)

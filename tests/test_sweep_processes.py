@@ -53,11 +53,11 @@ def _deadlocks(db_url: str) -> int:
     return _count(db_url, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
 
 
-def _last_executed(worker: Process) -> uuid.UUID | None:
-    """The execution the worker last logged as executed."""
+def _last_lease(worker: Process) -> datetime | None:
+    """The lease of the batch the worker last logged a row of (each row's log line carries it)."""
     for line in reversed(worker.lines):
         if "delayed rule executed" in line:
-            return uuid.UUID(json.loads(line)["execution_id"])
+            return datetime.fromisoformat(json.loads(line)["lease_until"])
     return None
 
 
@@ -65,19 +65,14 @@ def _stop_mid_batch(worker: Process, db_url: str) -> tuple[datetime, set[uuid.UU
     """Freeze the worker (SIGSTOP) while it is in the middle of a batch: the end of the batch's lease and the
     rows it still holds (pending, leased to it; the one in flight among them).
 
-    A batch's rows share their lease's end, ``now + LEASE`` of the sweep that claimed them, and each row
-    executed records that ``now``: the last row the worker logged gives its batch's lease. Frozen between
-    two batches (or before it logged the first row of the next), it holds none of that lease: go on a bit
-    and try again."""
+    A batch's rows share their lease's end, which each row's log line carries: the last line the worker
+    wrote gives its batch's lease. Frozen between two batches (or before it logged the first row of the
+    next), it holds none of that lease: go on a bit and try again."""
     for _ in range(100):
         worker.send(signal.SIGSTOP)
         time.sleep(0.3)  # the reader thread takes in the last lines it wrote
-        last = _last_executed(worker)
-        if last is not None:
-            # logged before its commit: still pending (frozen in between), it shows its lease
-            query = "SELECT status, locked_until, executed_at FROM rule_pending_executions WHERE id = %s"
-            [(status, locked_until, executed_at)] = _rows_of(db_url, query, last)
-            until = locked_until if status == "pending" else executed_at + LEASE
+        until = _last_lease(worker)
+        if until is not None:
             query = "SELECT id FROM rule_pending_executions WHERE status = 'pending' AND locked_until = %s"
             held = {i for (i,) in _rows_of(db_url, query, until)}
             if held:

@@ -166,8 +166,8 @@ def _enroll(
         return existing, False
     stop_on = _stop_flags(request)
     validation.json_value(request.variables, "variables")
-    max_active = _check_contact(conn, project_id, request)
-    definition, version_id = _pin_version(conn, project_id, request, stop_on, now)
+    max_active, sequence = _check_contact(conn, project_id, request)
+    definition, version_id = _pin_version(conn, project_id, request, sequence, stop_on, now)
     _check_plan_limit(conn, project_id, max_active)
     enrollment = _insert(conn, project_id, request, definition, version_id, source=source, now=now)
     if enrollment is None:  # a concurrent request with the same dedupe_key won
@@ -197,14 +197,18 @@ def _stop_flags(request: EnrollRequest) -> StopFlags:
     return request.stop_on or StopFlags()
 
 
-def _check_contact(conn: Connection[Any], project_id: uuid.UUID, request: EnrollRequest) -> int | None:
+def _check_contact(
+    conn: Connection[Any], project_id: uuid.UUID, request: EnrollRequest
+) -> tuple[int | None, tuple[bool, str | None, uuid.UUID | None]]:
     """The contact exists and has not opted out; the number and conversation are its project's and its
-    own. Returns the project's plan limit (None: no limit)."""
+    own. Returns the project's plan limit (None: no limit) and the sequence as found (found, status,
+    current version)."""
     params = {
         "project_id": project_id,
         "contact_id": request.contact_id,
         "number_id": request.number_id,
         "conversation_id": request.conversation_id,
+        "sequence_id": request.sequence_id,
     }
     contact = conn.execute(QUERIES["enrollment_contact"], params).fetchone()
     if contact is None:
@@ -217,16 +221,21 @@ def _check_contact(conn: Connection[Any], project_id: uuid.UUID, request: Enroll
         raise NotFound("conversation not found for this contact", field="conversation_id")
     if opted_out:
         raise OptedOut(field="contact_id")
-    return max_active
+    return max_active, (contact[4], contact[5], contact[6])
 
 
 def _pin_version(
-    conn: Connection[Any], project_id: uuid.UUID, request: EnrollRequest, stop_on: StopFlags, now: datetime
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    request: EnrollRequest,
+    sequence: tuple[bool, str | None, uuid.UUID | None],
+    stop_on: StopFlags,
+    now: datetime,
 ) -> tuple[Definition, uuid.UUID]:
     """The version the enrollment pins: the sequence's current one (re-entry policy applied), or a
     one-off version of the request's own steps."""
     if request.sequence_id is not None:
-        return _sequence_version(conn, project_id, request.sequence_id, request.contact_id, now)
+        return _sequence_version(conn, project_id, request.sequence_id, sequence, request.contact_id, now)
     assert request.steps is not None
     version = create_one_off_version(conn, project_id, Definition(steps=request.steps, stop_on=stop_on))
     return version_definition(conn, version.id), version.id
@@ -277,15 +286,17 @@ def _insert(
 
 
 def _sequence_version(
-    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, contact_id: uuid.UUID, now: datetime
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    sequence_id: uuid.UUID,
+    sequence: tuple[bool, str | None, uuid.UUID | None],
+    contact_id: uuid.UUID,
+    now: datetime,
 ) -> tuple[Definition, uuid.UUID]:
     """The version to pin, after the sequence's re-entry policy has been applied."""
-    row = conn.execute(
-        QUERIES["sequence_for_enrollment"], {"project_id": project_id, "id": sequence_id}
-    ).fetchone()
-    if row is None:
+    found, status, version_id = sequence
+    if not found:
         raise NotFound("sequence not found", field="sequence_id")
-    status, version_id = row
     if version_id is None or status == "archived":
         raise SequenceNotEnrollable(
             "the sequence is archived" if status == "archived" else "the sequence has no published version",

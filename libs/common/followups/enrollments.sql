@@ -6,20 +6,17 @@ WHERE project_id = %(project_id)s AND dedupe_key = %(dedupe_key)s
 
 -- name: enrollment_contact
 -- The contact (not erased) and whether it opted out; whether the number and conversation belong to it;
--- the project's plan limit.
+-- the project's plan limit; and the sequence's status and the version new enrollments pin (one round trip).
 SELECT c.opted_out_at IS NOT NULL,
        EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = c.project_id AND n.id = %(number_id)s),
        EXISTS (SELECT 1 FROM conversations v
                WHERE v.project_id = c.project_id AND v.id = %(conversation_id)s AND v.contact_id = c.id),
-       p.max_active_enrollments
+       p.max_active_enrollments,
+       s.id IS NOT NULL AS sequence_found, s.status AS sequence_status, s.current_version_id
 FROM contacts c
 JOIN projects p ON p.id = c.project_id
+LEFT JOIN followup_sequences s ON s.project_id = c.project_id AND s.id = %(sequence_id)s::uuid
 WHERE c.project_id = %(project_id)s AND c.id = %(contact_id)s AND c.erased_at IS NULL
-
--- name: sequence_for_enrollment
--- The sequence's status and the version new enrollments pin.
-SELECT status, current_version_id FROM followup_sequences
-WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: enrolled_before
 -- Whether the contact was ever enrolled in the sequence (re-entry policy never).

@@ -283,7 +283,23 @@ def _enroll_chunk(
     if key:
         ids = [c for _, c, _ in items if c is not None] + list(by_phone.values())
         anchors = dict(conn.execute(QUERIES["anchors"], {"project_id": project_id, "key": key, "ids": ids}))
-    outcomes = []
+    outcomes: list[dict[str, Any]] = []
+    _enroll_each(conn, job, items, phones, by_phone, anchors, key, outcomes, now)
+    return outcomes
+
+
+def _enroll_each(
+    conn: Connection[Any],
+    job: dict[str, Any],
+    items: list[tuple[Any, ...]],
+    phones: dict[str, str | None],
+    by_phone: dict[str, uuid.UUID],
+    anchors: dict[uuid.UUID, Any],
+    key: str,
+    outcomes: list[dict[str, Any]],
+    now: datetime,
+) -> None:
+    project_id = job["project_id"]
     for position, contact_id, phone in items:
         if phone is not None:
             normalized = phones[phone]
@@ -329,7 +345,6 @@ def _enroll_chunk(
             outcomes.append({"position": position, "outcome": "skipped", "reason": "error"})
             continue
         outcomes.append({"position": position, "outcome": "enrolled", "reason": None})
-    return outcomes
 
 
 def _anchor(raw: Any) -> datetime | None:

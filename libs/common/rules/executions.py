@@ -284,7 +284,7 @@ def _execute(
         row = cur.execute(QUERIES["lock_leased"], {"id": execution_id, "until": until}).fetchone()
     if row is None:
         return  # done meanwhile, or taken over by another sweeper after the lease ran out
-    context = _context(row)
+    context = _context(row) | {"lease_until": until.isoformat()}
     rule = RULES.rule(conn, row["project_id"], row["rule_id"])
     reason = _guard(row, rule, holds, stale_after, now)
     if reason is not None:

@@ -1,5 +1,6 @@
-"""A fake OpenAI-compatible model server for tests: a real HTTP server on 127.0.0.1 in a thread, answering
-``POST /v1/chat/completions`` as OpenAI does (``choices[0].message.content`` and ``usage``).
+"""A local OpenAI-compatible model server for tests, benchmarks and trying AI steps without a model: a real
+HTTP server on 127.0.0.1 in a thread, answering ``POST /v1/chat/completions`` as OpenAI does
+(``choices[0].message.content`` and ``usage``).
 
 How it answers is set per test (:attr:`ModelServer.mode`):
 
