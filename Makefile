@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev test check lint format typecheck imports unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk clean
+.PHONY: help install dev test check lint format typecheck imports unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -46,7 +46,7 @@ unit: $(STAMP) ## pytest only, in parallel (PYTEST_WORKERS=auto)
 
 test: check unit ## every check and every test (what CI runs)
 
-bench: bench-release bench-stop bench-triggers bench-sweep bench-bulk ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
+bench: bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
 
 bench-release: $(STAMP) ## release throughput, lag and claim-cost benchmark
 	$(BIN)/python -m benchmarks.release $(ARGS)
@@ -62,6 +62,9 @@ bench-sweep: $(STAMP) ## delayed-rule sweep: drain 100k due executions, then lag
 
 bench-bulk: $(STAMP) ## bulk enrollment: one job of 100k contacts, against enroll() one by one
 	$(BIN)/python -m benchmarks.bulk $(ARGS)
+
+bench-ai: $(STAMP) ## AI steps through a local model answering in 500 ms, one ai_steps process
+	$(BIN)/python -m benchmarks.ai $(ARGS)
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
