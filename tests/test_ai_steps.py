@@ -31,6 +31,7 @@ from litestar.testing import TestClient
 from prometheus_client import REGISTRY
 from psycopg_pool import ConnectionPool
 
+from followups.model_server import ModelServer, model_server
 from libs.common.ai.client import ModelClient
 from libs.common.ai.step import StepDue, run_step
 from libs.common.core.clock import SYSTEM_CLOCK, Clock, ManualClock
@@ -45,7 +46,6 @@ from services.release.release import release_batch
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment
 from tests.helpers import rows, start_worker, stop_all, wait_until
-from followups.model_server import ModelServer, model_server
 from tests.test_api_sequences import assert_problem
 
 LEASE = timedelta(seconds=120)
