@@ -926,3 +926,21 @@ def test_an_ai_steps_worker_killed_mid_call_costs_only_the_lease(
     with psycopg.connect(db_url) as conn:
         [(queued,)] = conn.execute("SELECT count(*) FROM messages WHERE source = 'followup'").fetchall()
     assert queued == 1
+
+
+def test_each_call_costs_its_tokens_at_the_configured_prices(
+    runtime: Runtime, project: Project, model: ModelServer
+) -> None:
+    """The ledger's cost: prompt and completion tokens at their prices per million (120 x 2.5 + 30 x 10)."""
+    pool, clock = runtime.pool, runtime.clock
+    enroll_one(pool, clock, project)
+    [lease] = lease_all(runtime)
+    client = ModelClient(
+        AiSettings(base_url=model.base_url, prompt_price_per_million=2.5, completion_price_per_million=10.0)
+    )
+    try:
+        assert second_pass(runtime, client, due_of(lease)) is not None
+    finally:
+        client.close()
+    [(cost,)] = rows(pool, "SELECT cost_micros FROM ai_budget_ledger WHERE project_id = %s", project.id)
+    assert cost == 120 * 2.5 + 30 * 10.0

@@ -72,6 +72,14 @@ class ModelClient:
     def close(self) -> None:
         self._http.close()
 
+    def cost_micros(self, called: ModelAnswer) -> int:
+        """The call's cost in millionths of the price's currency (a price per million tokens is a price in
+        millionths per token)."""
+        return round(
+            called.prompt_tokens * self.settings.prompt_price_per_million
+            + called.completion_tokens * self.settings.completion_price_per_million
+        )
+
     def complete(self, messages: list[dict[str, str]]) -> ModelAnswer:
         """One answer within ``AI_TIMEOUT_SECONDS`` in all (a server refusing ``response_format`` is asked
         again in the time left)."""

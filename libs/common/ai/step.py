@@ -135,6 +135,7 @@ def run_step(
                         "project_id": due.project_id,
                         "prompt_tokens": called.prompt_tokens,
                         "completion_tokens": called.completion_tokens,
+                        "cost_micros": client.cost_micros(called) if client is not None else 0,
                         "enrollment_id": due.enrollment_id,
                         "outcome": outcome,
                         "now": now,

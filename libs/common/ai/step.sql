@@ -29,4 +29,4 @@ WHERE project_id = %(project_id)s AND kind = 'followup'
 INSERT INTO ai_budget_ledger (project_id, kind, tokens, prompt_tokens, completion_tokens, cost_micros,
                               reference_id, outcome, occurred_at)
 VALUES (%(project_id)s, 'followup', %(prompt_tokens)s::bigint + %(completion_tokens)s::bigint, %(prompt_tokens)s,
-        %(completion_tokens)s, 0, %(enrollment_id)s, %(outcome)s, %(now)s)
+        %(completion_tokens)s, %(cost_micros)s, %(enrollment_id)s, %(outcome)s, %(now)s)

@@ -77,6 +77,8 @@ class AiSettings(_Settings):
     timeout_seconds: float = 20.0
     lease_ms: int = 120_000
     concurrency: int = 16
+    prompt_price_per_million: float = 0.0
+    completion_price_per_million: float = 0.0
 
 
 class LogSettings(_Settings):
@@ -196,6 +198,18 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             " is run again with a new fence.",
         ),
         Variable("AI_CONCURRENCY", "concurrency", 16, "Model calls one ai_steps process makes at once."),
+        Variable(
+            "AI_PROMPT_PRICE_PER_MILLION",
+            "prompt_price_per_million",
+            0.0,
+            "Price of a million prompt tokens (in your currency): the ledger's cost of each call.",
+        ),
+        Variable(
+            "AI_COMPLETION_PRICE_PER_MILLION",
+            "completion_price_per_million",
+            0.0,
+            "Price of a million completion tokens: the ledger's cost of each call.",
+        ),
     ),
     LogSettings: (
         Variable("LOG_LEVEL", "level", "INFO", "DEBUG, INFO, WARNING or ERROR."),
@@ -208,6 +222,10 @@ S = TypeVar("S", bound=_Settings)
 
 def _positive(value: Any) -> str | None:
     return None if value > 0 else "must be positive"
+
+
+def _not_negative(value: Any) -> str | None:
+    return None if value >= 0 else "must not be negative"
 
 
 def _port(value: Any) -> str | None:
@@ -250,6 +268,8 @@ CHECKS: dict[str, Check] = {
     "AI_TIMEOUT_SECONDS": _positive,
     "FOLLOWUP_AI_LEASE_MS": _positive,
     "AI_CONCURRENCY": _positive,
+    "AI_PROMPT_PRICE_PER_MILLION": _not_negative,
+    "AI_COMPLETION_PRICE_PER_MILLION": _not_negative,
     "LOG_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
 }
 
