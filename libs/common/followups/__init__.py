@@ -7,9 +7,10 @@
     transitions    every change to an enrollment after it was created (the one writer of that table)
     stops          the stop paths of platform events
     release_step   one step, one transaction (the release service claims; the AI step's second pass too)
+    campaigns      a campaign's no-reply sequence, and its released recipients' enrollment
 
 Owns: ``followup_sequences``, ``followup_sequence_versions``, ``followup_enrollments``,
-``followup_step_runs``, ``followup_bulk_jobs``,
+``followup_step_runs``, ``followup_campaigns``,
 ``followup_instance_pacing``, ``followup_settings``.
 May import: ``platform``, ``core``, ``contracts``.
 """
