@@ -2,6 +2,6 @@
 automation rules and seed 000's enrollment triggers, one model).
 
 Owns ``rules``, ``rule_runs``, ``rule_pending_executions``, ``webhook_deliveries``, ``followup_triggers``,
-``followup_bulk_jobs`` and ``followup_bulk_job_items`` (a segment is a condition tree, so bulk jobs live here).
+``followup_bulk_jobs`` and ``followup_bulk_job_items`` (a segment is a condition tree: bulk jobs live here).
 May import: followups, platform, core and contracts.
 """
