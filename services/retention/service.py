@@ -11,29 +11,24 @@ from periodiq import cron
 from libs.common.contracts import actors
 from libs.common.core.metrics import LAST_JOB_SUCCESS
 from libs.common.core.runtime import Runtime, Service
-from libs.common.rules import executions
+from libs.common.retention.cleanup import run_retention
 
 log = logging.getLogger(__name__)
 
-#: Rows deleted per transaction.
-PRUNE_BATCH = 10_000
 #: Daily at 03:15 UTC.
 FOLLOWUP_RETENTION_SCHEDULE = "15 3 * * *"
 
 
 def build(runtime: Runtime) -> Service:
     def followup_retention() -> None:
-        """Daily clean-up: executed and skipped delayed-rule executions older than 30 days (a batch per
-        transaction). The rest of the retention rules come with the retention work."""
-        pruned = 0
-        while True:
-            with runtime.pool.connection() as conn:
-                deleted = executions.prune(conn, now=runtime.clock.now())
-            pruned += deleted
-            if deleted < PRUNE_BATCH:
-                break
-        LAST_JOB_SUCCESS.labels("followup-retention").set(time.time())
-        log.info("retention job done", extra={"job": "followup-retention", "rule_executions_pruned": pruned})
+        """The daily clean-up (``libs.common.retention.cleanup``): ``last_job_success`` moves only after a
+        run in which every step succeeded."""
+        ok = run_retention(runtime.pool, runtime.clock.now)
+        if ok:
+            LAST_JOB_SUCCESS.labels("followup-retention").set(time.time())
+            log.info("retention job done", extra={"job": "followup-retention"})
+        elif ok is False:
+            log.error("retention job failed: see the failed step above", extra={"job": "followup-retention"})
 
     dramatiq.actor(
         broker=runtime.broker,

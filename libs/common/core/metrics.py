@@ -69,6 +69,11 @@ OUTBOX_PUBLISHED: Final = Counter(
     "Domain events relayed from the outbox to the events exchange.",
     ["type"],
 )
+RETENTION_DELETED: Final = Counter(
+    "whatstig_retention_rows_deleted_total",
+    "Rows the retention job deleted, by table.",
+    ["table"],
+)
 LAST_JOB_SUCCESS: Final = Gauge(
     "last_job_success",
     "Unix time of the last successful run of a scheduled job (for example followup-retention).",

@@ -63,8 +63,6 @@ LEASE = timedelta(minutes=2)
 MAX_ATTEMPTS = 5
 BACKOFF_MIN = timedelta(seconds=30)
 BACKOFF_MAX = timedelta(hours=1)
-#: Executed and skipped rows are kept this long (an audit trail), then pruned by the retention service.
-KEEP_DONE = timedelta(days=30)
 #: How often a process recounts the pending gauge.
 GAUGE_EVERY_SECONDS = 15.0
 
@@ -402,7 +400,7 @@ def _finish(
     RULE_EXECUTION_LAG.observe(max(0.0, (now - row["due_at"]).total_seconds()))
 
 
-# --- reads and retention ---------------------------------------------------------------------------------
+# --- reads ---------------------------------------------------------------------------------
 
 
 ExecutionStatus = Literal["pending", "executed", "skipped"]
@@ -445,8 +443,3 @@ def list_executions(
     }
     with conn.cursor(row_factory=class_row(Execution)) as cur:
         return cur.execute(QUERIES["list_executions"], params).fetchall()
-
-
-def prune(conn: Connection[Any], *, now: datetime, limit: int = 10_000) -> int:
-    """Delete up to ``limit`` executed or skipped rows older than :data:`KEEP_DONE`; returns how many."""
-    return conn.execute(QUERIES["prune"], {"before": now - KEEP_DONE, "limit": limit}).rowcount

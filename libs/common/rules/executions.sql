@@ -90,10 +90,3 @@ WHERE e.project_id = %(project_id)s
                                  WHERE a.project_id = %(project_id)s AND a.id = %(after)s::uuid))
 ORDER BY e.created_at DESC, e.id DESC
 LIMIT %(limit)s
-
--- name: prune
--- Executed and skipped rows older than the audit period (a batch at a time).
-DELETE FROM rule_pending_executions
-WHERE id IN (SELECT id FROM rule_pending_executions
-             WHERE status <> 'pending' AND updated_at < %(before)s
-             LIMIT %(limit)s)

@@ -1,0 +1,87 @@
+"""The daily clean-up: each step deletes a batch of at most :data:`BATCH` rows per transaction (short locks:
+the release path keeps its speed meanwhile) until nothing is left, and counts what it deleted in
+``whatstig_retention_rows_deleted_total{table}``.
+
+    followup_enrollments     finished, older than the project's retention_days (default 90; step runs go too)
+    followup_triggers        processed, older than 7 days (rule runs go too), unless a pending delayed
+                             rule still needs it
+    rule_pending_executions  executed or skipped, older than 30 days (seed 002)
+    followup_bulk_jobs       finished, older than 30 days (with their contacts)
+    webhook_deliveries       delivered or given up, older than 30 days
+    outbox                   published more than 7 days ago
+
+The job runs in one process at a time (an advisory lock): another replica finds it taken and does nothing.
+It returns whether every step succeeded; ``last_job_success`` is set by the caller only then.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Final
+
+from psycopg_pool import ConnectionPool
+
+from libs.common.core.metrics import RETENTION_DELETED
+from libs.common.core.sql import load_queries
+
+log = logging.getLogger(__name__)
+
+QUERIES = load_queries("libs.common.retention", "cleanup.sql")
+
+#: Rows deleted per transaction.
+BATCH: Final = 5_000
+#: The steps, in order: (the table counted, the query, the rows per transaction).
+STEPS: Final = (
+    ("followup_enrollments", "finished_enrollments", BATCH),
+    ("followup_triggers", "processed_triggers", BATCH),
+    ("rule_pending_executions", "rule_executions", BATCH),
+    ("followup_bulk_jobs", "bulk_jobs", 1),  # a job takes its (up to 100,000) contacts with it
+    ("webhook_deliveries", "webhook_deliveries", BATCH),
+    ("outbox", "published_outbox", BATCH),
+)
+
+
+def run_retention(pool: ConnectionPool, now: Callable[[], datetime]) -> bool | None:
+    """Run every step; True when each succeeded, False when one failed (logged; the others still run),
+    None when another process holds the job."""
+    with pool.connection() as lock:
+        lock.autocommit = True
+        taken = lock.execute(QUERIES["try_lock"]).fetchone()
+        if not taken or not taken[0]:
+            log.info("retention skipped: another process runs it", extra={"job": "followup-retention"})
+            return None
+        try:
+            ok = True
+            for table, query, limit in STEPS:
+                try:
+                    deleted = _delete_all(pool, query, limit, now)
+                except Exception as exc:
+                    ok = False
+                    log.exception(
+                        "retention step failed",
+                        extra={"job": "followup-retention", "step": table, "error": repr(exc)},
+                    )
+                    continue
+                log.info(
+                    "retention step done",
+                    extra={"job": "followup-retention", "step": table, "deleted": deleted},
+                )
+            return ok
+        finally:
+            lock.execute(QUERIES["unlock"])
+            lock.autocommit = False
+
+
+def _delete_all(pool: ConnectionPool, query: str, limit: int, now: Callable[[], datetime]) -> int:
+    """Delete a batch per transaction until a batch comes back short; returns how many rows went."""
+    table = next(t for t, q, _ in STEPS if q == query)
+    total = 0
+    while True:
+        with pool.connection() as conn:
+            deleted = conn.execute(QUERIES[query], {"now": now(), "limit": limit}).rowcount
+        RETENTION_DELETED.labels(table).inc(deleted)
+        total += deleted
+        if deleted < limit:
+            return total
