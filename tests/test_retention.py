@@ -53,7 +53,7 @@ def seed(pool: ConnectionPool, project: Project, now: datetime) -> dict[str, Any
             )
             return uuid.UUID(str(row[0]))
 
-        ids = {
+        ids: dict[str, Any] = {
             "old_done": enrollment("completed", 91),
             "old_stopped": enrollment("stopped", 120),
             "recent_done": enrollment("completed", 89),

@@ -14,8 +14,8 @@ WHERE id IN (
     SELECT e.id FROM followup_enrollments e
     LEFT JOIN followup_settings s ON s.project_id = e.project_id
     WHERE e.status IN ('completed', 'stopped', 'failed')
-      AND e.finished_at < %(now)s - interval '1 day'
-      AND e.finished_at < %(now)s - make_interval(days => coalesce(s.retention_days, 90))
+      AND e.finished_at < %(now)s::timestamptz - interval '1 day'
+      AND e.finished_at < %(now)s::timestamptz - make_interval(days => coalesce(s.retention_days, 90))
     ORDER BY e.finished_at
     LIMIT %(limit)s
 )
@@ -26,7 +26,7 @@ WHERE id IN (
 DELETE FROM followup_triggers
 WHERE id IN (
     SELECT t.id FROM followup_triggers t
-    WHERE t.processed_at IS NOT NULL AND t.processed_at < %(now)s - interval '7 days'
+    WHERE t.processed_at IS NOT NULL AND t.processed_at < %(now)s::timestamptz - interval '7 days'
       AND NOT EXISTS (SELECT 1 FROM rule_pending_executions e WHERE e.trigger_id = t.id AND e.status = 'pending')
     ORDER BY t.processed_at
     LIMIT %(limit)s
@@ -37,7 +37,7 @@ WHERE id IN (
 DELETE FROM rule_pending_executions
 WHERE id IN (
     SELECT id FROM rule_pending_executions
-    WHERE status <> 'pending' AND updated_at < %(now)s - interval '30 days'
+    WHERE status <> 'pending' AND updated_at < %(now)s::timestamptz - interval '30 days'
     ORDER BY updated_at
     LIMIT %(limit)s
 )
@@ -47,7 +47,7 @@ WHERE id IN (
 DELETE FROM followup_bulk_jobs
 WHERE id IN (
     SELECT id FROM followup_bulk_jobs
-    WHERE status IN ('completed', 'cancelled', 'failed') AND finished_at < %(now)s - interval '30 days'
+    WHERE status IN ('completed', 'cancelled', 'failed') AND finished_at < %(now)s::timestamptz - interval '30 days'
     ORDER BY finished_at
     LIMIT %(limit)s
 )
@@ -57,7 +57,7 @@ WHERE id IN (
 DELETE FROM webhook_deliveries
 WHERE id IN (
     SELECT id FROM webhook_deliveries
-    WHERE status <> 'pending' AND updated_at < %(now)s - interval '30 days'
+    WHERE status <> 'pending' AND updated_at < %(now)s::timestamptz - interval '30 days'
     ORDER BY updated_at
     LIMIT %(limit)s
 )
@@ -67,7 +67,7 @@ WHERE id IN (
 DELETE FROM outbox
 WHERE id IN (
     SELECT id FROM outbox
-    WHERE published_at IS NOT NULL AND published_at < %(now)s - interval '7 days'
+    WHERE published_at IS NOT NULL AND published_at < %(now)s::timestamptz - interval '7 days'
     ORDER BY published_at
     LIMIT %(limit)s
 )
