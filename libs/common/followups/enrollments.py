@@ -140,7 +140,9 @@ def enroll(
         FOLLOWUP_ENROLLMENTS.labels(source, rejection.code or "rejected").inc()
         raise
     FOLLOWUP_ENROLLMENTS.labels(source, "enrolled" if created else "deduplicated").inc()
-    log.info(
+    # a bulk job logs each chunk (with its job id): a line per contact of 100,000 would drown it
+    log.log(
+        logging.DEBUG if source == "bulk" else logging.INFO,
         "enrolled" if created else "enrollment deduplicated",
         extra={
             "project_id": str(project_id),
