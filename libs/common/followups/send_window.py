@@ -91,8 +91,8 @@ def _opening(window: SendWindow, day: date, tz: tzinfo) -> tuple[datetime, datet
     return first_instant(day, start, tz), first_instant(closes_on, end, tz)
 
 
-def next_opening(window: SendWindow, moment: datetime, tz: tzinfo) -> datetime:
-    """``moment`` when it is inside the window, else the window's next opening (UTC)."""
+def _current_or_next(window: SendWindow, moment: datetime, tz: tzinfo) -> tuple[datetime, datetime]:
+    """The window open at ``moment`` (from ``moment``), or the next one: when it opens and closes (UTC)."""
     days = {WEEKDAYS.index(d) for d in window.days}
     today = moment.astimezone(tz).date()
     # the window opened yesterday may still be open (it crosses midnight); then today's, and the week after
@@ -102,30 +102,21 @@ def next_opening(window: SendWindow, moment: datetime, tz: tzinfo) -> datetime:
             continue
         opens, closes = _opening(window, day, tz)
         if moment < closes:
-            return max(moment, opens)
+            return max(moment, opens), closes
     raise AssertionError("a window with at least one day opens within a week")  # pragma: no cover
+
+
+def next_opening(window: SendWindow, moment: datetime, tz: tzinfo) -> datetime:
+    """``moment`` when it is inside the window, else the window's next opening (UTC)."""
+    return _current_or_next(window, moment, tz)[0]
 
 
 def add_open_time(window: SendWindow, start: datetime, duration: timedelta, tz: tzinfo) -> datetime:
     """The instant at which ``duration`` of the window's open time has passed since ``start`` (business
     hours: 4 hours from Friday 16:00 with 09:00-17:00 Monday to Friday is Monday 12:00)."""
-    left = duration
-    moment = start
-    days = {WEEKDAYS.index(d) for d in window.days}
+    left, moment = duration, start
     while True:
-        # the window open at ``moment`` or the next one, then how much of it is left to use
-        found = None
-        today = moment.astimezone(tz).date()
-        for offset in range(-1, 8):
-            day = today + timedelta(days=offset)
-            if day.weekday() not in days:
-                continue
-            opens, closes = _opening(window, day, tz)
-            if moment < closes:
-                found = (max(moment, opens), closes)
-                break
-        assert found is not None, "a window with at least one day opens within a week"
-        opens, closes = found
+        opens, closes = _current_or_next(window, moment, tz)
         if opens + left <= closes:
             return opens + left
         left -= closes - opens

@@ -92,18 +92,13 @@ def _key(kind: str, anchor: Any) -> str:
     return f"{kind}:{stamp.isoformat() if stamp is not None else anchor}"
 
 
-def episode_of(
-    trigger_id: int,
-    trigger_type: str,
-    conversation_id: uuid.UUID | None,
-    payload: dict[str, Any],
-    occurred_at: datetime,
-) -> Episode:
+def episode_of(subject: Subject) -> Episode:
     """The episode an event opens or continues, from the anchors captured with it."""
+    payload, occurred_at = subject.payload, subject.occurred_at
     anchors = payload.get("anchors") or {}
-    if conversation_id is None:
-        return Episode("event", f"event:{trigger_id}", occurred_at)
-    if trigger_type == "message.created":
+    if subject.conversation_id is None:
+        return Episode("event", f"event:{subject.trigger_id}", occurred_at)
+    if subject.type == "message.created":
         message = payload.get("message") or {}
         if message.get("type") == "outgoing":
             return Episode(
@@ -132,13 +127,7 @@ class ToSchedule:
     """A delayed rule that matched a trigger."""
 
     rule: ActiveRule
-    trigger_id: int
-    trigger_type: str
-    project_id: uuid.UUID
-    contact_id: uuid.UUID
-    conversation_id: uuid.UUID | None
-    payload: dict[str, Any]
-    occurred_at: datetime
+    subject: Subject
 
 
 def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime) -> list[ToSchedule]:
@@ -146,38 +135,38 @@ def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime)
     those recorded. An event whose episode has already ended (a backlog: the conversation moved on before
     its trigger was processed) records nothing; several events of one episode in the batch record one
     execution (a reply chase due after the latest reply)."""
-    anchors = _current_anchors(conn, [item.conversation_id for item in matched if item.conversation_id])
+    anchors = _current_anchors(
+        conn, [item.subject.conversation_id for item in matched if item.subject.conversation_id]
+    )
     by_key: dict[tuple[uuid.UUID, uuid.UUID | None, str], dict[str, Any]] = {}
     dues: dict[tuple[uuid.UUID, uuid.UUID | None, str], datetime] = {}
     recorded: list[ToSchedule] = []
     business: dict[uuid.UUID, tuple[Any, Any]] = {}
     for item in matched:
-        episode = episode_of(
-            item.trigger_id, item.trigger_type, item.conversation_id, item.payload, item.occurred_at
-        )
-        if item.conversation_id is not None:
-            current = anchors.get(item.conversation_id)
+        episode = episode_of(item.subject)
+        if item.subject.conversation_id is not None:
+            current = anchors.get(item.subject.conversation_id)
             if current is None or current_key(episode.kind, current) != episode.key:
                 continue
         delay = timedelta(minutes=item.rule.execution_delay_minutes or 0)
         due = episode.since + delay
         if item.rule.delay_in_business_hours:
-            if item.project_id not in business:
-                business[item.project_id] = _business_hours(conn, item.project_id)
-            hours, tz = business[item.project_id]
+            if item.subject.project_id not in business:
+                business[item.subject.project_id] = _business_hours(conn, item.subject.project_id)
+            hours, tz = business[item.subject.project_id]
             if hours is not None:
                 due = add_open_time(hours, episode.since, delay, tz)
         recorded.append(item)
-        key = (item.rule.id, item.conversation_id, episode.key)
+        key = (item.rule.id, item.subject.conversation_id, episode.key)
         if key in dues and dues[key] >= due:
             continue
         dues[key] = due
         by_key[key] = {
-            "project_id": str(item.project_id),
+            "project_id": str(item.subject.project_id),
             "rule_id": str(item.rule.id),
-            "conversation_id": str(item.conversation_id) if item.conversation_id else None,
-            "contact_id": str(item.contact_id),
-            "trigger_id": item.trigger_id,
+            "conversation_id": str(item.subject.conversation_id) if item.subject.conversation_id else None,
+            "contact_id": str(item.subject.contact_id),
+            "trigger_id": item.subject.trigger_id,
             "episode_key": episode.key,
             "episode_kind": episode.kind,
             "due_at": due.astimezone(UTC).isoformat(),

@@ -139,9 +139,9 @@ def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) ->
             recorded = schedule(conn, delayed, now=now)
             runs = [
                 {
-                    "trigger_id": item.trigger_id,
+                    "trigger_id": item.subject.trigger_id,
                     "rule_id": str(item.rule.id),
-                    "project_id": str(item.project_id),
+                    "project_id": str(item.subject.project_id),
                     "outcome": "scheduled",
                     "detail": None,
                 }
@@ -209,22 +209,24 @@ def _to_run(
             processed.outcomes[(trigger.type, "not_matched")] += 1
         elif rule.execution_delay_minutes is not None:
             # a delayed rule waits for its time and re-checks its conditions then
-            delayed.append(
-                ToSchedule(
-                    rule=rule,
-                    trigger_id=trigger.id,
-                    trigger_type=trigger.type,
-                    project_id=trigger.project_id,
-                    contact_id=trigger.contact_id,
-                    conversation_id=trigger.conversation_id,
-                    payload=trigger.payload,
-                    occurred_at=trigger.occurred_at,
-                )
-            )
+            delayed.append(ToSchedule(rule=rule, subject=_subject(trigger)))
             processed.outcomes[(trigger.type, "delayed")] += 1
         else:
             chosen.append(rule)
     return chosen
+
+
+def _subject(trigger: _Claimed) -> Subject:
+    """What the trigger is about, as its rules' actions (and a delayed rule's re-check) see it."""
+    return Subject(
+        trigger_id=trigger.id,
+        type=trigger.type,
+        project_id=trigger.project_id,
+        contact_id=trigger.contact_id,
+        conversation_id=trigger.conversation_id,
+        payload=trigger.payload,
+        occurred_at=trigger.occurred_at,
+    )
 
 
 def _run(
@@ -241,15 +243,7 @@ def _run(
     if conn.execute(QUERIES["lock_leased"], lease).fetchone() is None:
         return  # processed meanwhile, or taken over by another worker after the lease ran out
     context = {"trigger_id": trigger.id, "project_id": str(trigger.project_id), "event_type": trigger.type}
-    subject = Subject(
-        trigger_id=trigger.id,
-        type=trigger.type,
-        project_id=trigger.project_id,
-        contact_id=trigger.contact_id,
-        conversation_id=trigger.conversation_id,
-        payload=trigger.payload,
-        occurred_at=trigger.occurred_at,
-    )
+    subject = _subject(trigger)
     runs: list[dict[str, Any]] = []
     failed = False
     for rule in rules:
