@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev test check lint format typecheck imports unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai clean
+.PHONY: help install dev test check alerts lint format typecheck imports unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -36,7 +36,12 @@ typecheck: $(STAMP) ## mypy (strict on libs, services, followups)
 imports: $(STAMP) ## import-linter contracts (no service imports another)
 	$(BIN)/lint-imports
 
-check: lint typecheck imports ## every static check
+alerts: ## the alert rules and their unit tests (promtool, when installed: Debian's prometheus package)
+	@if command -v promtool >/dev/null; then \
+		promtool check rules docker/alerts.yml && cd docker && promtool test rules alerts.test.yml; \
+	else echo "promtool not installed: alert rules not checked (apt-get install prometheus)"; fi
+
+check: lint typecheck imports alerts ## every static check
 
 #: pytest-xdist workers (the suite is safe in parallel: a database per test)
 PYTEST_WORKERS ?= auto

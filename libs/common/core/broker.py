@@ -11,19 +11,13 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import Middleware
 from periodiq import PeriodiqMiddleware
-from prometheus_client import Counter, Histogram
 
 from libs.common.contracts import actors
+from libs.common.core.metrics import ACTOR_DURATION, ACTOR_MESSAGES
 from libs.common.core.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
-ACTOR_MESSAGES = Counter(
-    "followups_actor_messages_total",
-    "Messages processed by actors, by actor and outcome.",
-    ["actor", "outcome"],
-)
-ACTOR_DURATION = Histogram("followups_actor_duration_seconds", "Time actors spend on a message.", ["actor"])
 
 #: Every service's queue; declared up front so any process may send to any service.
 QUEUES = (

@@ -74,6 +74,19 @@ RETENTION_DELETED: Final = Counter(
     "Rows the retention job deleted, by table.",
     ["table"],
 )
+OUTBOX_OLDEST_UNPUBLISHED: Final = Gauge(
+    "followups_outbox_oldest_unpublished_seconds",
+    "Age of the oldest domain event not yet relayed to RabbitMQ (0: none waits).",
+    multiprocess_mode="livemax",
+)
+ACTOR_MESSAGES: Final = Counter(
+    "followups_actor_messages_total",
+    "Messages processed by actors, by actor and outcome (failed: dead-lettered).",
+    ["actor", "outcome"],
+)
+ACTOR_DURATION: Final = Histogram(
+    "followups_actor_duration_seconds", "Time actors spend on a message.", ["actor"]
+)
 LAST_JOB_SUCCESS: Final = Gauge(
     "last_job_success",
     "Unix time of the last successful run of a scheduled job (for example followup-retention).",

@@ -22,7 +22,7 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.events import Event
-from libs.common.core.metrics import OUTBOX_PUBLISHED
+from libs.common.core.metrics import OUTBOX_OLDEST_UNPUBLISHED, OUTBOX_PUBLISHED
 from libs.common.core.sql import load_queries
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,7 @@ def relay_batch(pool: ConnectionPool, publisher: Publisher, *, limit: int = 500)
             return 0  # another relay is publishing
         rows = conn.execute(QUERIES["unpublished_events"], {"limit": limit}).fetchall()
         if not rows:
+            OUTBOX_OLDEST_UNPUBLISHED.set(0)
             return 0
         envelopes = [
             Envelope(
@@ -171,6 +172,8 @@ def relay_batch(pool: ConnectionPool, publisher: Publisher, *, limit: int = 500)
         ]
         publisher.publish(envelopes)
         conn.execute(QUERIES["mark_published"], {"ids": [row[0] for row in rows]})
+        oldest = conn.execute(QUERIES["oldest_unpublished_age"]).fetchone()
+        OUTBOX_OLDEST_UNPUBLISHED.set(float(oldest[0]) if oldest else 0.0)
     for envelope in envelopes:
         OUTBOX_PUBLISHED.labels(envelope.type).inc()
     return len(envelopes)

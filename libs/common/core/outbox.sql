@@ -22,3 +22,10 @@ LIMIT %(limit)s
 -- name: mark_published
 -- Mark a published batch.
 UPDATE outbox SET published_at = now() WHERE id = ANY(%(ids)s)
+
+-- name: oldest_unpublished_age
+-- How long the oldest unpublished event has waited (seconds; nothing when none waits).
+SELECT extract(epoch FROM now() - occurred_at) FROM outbox
+WHERE published_at IS NULL
+ORDER BY id
+LIMIT 1
