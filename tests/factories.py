@@ -8,7 +8,7 @@ from typing import Any
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
-from libs.common.followups.definition import Definition, MessageStep
+from libs.common.followups.definition import Definition, MessageStep, Step
 from libs.common.followups.enrollments import EnrollRequest, enroll
 from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
 from libs.common.followups.transitions import Enrollment
@@ -29,7 +29,7 @@ def make_contact(pool: ConnectionPool, project_id: uuid.UUID, **fields: Any) -> 
 
 
 def make_sequence(
-    pool: ConnectionPool, project_id: uuid.UUID, *steps: MessageStep, **options: Any
+    pool: ConnectionPool, project_id: uuid.UUID, *steps: Step, **options: Any
 ) -> uuid.UUID:
     """A published sequence with ``steps`` (one immediate message step by default)."""
     steps = steps or (MessageStep(text="Hello"),)
