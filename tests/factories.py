@@ -28,9 +28,7 @@ def make_contact(pool: ConnectionPool, project_id: uuid.UUID, **fields: Any) -> 
         ).id
 
 
-def make_sequence(
-    pool: ConnectionPool, project_id: uuid.UUID, *steps: Step, **options: Any
-) -> uuid.UUID:
+def make_sequence(pool: ConnectionPool, project_id: uuid.UUID, *steps: Step, **options: Any) -> uuid.UUID:
     """A published sequence with ``steps`` (one immediate message step by default)."""
     steps = steps or (MessageStep(text="Hello"),)
     with pool.connection() as conn:
