@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev test check alerts lint format typecheck imports unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai clean
+.PHONY: help install dev test check alerts lint format typecheck imports unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -51,7 +51,7 @@ unit: $(STAMP) ## pytest only, in parallel (PYTEST_WORKERS=auto)
 
 test: check unit ## every check and every test (what CI runs)
 
-bench: bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
+bench: bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
 
 bench-release: $(STAMP) ## release throughput, lag and claim-cost benchmark
 	$(BIN)/python -m benchmarks.release $(ARGS)
@@ -70,6 +70,9 @@ bench-bulk: $(STAMP) ## bulk enrollment: one job of 100k contacts, against enrol
 
 bench-ai: $(STAMP) ## AI steps through a local model answering in 500 ms, one ai_steps process
 	$(BIN)/python -m benchmarks.ai $(ARGS)
+
+bench-retention: $(STAMP) ## retention deleting 1M finished enrollments while the release path runs
+	$(BIN)/python -m benchmarks.retention $(ARGS)
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

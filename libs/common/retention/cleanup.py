@@ -1,6 +1,6 @@
-"""The daily clean-up: each step deletes a batch of at most :data:`BATCH` rows per transaction (short locks:
-the release path keeps its speed meanwhile) until nothing is left, and counts what it deleted in
-``whatstig_retention_rows_deleted_total{table}``.
+"""The daily clean-up: each step deletes a batch of at most :data:`BATCH` rows per transaction (short locks),
+resting between batches (the release path keeps most of the machine), until nothing is left, and counts
+what it deleted in ``whatstig_retention_rows_deleted_total{table}``.
 
     followup_enrollments     finished, older than the project's retention_days (default 90; step runs go too)
     followup_triggers        processed, older than 7 days (rule runs go too), unless a pending delayed
@@ -17,6 +17,7 @@ It returns whether every step succeeded; ``last_job_success`` is set by the call
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Final
@@ -32,6 +33,10 @@ QUERIES = load_queries("libs.common.retention", "cleanup.sql")
 
 #: Rows deleted per transaction.
 BATCH: Final = 5_000
+#: After each full batch the job rests this many times as long as the batch took: the release path keeps
+#: most of the machine while a large backlog is deleted (a daily job need not hurry; 1,000,000 rows still
+#: go in well under a minute).
+PAUSE_RATIO: Final = 2.0
 #: The steps, in order: (the table counted, the query, the rows per transaction).
 STEPS: Final = (
     ("followup_enrollments", "finished_enrollments", BATCH),
@@ -79,9 +84,11 @@ def _delete_all(pool: ConnectionPool, query: str, limit: int, now: Callable[[], 
     table = next(t for t, q, _ in STEPS if q == query)
     total = 0
     while True:
+        started = time.monotonic()
         with pool.connection() as conn:
             deleted = conn.execute(QUERIES[query], {"now": now(), "limit": limit}).rowcount
         RETENTION_DELETED.labels(table).inc(deleted)
         total += deleted
         if deleted < limit:
             return total
+        time.sleep((time.monotonic() - started) * PAUSE_RATIO)
