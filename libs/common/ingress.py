@@ -126,6 +126,7 @@ def apply_event(
     """Apply one platform event in the caller's transaction."""
     kind = type(event).__struct_config__.tag
     assert isinstance(kind, str)
+    event = _storable(event)
     result: EventResult = _HANDLERS[type(event)](conn, project_id, event, now)
     log.info(
         "platform event",
@@ -140,6 +141,29 @@ def apply_event(
         },
     )
     return result
+
+
+#: Messages are never refused for a NUL character (PostgreSQL text cannot hold one): a reply refused is a
+#: reply lost, and a follow-up sent after it. The character is replaced, the same way every time (so a
+#: repeated provider id still deduplicates).
+_MESSAGE_EVENTS = (InboundMessage, HumanMessage)
+
+
+def _storable(event: PlatformEvent) -> PlatformEvent:
+    """The event as PostgreSQL can store it: a message's NUL characters replaced; any other event with one
+    refused (422 naming the field) before anything is written."""
+    if isinstance(event, _MESSAGE_EVENTS):
+        changes = {
+            name: value.replace("\x00", "\ufffd")
+            for name in ("body", "provider_message_id")
+            if isinstance(value := getattr(event, name), str) and "\x00" in value
+        }
+        return msgspec.structs.replace(event, **changes) if changes else event
+    for name in event.__struct_fields__:
+        value = getattr(event, name)
+        if isinstance(value, str | list | dict):
+            validation.json_value(value, name)
+    return event
 
 
 def _stop(
