@@ -70,3 +70,19 @@ def test_every_variable_is_documented_in_the_readme_table() -> None:
     for variables in ENVIRONMENT.values():
         for var in variables:
             assert var.help.strip(), f"{var.name} has no description"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "secret"),
+    [
+        ("DATABASE_URL", "mysql://app:s3cret-pw@db/app", "s3cret-pw"),
+        ("AMQP_URL", "http://guest:rabbit-pw@rabbit:5672", "rabbit-pw"),
+        ("AI_BASE_URL", "ftp://user:model-pw@models", "model-pw"),
+    ],
+)
+def test_a_bad_value_is_named_without_its_password(name: str, value: str, secret: str) -> None:
+    with pytest.raises(SettingsError) as error:
+        Settings.from_env({name: value})
+    assert name in str(error.value)
+    assert secret not in str(error.value)
+    assert "***" in str(error.value)

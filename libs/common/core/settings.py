@@ -8,6 +8,7 @@ README's configuration table (a test keeps the two in step). A malformed value r
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -276,6 +277,20 @@ CHECKS: dict[str, Check] = {
 _TYPES = {"str": str, "int": int, "float": float, "bool": bool, "str | None": str}
 
 
+#: Variables whose value may hold a secret: an error shows them with the secret masked.
+_SECRET_URLS = frozenset({"DATABASE_URL", "AMQP_URL", "AI_BASE_URL"})
+_SECRETS = frozenset({"AI_API_KEY"})
+
+
+def _shown(name: str, raw: str) -> str:
+    """A bad value as an error may print it: a key masked, a URL's password masked."""
+    if name in _SECRETS:
+        return "***"
+    if name in _SECRET_URLS:
+        return re.sub(r"(?<=:)[^:@/]*(?=@)", "***", raw)
+    return raw
+
+
 def load(kind: type[S], environ: Mapping[str, str] | None = None) -> S:
     """Build one settings struct from the environment, naming the variable on a bad value."""
     env = os.environ if environ is None else environ
@@ -290,11 +305,11 @@ def load(kind: type[S], environ: Mapping[str, str] | None = None) -> S:
         try:
             value: Any = msgspec.convert(raw, target, strict=False)
         except msgspec.ValidationError as exc:
-            raise SettingsError(f"{var.name}={raw!r} is not valid: {exc}") from None
+            raise SettingsError(f"{var.name}={_shown(var.name, raw)!r} is not valid: {exc}") from None
         check = CHECKS.get(var.name)
         problem = check(value) if check else None
         if problem:
-            raise SettingsError(f"{var.name}={raw!r} is not valid: {problem}")
+            raise SettingsError(f"{var.name}={_shown(var.name, raw)!r} is not valid: {problem}")
         values[var.field] = value
     return msgspec.convert(values, kind)
 
