@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from litestar.testing import TestClient
 
 from libs.common.core.clock import ManualClock
@@ -73,3 +74,26 @@ def test_any_other_event_with_a_nul_character_is_refused_naming_the_field(
     assert response.status_code == 422, response.text
     assert response.json()["errors"][0]["field"] == "status"
     assert rows(runtime.pool, "SELECT count(*) FROM leads") == [(0,)]
+
+
+@pytest.mark.parametrize("anchor_at", ["0001-01-01T00:30:00+00:00", "9999-12-31T23:30:00+00:00"])
+def test_an_anchor_too_near_the_ends_of_the_calendar_is_refused_naming_it(
+    client: TestClient[Any], runtime: Runtime, project: Project, anchor_at: str
+) -> None:
+    sequence = make_sequence(
+        runtime.pool,
+        project.id,
+        MessageStep(text="Before", anchor_offset_seconds=-3600),
+        MessageStep(text="After", anchor_offset_seconds=3600),
+    )
+    contact = make_contact(runtime.pool, project.id)
+    body = {"sequence_id": str(sequence), "contact_id": str(contact), "anchor_at": anchor_at}
+    response = client.post("/v1/enrollments", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"][0]["field"] == "anchor_at"
+    assert rows(runtime.pool, "SELECT count(*) FROM followup_enrollments") == [(0,)]
+    # and a PATCH of a live enrollment's anchor the same
+    fine = client.post("/v1/enrollments", json=body | {"anchor_at": "2030-06-01T12:00:00+00:00"}).json()["id"]
+    patched = client.patch(f"/v1/enrollments/{fine}", json={"anchor_at": anchor_at})
+    assert patched.status_code == 422, patched.text
+    assert patched.json()["errors"][0]["field"] == "anchor_at"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -232,3 +232,18 @@ def step_due_at(step: Step, *, now: datetime, anchor_at: datetime | None) -> dat
     if anchor_at is None:
         return None
     return anchor_at + timedelta(seconds=step.anchor_offset_seconds)
+
+
+def check_anchor(definition: Definition, anchor_at: datetime | None, field: str = "anchor_at") -> None:
+    """An anchor every anchor-timed step of the definition can be scheduled from (a time so near year 1 or
+    9999 that a step's offset leaves the calendar is refused, naming ``field``)."""
+    if anchor_at is None:
+        return
+    for step in definition.steps:
+        if step.anchor_offset_seconds is not None:
+            try:
+                (anchor_at + timedelta(seconds=step.anchor_offset_seconds)).astimezone(UTC)
+            except OverflowError:
+                raise InvalidInput(
+                    "anchor_at is too near the ends of the calendar for the steps' offsets", field=field
+                ) from None

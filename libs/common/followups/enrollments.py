@@ -20,7 +20,7 @@ from libs.common.core.errors import Conflict, InvalidInput, NotFound
 from libs.common.core.metrics import FOLLOWUP_ENROLLMENTS
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
-from libs.common.followups.definition import Definition, Step, StopFlags, step_due_at
+from libs.common.followups.definition import Definition, Step, StopFlags, check_anchor, step_due_at
 from libs.common.followups.sequences import create_one_off_version, version_definition
 from libs.common.followups.stops import Stopped, count_stopped
 from libs.common.followups.stops import stop_enrollment as stop_live
@@ -263,6 +263,7 @@ def _insert(
     now: datetime,
 ) -> Enrollment | None:
     """The new enrollment, its stop flags copied from the version; None on a known dedupe key."""
+    check_anchor(definition, request.anchor_at)
     flags = definition.stop_on
     params = {
         "project_id": project_id,
@@ -447,7 +448,9 @@ def update_enrollment(
     anchor_at = current.anchor_at if isinstance(data.anchor_at, msgspec.UnsetType) else data.anchor_at
     next_run_at = current.next_run_at
     if not isinstance(data.anchor_at, msgspec.UnsetType):
-        step = version_definition(conn, current.version_id).steps[current.step_index]
+        definition = version_definition(conn, current.version_id)
+        check_anchor(definition, anchor_at)
+        step = definition.steps[current.step_index]
         if step.anchor_offset_seconds is not None:
             next_run_at = step_due_at(step, now=now, anchor_at=anchor_at) or now
     variables = current.variables if isinstance(data.variables, msgspec.UnsetType) else data.variables
