@@ -134,9 +134,7 @@ def check(
     if state.consent_mode == "required" and state.consent != "granted":
         return Hold("skip", "no_consent")
     template = None
-    if state.service_window == "enforced" and (
-        state.last_inbound_at is None or now - state.last_inbound_at >= SERVICE_WINDOW
-    ):
+    if state.service_window == "enforced" and outside_service_window(state.last_inbound_at, now):
         if step.whatsapp_template is None:
             return Hold("skip", "outside_service_window")
         template = step.whatsapp_template
@@ -161,6 +159,12 @@ def check(
     if cap is not None and state.recent_followups is not None and len(state.recent_followups) >= cap:
         return Hold("defer", "contact_cap", min(state.recent_followups) + CAP_PERIOD)
     return Sending(number_id, template, state.send_delay_ms if number_id is not None else 0)
+
+
+def outside_service_window(last_inbound_at: datetime | None, now: datetime) -> bool:
+    """Whether WhatsApp's 24-hour customer-service window is closed: the contact never wrote, or wrote more
+    than 24 hours ago (only an approved template may go out then)."""
+    return last_inbound_at is None or now - last_inbound_at >= SERVICE_WINDOW
 
 
 def _no_number(enrollment: Claimed, now: datetime) -> Hold:

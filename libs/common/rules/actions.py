@@ -22,6 +22,7 @@ from libs.common.core.errors import Conflict, FollowupsError, InvalidInput, NotF
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import load_queries
 from libs.common.followups import project_settings
+from libs.common.followups.constraints import outside_service_window
 from libs.common.followups.definition import WhatsAppTemplate, check_whatsapp_template
 from libs.common.followups.enrollments import EnrollmentRejected, EnrollRequest, enroll
 from libs.common.followups.sequences import get_sequence
@@ -38,8 +39,6 @@ QUERIES = load_queries("libs.common.rules", "actions.sql")
 MAX_SNOOZE_MINUTES = 43_200
 #: Most labels or tags one action changes.
 MAX_ITEMS = 20
-#: The service window of WhatsApp: a free-form message only within 24 hours of the contact's last message.
-SERVICE_WINDOW = timedelta(hours=24)
 
 
 class _Action(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
@@ -342,9 +341,7 @@ def _send_message(
         contact_phone=phone,
         contact_attributes=attributes,
     )
-    outside = settings.service_window == "enforced" and (
-        last_inbound_at is None or now - last_inbound_at >= SERVICE_WINDOW
-    )
+    outside = settings.service_window == "enforced" and outside_service_window(last_inbound_at, now)
     template = action.whatsapp_template
     if outside and template is None:
         raise ActionRejected("outside_service_window", "the contact has not written in 24 hours")
