@@ -32,11 +32,11 @@ import msgspec
 import psycopg
 
 from benchmarks.common import bench_database, percentile
-from libs.common import ingress
 from libs.common.contracts.platform_events import ConversationUpdated, InboundMessage, LeadCreated
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
 from libs.common.core.settings import DatabaseSettings
+from libs.common.ingress import apply_event, contact_changes
 from libs.common.platform.contacts import ContactUpdate
 from libs.common.platform.projects import create_project
 from libs.common.rules.rules import RuleCreate, create_rule
@@ -207,16 +207,16 @@ class _Producer:
                     conversation_id=conversation_id,
                     body=f"Hi, {words}?",
                 )
-                ingress.apply_event(conn, self.project_id, event, now=now)
+                apply_event(conn, self.project_id, event, now=now)
             elif kind < 0.65:
                 event = ConversationUpdated(
                     conversation_id=conversation_id,
                     labels=self.random.sample(LABELS, 1),
                     priority=self.random.choice(["low", "high"]),
                 )
-                ingress.apply_event(conn, self.project_id, event, now=now)
+                apply_event(conn, self.project_id, event, now=now)
             elif kind < 0.85:
-                ingress.change_tags(
+                contact_changes.change_tags(
                     conn,
                     self.project_id,
                     contact_id,
@@ -225,9 +225,9 @@ class _Producer:
                 )
             elif kind < 0.97:
                 update = ContactUpdate(attributes={"score": self.random.randrange(100)})
-                ingress.update_contact(conn, self.project_id, contact_id, update, now=now)
+                contact_changes.update_contact(conn, self.project_id, contact_id, update, now=now)
             else:
-                ingress.apply_event(conn, self.project_id, LeadCreated(contact_id=contact_id), now=now)
+                apply_event(conn, self.project_id, LeadCreated(contact_id=contact_id), now=now)
 
     def close(self) -> None:
         self.pool.close()

@@ -8,8 +8,8 @@ from typing import Any
 from litestar import Controller, Request, Response, delete, get, patch, post, put
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from libs.common import ingress
 from libs.common.core import validation
+from libs.common.ingress import contact_changes
 from libs.common.platform import contacts
 from libs.common.platform.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
 from services.api.deps import PageLimit, ProjectId, nudge_triggers, page, runtime_of, transaction
@@ -26,7 +26,7 @@ class ContactsController(Controller):
         """Create a contact (409 if the phone number is taken)."""
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
-            contact = ingress.create_contact(conn, project_id, data, now=runtime.clock.now())
+            contact = contact_changes.create_contact(conn, project_id, data, now=runtime.clock.now())
         nudge_triggers(runtime, project_id)
         return contact
 
@@ -41,7 +41,9 @@ class ContactsController(Controller):
         """Create or update the contact with this E.164 phone number (201 created, 200 updated)."""
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
-            contact, created = ingress.upsert_contact(conn, project_id, phone, data, now=runtime.clock.now())
+            contact, created = contact_changes.upsert_contact(
+                conn, project_id, phone, data, now=runtime.clock.now()
+            )
         nudge_triggers(runtime, project_id)
         return Response(contact, status_code=201 if created else 200)
 
@@ -80,7 +82,9 @@ class ContactsController(Controller):
         """Change name or time zone; merge attributes (an attribute set to null is removed)."""
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
-            contact = ingress.update_contact(conn, project_id, contact_id, data, now=runtime.clock.now())
+            contact = contact_changes.update_contact(
+                conn, project_id, contact_id, data, now=runtime.clock.now()
+            )
         nudge_triggers(runtime, project_id)
         return contact
 
@@ -94,7 +98,7 @@ class ContactsController(Controller):
     ) -> Contact:
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
-            contact = ingress.change_tags(
+            contact = contact_changes.change_tags(
                 conn, project_id, contact_id, add=data.tags, now=runtime.clock.now()
             )
         nudge_triggers(runtime, project_id)
@@ -112,6 +116,8 @@ class ContactsController(Controller):
         tag = validation.tag(tag.removeprefix("/"), field="tag")  # a path parameter starts with "/"
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
-            contact = ingress.change_tags(conn, project_id, contact_id, remove=[tag], now=runtime.clock.now())
+            contact = contact_changes.change_tags(
+                conn, project_id, contact_id, remove=[tag], now=runtime.clock.now()
+            )
         nudge_triggers(runtime, project_id)
         return contact

@@ -1,6 +1,7 @@
 """Ingress: one platform event, applied in one transaction: the platform change, then the stop paths, then
 the triggers of the rules that listen for it (recorded only when the project has an active rule for the
-event; see :mod:`libs.common.rules.triggers`). Contact changes made through the API go the same way.
+event; see :mod:`libs.common.rules.triggers`). Contact changes made through the API go the same way
+(:mod:`libs.common.ingress.contact_changes`).
 
 Events arrive two ways that call the same function: ``POST /v1/events`` and the ``platform_event`` ingress
 actor on RabbitMQ (both through :func:`handle_event`, which commits and then counts).
@@ -64,7 +65,6 @@ from libs.common.followups import erasure as followups_erasure
 from libs.common.followups.enrollments import resume_waiting_for_a_number
 from libs.common.followups.stops import StopFlag, Stopped, count_stopped, stop_followups_for_contact
 from libs.common.platform import contacts, conversations, leads, messages, numbers
-from libs.common.platform.contacts import Contact, ContactCreate, ContactFields, ContactUpdate
 from libs.common.platform.conversations import ConversationChange
 from libs.common.platform.numbers import NumberStatus
 from libs.common.platform.projects import require_project
@@ -185,7 +185,7 @@ def _stop(
     return result
 
 
-def _trigger(
+def record(
     conn: Connection[Any],
     project_id: uuid.UUID,
     event: str,
@@ -196,7 +196,7 @@ def _trigger(
     conversation_id: uuid.UUID | None = None,
     **payload: Any,
 ) -> list[int]:
-    """Record a trigger for ``event`` (when a rule listens); its id goes on the result."""
+    """Record a trigger for ``event`` (when a rule listens); its id goes on the result (if one is given)."""
     trigger_id = record_trigger(
         conn,
         project_id,
@@ -264,9 +264,9 @@ def _inbound(
     )
     _stop(conn, project_id, contact_id, "reply", now, result)
     if new_contact:
-        _trigger(conn, project_id, "contact.created", result, now, contact_id=contact_id)
+        record(conn, project_id, "contact.created", result, now, contact_id=contact_id)
     message = _message(recorded.message_id, "incoming", event.body)
-    _trigger(
+    record(
         conn,
         project_id,
         "message.created",
@@ -329,7 +329,7 @@ def _human(conn: Connection[Any], project_id: uuid.UUID, event: HumanMessage, no
     )
     _stop(conn, project_id, conversation.contact_id, "human_message", now, result, conversation.id)
     message = _message(recorded.message_id, "outgoing", event.body)
-    _trigger(
+    record(
         conn,
         project_id,
         "message.created",
@@ -408,7 +408,7 @@ def _lead_created(
         status=event.status,
     )
     if applied:
-        _trigger(
+        record(
             conn,
             project_id,
             "lead.created",
@@ -441,7 +441,7 @@ def _lead_status(
         status=event.status,
     )
     if change.applied and change.previous != event.status:
-        _trigger(
+        record(
             conn,
             project_id,
             "lead.status_changed",
@@ -473,7 +473,7 @@ def _deal_stage(
         type="deal.stage_changed", contact_id=contact_id, deal_id=event.deal_id, status=event.stage
     )
     if previous != event.stage:
-        _trigger(
+        record(
             conn,
             project_id,
             "deal.stage_changed",
@@ -511,7 +511,7 @@ def _conversation_created(
         status=conversation.status,
     )
     if created:
-        _trigger(
+        record(
             conn,
             project_id,
             "conversation.created",
@@ -552,7 +552,7 @@ def _conversation_status(
         by_status = {"open": ["conversation.opened"], "resolved": ["conversation.resolved"]}
         rule_events = ["conversation.updated", *by_status.get(status, [])]
         for rule_event in rule_events:
-            _trigger(
+            record(
                 conn,
                 project_id,
                 rule_event,
@@ -605,7 +605,7 @@ def _conversation_updated(
         status=conversation.status,
     )
     if changed and event.executed_by is None:
-        _trigger(
+        record(
             conn,
             project_id,
             "conversation.updated",
@@ -677,89 +677,3 @@ _HANDLERS: dict[type[Any], Callable[[Connection[Any], uuid.UUID, Any, datetime],
     NumberConnected: _number_status,
     NumberDisconnected: _number_status,
 }
-
-
-# -- contacts through the API -------------------------------------------------------------------------------
-
-
-def create_contact(
-    conn: Connection[Any], project_id: uuid.UUID, data: ContactCreate, *, now: datetime
-) -> Contact:
-    """Create a contact (``contact.created``)."""
-    contact = contacts.create_contact(conn, project_id, data)
-    _trigger(conn, project_id, "contact.created", None, now, contact_id=contact.id)
-    return contact
-
-
-def upsert_contact(
-    conn: Connection[Any], project_id: uuid.UUID, phone: str, data: ContactFields, *, now: datetime
-) -> tuple[Contact, bool]:
-    """Create or update the contact with this phone (``contact.created``, or what the update changed)."""
-    before = contacts.contact_by_phone(conn, project_id, validation.phone(phone))
-    contact, created = contacts.upsert_contact(conn, project_id, phone, data)
-    if created or before is None:
-        _trigger(conn, project_id, "contact.created", None, now, contact_id=contact.id)
-    else:
-        _contact_changed(conn, project_id, before, contact, now)
-    return contact, created
-
-
-def update_contact(
-    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, data: ContactUpdate, *, now: datetime
-) -> Contact:
-    """Change a contact's name, time zone or attributes (``contact.updated`` with what changed)."""
-    before = _locked_contact(conn, project_id, contact_id)
-    contact = contacts.update_contact(conn, project_id, contact_id, data)
-    _contact_changed(conn, project_id, before, contact, now)
-    return contact
-
-
-def change_tags(
-    conn: Connection[Any],
-    project_id: uuid.UUID,
-    contact_id: uuid.UUID,
-    *,
-    add: list[str] | None = None,
-    remove: list[str] | None = None,
-    now: datetime,
-) -> Contact:
-    """Add or remove tags (``contact.tag_added`` / ``contact.tag_removed``, one per tag that changed)."""
-    before = _locked_contact(conn, project_id, contact_id)
-    contact = before
-    if add:
-        contact = contacts.add_tags(conn, project_id, contact_id, add)
-    if remove:
-        contact = contacts.remove_tags(conn, project_id, contact_id, remove)
-    _contact_changed(conn, project_id, before, contact, now)
-    return contact
-
-
-def _locked_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> Contact:
-    contacts.lock_contact(conn, project_id, contact_id)
-    return contacts.get_contact(conn, project_id, contact_id)
-
-
-def _contact_changed(
-    conn: Connection[Any], project_id: uuid.UUID, before: Contact, after: Contact, now: datetime
-) -> None:
-    """The rule events of a contact change: one per tag added or removed, and ``contact.updated`` for the
-    fields and attributes that changed."""
-    tags = {"contact.tags": {"from": before.tags, "to": after.tags}}
-    for tag in sorted(set(after.tags) - set(before.tags)):
-        _trigger(conn, project_id, "contact.tag_added", None, now, contact_id=after.id, tag=tag, changed=tags)
-    for tag in sorted(set(before.tags) - set(after.tags)):
-        _trigger(
-            conn, project_id, "contact.tag_removed", None, now, contact_id=after.id, tag=tag, changed=tags
-        )
-    changed: dict[str, dict[str, Any]] = {}
-    for name in ("name", "timezone"):
-        if getattr(before, name) != getattr(after, name):
-            changed[f"contact.{name}"] = {"from": getattr(before, name), "to": getattr(after, name)}
-    for key in sorted(set(before.attributes) | set(after.attributes)):
-        if before.attributes.get(key) != after.attributes.get(key):
-            changed[f"contact.attributes.{key}"] = {
-                "from": before.attributes.get(key),
-                "to": after.attributes.get(key),
-            }
-    if changed:
-        _trigger(conn, project_id, "contact.updated", None, now, contact_id=after.id, changed=changed)
