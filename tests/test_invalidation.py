@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
+from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.invalidation import Invalidator, on_invalidation
 from libs.common.core.runtime import Runtime
+from libs.common.rules.rules import RuleCache
 from tests.conftest import Project, client_of
 from tests.helpers import rows, start_worker, wait_until
 
@@ -116,3 +118,23 @@ def test_a_rule_changed_through_the_api_is_used_by_a_running_worker_at_once(
         assert outcomes == [("processed",), ("processed",)]
     finally:
         assert worker.stop() == 0, worker.output
+
+
+def test_without_an_invalidation_a_cached_rule_is_reloaded_after_the_ttl(
+    pool: ConnectionPool, project: Project
+) -> None:
+    """RabbitMQ down: another process's change is seen once the cache's TTL has run out (30 s in
+    production; a short one here)."""
+    cache = RuleCache(ttl=0.2)
+    with pool.connection() as conn:
+        assert cache.rules(conn, project.id, "contact.created") == []
+        conn.execute(
+            "INSERT INTO rules (project_id, name, event, actions) VALUES (%s, 'r', 'contact.created', %s)",
+            (project.id, '[{"type": "add_contact_tag", "tags": ["x"]}]'),
+        )
+        conn.commit()
+        assert cache.rules(conn, project.id, "contact.created") == []  # still cached
+        time.sleep(0.3)
+        assert [rule.event for rule in cache.rules(conn, project.id, "contact.created")] == [
+            "contact.created"
+        ]
