@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
 
+#: A 503's ``Retry-After``: an outage of the database is noticed within ~2 s, and a retry a second later
+#: finds it either still down (answered as fast) or back.
+RETRY_AFTER_SECONDS = 1
+
 #: Domain error -> HTTP status.
 STATUS_OF: dict[type[FollowupsError], int] = {
     NotFound: 404,
@@ -49,6 +53,9 @@ _TITLES = {
     500: "Internal error",
     503: "Unavailable",
 }
+
+#: Headers a status always carries: the scheme to authenticate with, when to try again.
+_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 503: {"Retry-After": str(RETRY_AFTER_SECONDS)}}
 
 _NAMED_FIELD = re.compile(r"(?:unknown|missing required) field `([^`]+)`")
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`")
@@ -98,7 +105,7 @@ def _field_of(message: str, key: str | None, source: str | None = None) -> str:
 def _domain_error(request: Request[Any, Any, Any], exc: FollowupsError) -> Response[Any]:
     status = next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
     errors = [{"field": exc.field, "message": exc.message}] if exc.field else None
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = _HEADERS.get(status)
     return problem(status, exc.message, errors=errors, headers=headers, code=exc.code)
 
 

@@ -311,6 +311,7 @@ def _sequence_version(
         if conn.execute(QUERIES["enrolled_before"], params).fetchone():
             raise ReentryNotAllowed(field="contact_id")
     elif definition.reentry == "always":
+        conn.execute(QUERIES["serialise_reentry"], params)
         with conn.cursor(row_factory=class_row(_Live)) as cur:
             replaced = cur.execute(QUERIES["lock_live_in_sequence"], params).fetchall()
         for enrollment in replaced:

@@ -24,6 +24,13 @@ SELECT 1 FROM followup_enrollments
 WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND sequence_id = %(sequence_id)s
 LIMIT 1
 
+-- name: serialise_reentry
+-- Re-entry policy always: one enrollment of a contact into a sequence at a time. Without it, two that
+-- start together both find the same live enrollment (or none), and the second's insert meets the first's
+-- new live one: a 409 where the policy promises a replacement. Taken before the live one is read, so
+-- the second reads (in a new statement snapshot) the enrollment the first created, and replaces it.
+SELECT pg_advisory_xact_lock(hashtextextended(%(contact_id)s::text || '/' || %(sequence_id)s::text, 0))
+
 -- name: lock_live_in_sequence
 -- Re-entry policy always: the contact's live enrollment in the sequence, locked (the new one replaces it).
 SELECT id, sequence_id, contact_id
