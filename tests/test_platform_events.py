@@ -533,9 +533,10 @@ def test_leads_and_deals(client: TestClient[Any], runtime: Runtime, project: Pro
     assert unknown_lead.status_code == 404 and unknown_lead.json()["errors"][0]["field"] == "lead_id"
 
 
-def test_another_projects_lead_and_deal_are_not_found(
+def test_ids_are_the_projects_own_another_projects_are_neither_seen_nor_taken(
     client: TestClient[Any], runtime: Runtime, project: Project, other_project: Project
 ) -> None:
+    # Given another project's contact, lead, deal and conversation
     pool = runtime.pool
     theirs = make_contact(pool, other_project.id)
     lead = post_event(client, {"type": "lead.created", "contact_id": str(theirs)}, None)
@@ -544,34 +545,54 @@ def test_another_projects_lead_and_deal_are_not_found(
         "/v1/events", json={"type": "lead.created", "contact_id": str(theirs)}, headers=other_project.headers
     ).json()["lead_id"]
     deal = str(uuid.uuid4())
-    assert (
-        client.post(
-            "/v1/events",
-            json={"type": "deal.stage_changed", "deal_id": deal, "stage": "a", "contact_id": str(theirs)},
-            headers=other_project.headers,
-        ).status_code
-        == 200
-    )
-    mine = make_contact(pool, project.id)
+    conversation = str(uuid.uuid4())
     for event in (
-        {"type": "lead.created", "contact_id": str(mine), "lead_id": their_lead},
+        {"type": "deal.stage_changed", "deal_id": deal, "stage": "a", "contact_id": str(theirs)},
+        {"type": "conversation.created", "conversation_id": conversation, "contact_id": str(theirs)},
+    ):
+        response = client.post("/v1/events", json=event, headers=other_project.headers)
+        assert response.status_code in (200, 201), response.text
+    mine = make_contact(pool, project.id)
+    # When this project changes them by id without a contact of its own: they are not found
+    for event in (
         {"type": "lead.closed", "lead_id": their_lead},
         {"type": "lead.status_changed", "lead_id": their_lead, "status": "x"},
         {"type": "deal.stage_changed", "deal_id": deal, "stage": "b"},
+        {"type": "conversation.resolved", "conversation_id": conversation},
+    ):
+        response = client.post("/v1/events", json=event)
+        assert response.status_code == 404, (event, response.text)
+    # And when it creates its own under the same ids, they are created: an id tells nothing of another
+    # project's, and no project can take one that another will need
+    for event in (
+        {"type": "lead.created", "contact_id": str(mine), "lead_id": their_lead},
         {"type": "deal.stage_changed", "deal_id": deal, "stage": "b", "contact_id": str(mine)},
-        {
+        {"type": "conversation.created", "conversation_id": conversation, "contact_id": str(mine)},
+    ):
+        response = client.post("/v1/events", json=event)
+        assert response.status_code in (200, 201), (event, response.text)
+    # Then each project holds its own row under the id, and the other project's rows are unchanged
+    for table, row_id in (("leads", their_lead), ("deals", deal), ("conversations", conversation)):
+        holders = rows(pool, f"SELECT project_id, contact_id FROM {table} WHERE id = %s ORDER BY 1", row_id)
+        assert sorted(holders) == sorted([(other_project.id, theirs), (project.id, mine)]), table
+    for sql, row_id, expected in (
+        ("SELECT stage FROM deals WHERE project_id = %s AND id = %s", deal, "a"),
+        ("SELECT status FROM leads WHERE project_id = %s AND id = %s", their_lead, "open"),
+        ("SELECT status FROM conversations WHERE project_id = %s AND id = %s", conversation, "open"),
+    ):
+        assert one(pool, sql, other_project.id, row_id) == expected
+    # And a deal of this project may not point at the other project's lead unless it has its own
+    response = client.post(
+        "/v1/events",
+        json={
             "type": "deal.stage_changed",
             "deal_id": str(uuid.uuid4()),
             "stage": "b",
             "contact_id": str(mine),
-            "lead_id": their_lead,
+            "lead_id": str(uuid.uuid4()),
         },
-    ):
-        response = client.post("/v1/events", json=event)
-        assert response.status_code in (404, 409), (event, response.text)
-    assert one(pool, "SELECT stage FROM deals WHERE id = %s", deal) == "a"
-    assert one(pool, "SELECT status FROM leads WHERE id = %s", their_lead) == "open"
-    assert one(pool, "SELECT count(*) FROM deals WHERE project_id = %s", project.id) == 0
+    )
+    assert response.status_code == 404, response.text
 
 
 # --- conversations ---------------------------------------------------------------------------------------

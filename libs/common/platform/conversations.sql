@@ -26,7 +26,7 @@ FROM contacts c
 WHERE c.project_id = %(project_id)s AND c.id = %(contact_id)s AND c.erased_at IS NULL
   AND (%(number_id)s::uuid IS NULL
        OR EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = c.project_id AND n.id = %(number_id)s::uuid))
-ON CONFLICT (id) DO NOTHING
+ON CONFLICT (project_id, id) DO NOTHING
 RETURNING id, contact_id, number_id, status, status_changed_at, waiting_since, priority, assignee, team,
           labels, inbox_thread AS inbox, attributes, snoozed_until, last_incoming_message_id,
           last_outgoing_message_id, created_at, updated_at

@@ -2,7 +2,7 @@
 -- A new lead (nothing when a lead with this id exists).
 INSERT INTO leads (id, project_id, contact_id, status, created_at, updated_at)
 VALUES (%(id)s, %(project_id)s, %(contact_id)s, %(status)s, %(now)s, %(now)s)
-ON CONFLICT (id) DO NOTHING
+ON CONFLICT (project_id, id) DO NOTHING
 RETURNING id
 
 -- name: lead_contact
@@ -32,7 +32,7 @@ SELECT 1 FROM leads WHERE project_id = %(project_id)s AND id = %(lead_id)s
 -- A known deal's new stage; returns its contact and its stage before.
 UPDATE deals d SET stage = %(stage)s, lead_id = coalesce(%(lead_id)s, d.lead_id), updated_at = %(now)s
 FROM (SELECT id, stage FROM deals WHERE project_id = %(project_id)s AND id = %(id)s FOR NO KEY UPDATE) old
-WHERE d.id = old.id
+WHERE d.project_id = %(project_id)s AND d.id = old.id
 RETURNING d.contact_id, old.stage
 
 -- name: insert_deal
@@ -41,5 +41,5 @@ INSERT INTO deals (id, project_id, contact_id, lead_id, stage, created_at, updat
 SELECT %(id)s, %(project_id)s, c.id, %(lead_id)s, %(stage)s, %(now)s, %(now)s
 FROM contacts c
 WHERE c.project_id = %(project_id)s AND c.id = %(contact_id)s AND c.erased_at IS NULL
-ON CONFLICT (id) DO NOTHING
+ON CONFLICT (project_id, id) DO NOTHING
 RETURNING contact_id, NULL::text AS stage

@@ -3,7 +3,7 @@
 -- one. The choice is made first and only that row is locked (SKIP LOCKED), so a busy conversation returns
 -- nothing (the caller reports busy) instead of the next open conversation in line.
 SELECT id, number_id FROM conversations
-WHERE id = (
+WHERE project_id = %(project_id)s AND id = (
     SELECT c.id FROM conversations c
     WHERE c.project_id = %(project_id)s AND c.contact_id = %(contact_id)s AND c.status <> 'resolved'
     ORDER BY c.id = %(conversation_id)s::uuid DESC NULLS LAST, c.created_at DESC, c.id
@@ -46,7 +46,7 @@ WITH message AS (
 )
 UPDATE conversations
 SET last_outgoing_message_id = %(id)s, last_outgoing_at = %(now)s, updated_at = %(now)s
-WHERE id = %(conversation_id)s
+WHERE project_id = %(project_id)s AND id = %(conversation_id)s
 
 -- name: message_by_provider_id
 -- A message already recorded under this provider id.
@@ -65,7 +65,7 @@ WITH message AS (
     UPDATE conversations
     SET last_incoming_message_id = (SELECT id FROM message), last_incoming_at = %(now)s,
         waiting_since = coalesce(waiting_since, %(now)s), updated_at = %(now)s
-    WHERE id = %(conversation_id)s
+    WHERE project_id = %(project_id)s AND id = %(conversation_id)s
 )
 SELECT id FROM message
 
@@ -85,7 +85,7 @@ WITH message AS (
     UPDATE conversations
     SET last_outgoing_message_id = (SELECT id FROM message), last_outgoing_at = %(now)s,
         waiting_since = NULL, updated_at = %(now)s
-    WHERE id = %(conversation_id)s
+    WHERE project_id = %(project_id)s AND id = %(conversation_id)s
 )
 SELECT id FROM message
 

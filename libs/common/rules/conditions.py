@@ -100,7 +100,7 @@ _CUSTOM = _attr("contact.attributes", "custom", "c.attributes", "the contact's c
 CONTEXT = sql.SQL(
     """followup_triggers t
 JOIN contacts c ON c.id = t.contact_id AND c.erased_at IS NULL
-LEFT JOIN conversations v ON v.id = t.conversation_id
+LEFT JOIN conversations v ON v.project_id = t.project_id AND v.id = t.conversation_id
 LEFT JOIN LATERAL (
     SELECT status FROM leads
     WHERE leads.contact_id = c.id

@@ -136,7 +136,12 @@ def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime)
     its trigger was processed) records nothing; several events of one episode in the batch record one
     execution (a reply chase due after the latest reply)."""
     anchors = _current_anchors(
-        conn, [item.subject.conversation_id for item in matched if item.subject.conversation_id]
+        conn,
+        [
+            (item.subject.project_id, item.subject.conversation_id)
+            for item in matched
+            if item.subject.conversation_id
+        ],
     )
     by_key: dict[tuple[uuid.UUID, uuid.UUID | None, str], dict[str, Any]] = {}
     dues: dict[tuple[uuid.UUID, uuid.UUID | None, str], datetime] = {}
@@ -145,7 +150,7 @@ def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime)
     for item in matched:
         episode = episode_of(item.subject)
         if item.subject.conversation_id is not None:
-            current = anchors.get(item.subject.conversation_id)
+            current = anchors.get((item.subject.project_id, item.subject.conversation_id))
             if current is None or current_key(episode.kind, current) != episode.key:
                 continue
         delay = timedelta(minutes=item.rule.execution_delay_minutes or 0)
@@ -177,14 +182,16 @@ def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime)
 
 
 def _current_anchors(
-    conn: Connection[Any], conversation_ids: list[uuid.UUID]
-) -> dict[uuid.UUID, dict[str, Any]]:
-    """The conversations' anchors now, in the caller's transaction."""
-    if not conversation_ids:
+    conn: Connection[Any], conversations: list[tuple[uuid.UUID, uuid.UUID]]
+) -> dict[tuple[uuid.UUID, uuid.UUID], dict[str, Any]]:
+    """The anchors now of conversations given as (project, conversation id), in the caller's transaction."""
+    if not conversations:
         return {}
+    project_ids, ids = zip(*set(conversations), strict=True)
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(QUERIES["anchors"], {"ids": list(set(conversation_ids))}).fetchall()
-    return {row["id"]: row for row in rows}
+        params = {"project_ids": list(project_ids), "ids": list(ids)}
+        rows = cur.execute(QUERIES["anchors"], params).fetchall()
+    return {(row["project_id"], row["id"]): row for row in rows}
 
 
 def _business_hours(conn: Connection[Any], project_id: uuid.UUID) -> tuple[Any, Any]:

@@ -15,9 +15,11 @@ SET due_at = excluded.due_at, trigger_id = excluded.trigger_id, updated_at = exc
 WHERE e.episode_kind = 'reply_chase' AND e.status = 'pending' AND excluded.due_at > e.due_at
 
 -- name: anchors
--- The conversations' anchors now: an event whose episode already ended schedules nothing.
-SELECT id, status_changed_at, last_incoming_message_id, waiting_since
-FROM conversations WHERE id = ANY(%(ids)s)
+-- The conversations' anchors now, each of its project: an event whose episode already ended schedules
+-- nothing.
+SELECT v.project_id, v.id, v.status_changed_at, v.last_incoming_message_id, v.waiting_since
+FROM unnest(%(project_ids)s::uuid[], %(ids)s::uuid[]) AS k(project_id, id)
+JOIN conversations v ON v.project_id = k.project_id AND v.id = k.id
 
 -- name: project_timezone
 -- The time zone a project's business hours are in.
@@ -49,7 +51,7 @@ SELECT e.id, e.project_id, e.rule_id, e.conversation_id, e.contact_id, e.trigger
        t.type AS trigger_type, t.payload, t.occurred_at
 FROM rule_pending_executions e
 LEFT JOIN rules r ON r.id = e.rule_id
-LEFT JOIN conversations v ON v.id = e.conversation_id
+LEFT JOIN conversations v ON v.project_id = e.project_id AND v.id = e.conversation_id
 LEFT JOIN followup_triggers t ON t.id = e.trigger_id
 WHERE e.id = %(id)s AND e.status = 'pending' AND e.locked_until = %(until)s
 FOR UPDATE OF e
