@@ -213,7 +213,8 @@ def test_a_rejected_event_is_dead_lettered_and_nothing_is_half_applied(
         # an unknown contact, another project's contact
         ingress.send_event(project.id, InboundMessage(contact_id=uuid.uuid4(), provider_message_id="a"))
         ingress.send_event(project.id, ContactOptedOut(contact_id=theirs))
-        # a message of a known contact for an unknown conversation: neither the message nor the stop is kept
+        # a message of a known contact for an unknown conversation: the message is not kept, but the reply
+        # still stops the contact's follow-ups (replies fail closed)
         ingress.send_event(
             project.id, InboundMessage(contact_id=mine, conversation_id=uuid.uuid4(), provider_message_id="b")
         )
@@ -230,11 +231,17 @@ def test_a_rejected_event_is_dead_lettered_and_nothing_is_half_applied(
     assert [r.field for r in logged[:4]] == ["contact_id", "contact_id", "conversation_id", "conversation_id"]  # type: ignore[attr-defined]
     assert all(r.reason for r in logged)  # type: ignore[attr-defined]
     assert len(logged) == 5
-    assert rows(pool, "SELECT count(*) FROM outbox") == outbox_before
     assert rows(pool, "SELECT id FROM messages WHERE direction = 'inbound'") == []
     assert rows(pool, "SELECT id FROM contacts WHERE phone = %s", phone) == []
-    assert rows(pool, "SELECT status FROM followup_enrollments WHERE id = %s", enrollment) == [("active",)]
-    assert rows(pool, "SELECT status FROM messages WHERE id = %s", message) == [("QUEUED",)]
+    assert rows(pool, "SELECT status, reason FROM followup_enrollments WHERE id = %s", enrollment) == [
+        ("stopped", "replied")
+    ]
+    assert rows(pool, "SELECT status FROM messages WHERE id = %s", message) == [("CANCELLED",)]
+    # the outbox holds only what the stop wrote
+    assert rows(pool, "SELECT type FROM outbox ORDER BY id OFFSET %s", outbox_before[0][0]) == [
+        ("followup.stopped",),
+        ("message.failed",),
+    ]
     assert rows(pool, "SELECT opted_out_at FROM contacts WHERE id = %s", theirs) == [(None,)]
 
 

@@ -1,7 +1,9 @@
 """Ingress actors: platform events and send-lane claims over RabbitMQ, calling the same domain functions
 as the REST API. A malformed or rejected message is logged with its reason and dead-lettered; it never
 crashes the worker and never half-applies (decoding happens before any transaction opens, and each event
-is applied in one transaction that a failure rolls back).
+is applied in one transaction that a failure rolls back). A reply is the exception that fails closed: one
+that cannot be applied still stops its contact's follow-ups, in a transaction of its own, before it is
+dead-lettered (see :func:`libs.common.ingress.handle_event`).
 
 A platform event that fails only because the database is unreachable is retried with backoff instead:
 dead-lettering it would lose a reply, and with it the stop of the contact's follow-ups.

@@ -111,13 +111,60 @@ def handle_event(
     """Apply one event in a transaction of its own, then count what it stopped once that committed.
 
     ``check_project``: 404 for an unknown project (events over the broker carry no API key that proved it).
+
+    Replies fail closed: a reply of a known contact that cannot be applied, for whatever reason, still
+    stops the contact's follow-ups (:func:`stop_after_unapplied_reply`) before the error goes on.
     """
-    with map_errors(), pool.connection() as conn:
-        if check_project:
-            require_project(conn, project_id)
-        result = apply_event(conn, project_id, event, now=now)
+    try:
+        with map_errors(), pool.connection() as conn:
+            if check_project:
+                require_project(conn, project_id)
+            result = apply_event(conn, project_id, event, now=now)
+    except Exception as exc:
+        if isinstance(event, InboundMessage):
+            stop_after_unapplied_reply(pool, project_id, event, exc, now=now)
+        raise
     count_stopped(Stopped(result.stop_reason, result.stopped_enrollment_ids))
     return result
+
+
+def stop_after_unapplied_reply(
+    pool: ConnectionPool, project_id: uuid.UUID, event: InboundMessage, error: Exception, *, now: datetime
+) -> None:
+    """Stop the follow-ups of a contact whose reply could not be applied, in a transaction of its own.
+
+    The event's own transaction (the message, the stop, the triggers) was rolled back: without this, the
+    reply is lost and the next step goes out to a contact who answered. Only the stop is kept; the error
+    is still reported (the API answers it, the broker retries or dead-letters the event). Best effort: when
+    this fails as well (the database is down), the event's retry stops them."""
+    context = {
+        "project_id": str(project_id),
+        "contact_id": str(event.contact_id) if event.contact_id else None,
+        "provider_message_id": event.provider_message_id,
+        "reason": str(error) or type(error).__name__,
+    }
+    try:
+        with map_errors(), pool.connection() as conn:
+            contact_id = event.contact_id
+            if contact_id is None and event.phone is not None:
+                found = contacts.contact_by_phone(conn, project_id, validation.phone(event.phone))
+                contact_id = found.id if found is not None else None
+            if contact_id is None:
+                log.warning("reply not applied, from an unknown contact", extra=context)
+                return
+            contacts.lock_contact(conn, project_id, contact_id)
+            stopped = stop_followups_for_contact(conn, project_id, contact_id, "reply", now=now)
+    except Exception as stop_error:
+        log.error(
+            "reply not applied, and its follow-ups not stopped",
+            extra=context | {"stop_error": str(stop_error)},
+        )
+        return
+    count_stopped(stopped)
+    log.warning(
+        "reply not applied; the contact's follow-ups stopped",
+        extra=context | {"contact_id": str(contact_id), "stopped": len(stopped.enrollment_ids)},
+    )
 
 
 def apply_event(
