@@ -177,6 +177,19 @@ def test_with_no_valid_zone_at_all_utc_is_used() -> None:
     assert text("{{anchor.time}}", timezone="Nowhere/Town", fallback_timezone="Also/Nowhere") == "13:00"
 
 
+@pytest.mark.parametrize(
+    ("anchor", "zone", "expected"),
+    [
+        (datetime(9999, 12, 31, 23, 30, tzinfo=UTC), "Pacific/Kiritimati", "9999-12-31 23:30"),
+        (datetime(1, 1, 1, 0, 30, tzinfo=UTC), "America/Los_Angeles", "0001-01-01 00:30"),
+    ],
+)
+def test_an_anchor_whose_local_time_leaves_the_calendar_is_shown_in_utc(
+    anchor: datetime, zone: str, expected: str
+) -> None:
+    assert text("{{anchor.datetime}}", timezone=zone, anchor_at=anchor) == expected
+
+
 def test_a_naive_anchor_is_taken_as_utc() -> None:
     assert text("{{anchor.time}}", timezone="Asia/Kolkata", anchor_at=datetime(2030, 1, 15, 13, 0)) == "18:30"
 

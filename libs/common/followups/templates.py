@@ -296,7 +296,10 @@ def _local_anchor(context: RenderContext) -> datetime:
     if anchor.tzinfo is None:
         anchor = anchor.replace(tzinfo=UTC)
     zone = _zone(context.timezone) or _zone(context.fallback_timezone) or UTC
-    return anchor.astimezone(zone)
+    try:
+        return anchor.astimezone(zone)
+    except OverflowError:  # within hours of year 1 or 9999, the local time leaves the calendar: UTC's does not
+        return anchor.astimezone(UTC)
 
 
 def _anchor_field(local: datetime, name: str) -> str:
