@@ -15,8 +15,13 @@
 5. Pacing on: the same 20 numbers with a pacing gap, over P enrollments; the ceiling is
    numbers x 1000 / send_delay_ms steps/s, and the ratio to it is printed.
 
+6. A steady stream, not a backlog: steps falling due at S per second for T seconds (all enrolled
+   beforehand, each due at its own time), released by W processes each running the release service's
+   own polling loop (sleeping until the next due time, no RabbitMQ nudges): the p99 of the release lag.
+
 The last line is `release: steps_per_s=<n> ceiling_tps=<n> ratio=<r> lag_p99_ms=<n> claim_ratio_1m_10k=<r>
-constrained_steps_per_s=<n> constrained_ratio=<r> paced_steps_per_s=<n> paced_ceiling=<n> paced_ratio=<r>`.
+constrained_steps_per_s=<n> constrained_ratio=<r> paced_steps_per_s=<n> paced_ceiling=<n> paced_ratio=<r>
+lag_p99_ms_steady=<n>`.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ from benchmarks.seed import seed_due_enrollments, seed_project, with_numbers
 from libs.common.core import outbox
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
-from libs.common.core.settings import DatabaseSettings, FollowupSettings
+from libs.common.core.loops import PollingLoop
+from libs.common.core.settings import DatabaseSettings, FollowupSettings, WorkerSettings
 from libs.common.followups import release_step, transitions
 from libs.common.followups.project_settings import ProjectSettings, put_settings
 from libs.common.platform import messages as platform_messages
@@ -125,6 +131,81 @@ def run_release(
         ]
     assert released is not None and released[0] == count, f"released {released} of {count}"
     return count / elapsed, percentile(lags, 50), percentile(lags, 99)
+
+
+# --- a steady stream ----------------------------------------------------------------------------------
+
+
+def _steady_worker(url: str, ready: Any, go: Any, stop: Any, next_due: bool) -> None:
+    """The release service's loop, as `followups worker release` runs it (without a broker to nudge it)."""
+    pool = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=1))
+    settings = FollowupSettings()
+    loop = PollingLoop(
+        "release",
+        lambda: release.release_batch(pool, SYSTEM_CLOCK, settings),
+        poll_interval=WorkerSettings().poll_interval_seconds,
+        idle_max_sleep=WorkerSettings().idle_max_sleep_seconds,
+        next_due=(lambda: release.seconds_until_next_due(pool, SYSTEM_CLOCK)) if next_due else None,
+    )
+    ready.release()
+    go.wait()
+    loop.start()
+    stop.wait()
+    loop.stop()
+    pool.close()
+
+
+def run_steady(url: str, rate: int, seconds: int, workers: int, *, next_due: bool = True) -> float:
+    """Steps falling due at ``rate``/s for ``seconds``, released by ``workers`` loops: the lag p99 (ms)."""
+    _reset(url)
+    total = rate * seconds
+    with psycopg.connect(url) as conn:
+        project_id, sequence_id = seed_project(conn)
+        seed_due_enrollments(
+            conn, project_id, sequence_id, total, due_at=datetime.now(UTC) + timedelta(days=1)
+        )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE followup_enrollments")
+    context = multiprocessing.get_context("spawn")
+    ready, go, stop = context.Semaphore(0), context.Event(), context.Event()
+    processes = [
+        context.Process(target=_steady_worker, args=(url, ready, go, stop, next_due)) for _ in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        ready.acquire()
+    go.set()
+    # the stream starts once the workers run: each enrollment falls due at its own time from a second on
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            """
+            UPDATE followup_enrollments e
+            SET next_run_at = now() + interval '1 second' + s.i * %(gap)s * interval '1 second',
+                step_due_at = NULL
+            FROM (SELECT id, row_number() OVER (ORDER BY id) - 1 AS i FROM followup_enrollments) s
+            WHERE e.id = s.id
+            """,
+            {"gap": 1 / rate},
+        )
+    deadline = time.monotonic() + seconds + 60
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            done = conn.execute("SELECT count(*) FROM followup_step_runs").fetchone()
+            if done is not None and done[0] >= total:
+                break
+            time.sleep(0.5)
+        lags = [
+            float(row[0])
+            for row in conn.execute(
+                "SELECT extract(epoch FROM ran_at - due_at) * 1000 FROM followup_step_runs ORDER BY 1"
+            )
+        ]
+    stop.set()
+    for process in processes:
+        process.join()
+    assert len(lags) == total, f"released {len(lags)} of {total}"
+    return percentile(lags, 99)
 
 
 # --- the pure-SQL ceiling -------------------------------------------------------------------------------
@@ -335,7 +416,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="unconstrained/constrained runs in turn")
     parser.add_argument("--paced", type=int, default=2_000, help="enrollments of the paced run")
     parser.add_argument("--send-delay-ms", type=int, default=200, help="the paced run's pacing gap")
+    parser.add_argument("--steady-rate", type=int, default=200, help="steps falling due per second")
+    parser.add_argument("--steady-seconds", type=int, default=60, help="length of the steady stream")
+    parser.add_argument(
+        "--steady-only", action="store_true", help="run the steady stream only (and its line's key)"
+    )
+    parser.add_argument(
+        "--no-next-due", action="store_true", help="the loops back off when idle (the design before)"
+    )
     args = parser.parse_args()
+
+    if args.steady_only:
+        with bench_database(BENCH_DATABASE) as url:
+            steady = run_steady(
+                url, args.steady_rate, args.steady_seconds, args.workers, next_due=not args.no_next_due
+            )
+        print(f"  steady {args.steady_rate}/s for {args.steady_seconds} s: lag p99 {steady:.0f} ms")
+        print(f"release: lag_p99_ms_steady={steady:.0f}")
+        return
 
     print(f"release benchmark: {args.enrollments} enrollments, {args.workers} worker processes")
     with bench_database(BENCH_DATABASE) as url:
@@ -362,6 +460,8 @@ def main() -> None:
             f"  pacing {args.send_delay_ms} ms over {NUMBERS} numbers:"
             f" {paced:.1f} steps/s of {paced_ceiling:.0f}"
         )
+        steady = run_steady(url, args.steady_rate, args.steady_seconds, args.workers)
+        print(f"  steady {args.steady_rate}/s for {args.steady_seconds} s: lag p99 {steady:.0f} ms")
     print(
         f"  claim median: {small:.3f} ms with {args.claim_small} not due,"
         f" {large:.3f} ms with {args.claim_large}"
@@ -371,7 +471,7 @@ def main() -> None:
         f"lag_p99_ms={lag_p99:.0f} claim_ratio_1m_10k={large / small:.2f} "
         f"constrained_steps_per_s={constrained:.0f} constrained_ratio={constrained_ratio:.2f} "
         f"paced_steps_per_s={paced:.1f} paced_ceiling={paced_ceiling:.0f} "
-        f"paced_ratio={paced / paced_ceiling:.2f}"
+        f"paced_ratio={paced / paced_ceiling:.2f} lag_p99_ms_steady={steady:.0f}"
     )
 
 

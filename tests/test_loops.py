@@ -57,9 +57,16 @@ class Script:
         self.log.append(("sleep", seconds))
         return False  # slept the whole time: nobody nudged
 
-    def run(self, *, poll_interval: float, idle_max_sleep: float) -> list[tuple[str, object]]:
+    def run(
+        self, *, poll_interval: float, idle_max_sleep: float, next_due: loops.NextDue | None = None
+    ) -> list[tuple[str, object]]:
         self.loop = PollingLoop(
-            "t", self.tick, poll_interval=poll_interval, idle_max_sleep=idle_max_sleep, wait=self.wait
+            "t",
+            self.tick,
+            poll_interval=poll_interval,
+            idle_max_sleep=idle_max_sleep,
+            wait=self.wait,
+            next_due=next_due,
         )
         self.loop.run()
         return self.log
@@ -70,6 +77,31 @@ def test_an_idle_loop_backs_off_to_its_maximum_sleep() -> None:
     # the first sleep is the poll interval, then it doubles up to the idle maximum, and stays there
     sleeps = (1, 2, 4, 5, 5, 5)
     assert log == [event for s in sleeps for event in (("tick", 0), ("sleep", s))] + [("tick", 0)]
+
+
+def test_a_loop_that_knows_its_next_due_time_sleeps_until_then_never_past_the_poll_interval() -> None:
+    # the next work falls due in 0.25 s, then in 30 s, then nothing is known, then it is overdue
+    dues = iter([0.25, 30.0, None, -2.0])
+    log = Script(0, 0, 0, 0, 0).run(poll_interval=1, idle_max_sleep=5, next_due=lambda: next(dues))
+    margin = loops.DUE_MARGIN_SECONDS
+    sleeps = (0.25 + margin, 1, 1, margin)  # no back-off: at most the poll interval, however long idle
+    assert log == [event for s in sleeps for event in (("tick", 0), ("sleep", s))] + [("tick", 0)]
+
+
+def test_a_loop_whose_next_due_time_fails_backs_off_as_usual() -> None:
+    def unknown() -> float:
+        raise ConnectionError("database unreachable")
+
+    log = Script(0, 0, 0, 0).run(poll_interval=1, idle_max_sleep=5, next_due=unknown)
+    assert log == [
+        ("tick", 0),
+        ("sleep", 1),
+        ("tick", 0),
+        ("sleep", 2),
+        ("tick", 0),
+        ("sleep", 4),
+        ("tick", 0),
+    ]
 
 
 def test_a_loop_runs_again_at_once_while_there_is_work() -> None:

@@ -214,6 +214,14 @@ def test_the_release_claim_uses_the_claim_index(pool: ConnectionPool, seeded: Se
             assert "followup_enrollments" not in seq_scanned(nodes)
 
 
+def test_the_release_loops_next_due_time_uses_the_claim_index(pool: ConnectionPool, seeded: Seeded) -> None:
+    query = RELEASE_QUERIES["next_due"]
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        for nodes in (explain(conn, query, {"now": NOW}), explain_generic(conn, query)):
+            assert "followup_enrollments_claim_idx" in index_names(nodes), nodes
+            assert "followup_enrollments" not in seq_scanned(nodes)
+
+
 def test_the_send_lane_claim_walks_a_send_queue_index_in_order(pool: ConnectionPool, seeded: Seeded) -> None:
     """All projects: the send queue (priority, age); one project: its own queue in the same order."""
     query = send_lane.QUERIES["claim_queued_messages"]

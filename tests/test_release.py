@@ -14,7 +14,7 @@ from libs.common.core.settings import FollowupSettings
 from libs.common.followups import release_step
 from libs.common.followups.definition import MessageStep
 from libs.common.followups.release_step import backoff
-from services.release.release import release_batch, release_one
+from services.release.release import release_batch, release_one, seconds_until_next_due
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
 from tests.helpers import rows
@@ -26,6 +26,23 @@ def test_nothing_due_releases_nothing(pool: ConnectionPool, clock: ManualClock, 
     sequence = make_sequence(pool, project.id, MessageStep(text="later", delay_seconds=3600))
     make_enrollment(pool, clock, project.id, sequence, make_contact(pool, project.id))
     assert release_one(pool, clock, SETTINGS) is None
+
+
+def test_the_loop_knows_when_the_next_step_falls_due(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    # Given nothing waiting, the release loop knows of nothing to wake for
+    assert seconds_until_next_due(pool, clock) is None
+    # When a contact is enrolled with a first step in 90 s and another with one in 40 s
+    for delay in (90, 40):
+        sequence = make_sequence(pool, project.id, MessageStep(text="hi", delay_seconds=delay))
+        make_enrollment(pool, clock, project.id, sequence, make_contact(pool, project.id))
+    # Then the loop would sleep 40 s; and once that one is released, until the other (50 s later)
+    assert seconds_until_next_due(pool, clock) == pytest.approx(40)
+    clock.advance(timedelta(seconds=40))
+    assert seconds_until_next_due(pool, clock) == pytest.approx(50)  # a due row is not a next due time
+    assert release_batch(pool, clock, FollowupSettings()) == 1
+    assert seconds_until_next_due(pool, clock) == pytest.approx(50)
 
 
 def test_a_two_step_sequence_releases_each_step_once_at_its_time(

@@ -10,3 +10,10 @@ WHERE status = 'active'
 ORDER BY next_run_at
 LIMIT 1
 FOR UPDATE SKIP LOCKED
+
+-- name: next_due
+-- Seconds until the earliest active enrollment not yet due falls due (NULL: none): the release loop
+-- sleeps until then. The claim index's range scan from now: the due rows before it are not read.
+SELECT extract(epoch FROM min(next_run_at) - %(now)s)::float8
+FROM followup_enrollments
+WHERE status = 'active' AND next_run_at > %(now)s

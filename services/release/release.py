@@ -52,6 +52,13 @@ def release_one(
     return released
 
 
+def seconds_until_next_due(pool: ConnectionPool, clock: Clock) -> float | None:
+    """Seconds until the next active enrollment falls due (None: none is waiting); the loop's ``next_due``."""
+    with pool.connection() as conn:
+        row = conn.execute(QUERIES["next_due"], {"now": clock.now()}).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
 def release_batch(
     pool: ConnectionPool,
     clock: Clock,

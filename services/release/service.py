@@ -12,7 +12,7 @@ from libs.common.contracts import actors
 from libs.common.core.loops import PollingLoop
 from libs.common.core.runtime import Runtime, Service
 from libs.common.followups.release_step import Released
-from services.release.release import release_batch
+from services.release.release import release_batch, seconds_until_next_due
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ def build(runtime: Runtime) -> Service:
         ),
         poll_interval=settings.worker.poll_interval_seconds,
         idle_max_sleep=settings.worker.idle_max_sleep_seconds,
+        next_due=lambda: seconds_until_next_due(runtime.pool, runtime.clock),
     )
 
     def release_nudge(payload: dict[str, Any]) -> None:
