@@ -962,7 +962,8 @@ def test_unknown_or_foreign_ids_are_404_and_nothing_is_half_written(
             "contact_id",
         ),
         ({"type": "message.inbound", "contact_id": str(theirs), "provider_message_id": "b"}, "contact_id"),
-        # an unknown conversation: neither the message nor the stop may be written
+        # an unknown conversation: the message is not written, but the reply of a known contact still
+        # stops its follow-ups (replies fail closed; see tests/test_replies_fail_closed.py)
         (
             {
                 "type": "message.inbound",
@@ -1012,11 +1013,15 @@ def test_unknown_or_foreign_ids_are_404_and_nothing_is_half_written(
         response = client.post("/v1/events", json=event)
         assert response.status_code == 404, (event, response.text)
         assert response.json()["errors"][0]["field"] == field, (event, response.text)
-    assert status_of(pool, enrollment) == ("active", None)
-    assert message_of(pool, enrollment)[1] == "QUEUED"
+    assert status_of(pool, enrollment) == ("stopped", "replied")
+    assert message_of(pool, enrollment)[1] == "CANCELLED"
     assert rows(pool, "SELECT id FROM messages WHERE direction = 'inbound'") == []
     assert rows(pool, "SELECT id FROM contacts WHERE phone = %s", phone) == []
-    assert one(pool, "SELECT count(*) FROM outbox") == outbox_before
+    # the outbox holds only what the stop wrote
+    assert rows(pool, "SELECT type FROM outbox ORDER BY id OFFSET %s", outbox_before) == [
+        ("followup.stopped",),
+        ("message.failed",),
+    ]
     assert one(
         pool,
         "SELECT status, opted_out_at FROM contacts c JOIN conversations v ON v.contact_id = c.id"

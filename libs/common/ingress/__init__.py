@@ -154,6 +154,9 @@ def stop_after_unapplied_reply(
                 return
             contacts.lock_contact(conn, project_id, contact_id)
             stopped = stop_followups_for_contact(conn, project_id, contact_id, "reply", now=now)
+    except NotFound:  # another project's, or erased: no follow-ups of this project to stop
+        log.warning("reply not applied, from an unknown contact", extra=context)
+        return
     except Exception as stop_error:
         log.error(
             "reply not applied, and its follow-ups not stopped",
