@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+import msgspec
+
+from followups.dev import DEFAULT_DATA_DIR, NoEmbeddedDatabase, embedded_database
 from followups.runner import SERVICES, serve_metrics, shutdown_requested, start_services
 from libs.common.core.broker import create_broker
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
+from libs.common.core.errors import InvalidInput
 from libs.common.core.invalidation import Invalidator
 from libs.common.core.logs import configure_logging
 from libs.common.core.migrate import migrate
 from libs.common.core.outbox import AmqpPublisher
 from libs.common.core.runtime import Runtime
-from libs.common.core.settings import Settings, SettingsError
+from libs.common.core.settings import LogSettings, Settings, SettingsError
 from libs.common.platform.projects import create_project
 
 log = logging.getLogger("followups")
@@ -34,17 +41,45 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--port", type=int, help="port to listen on (default: API_PORT)")
     worker = commands.add_parser("worker", help="run one service's worker: its queue and its loops")
     worker.add_argument("service", choices=sorted(SERVICES))
-    dev = commands.add_parser("dev", help="run everything in one process on an embedded PostgreSQL")
+    dev = commands.add_parser(
+        "dev",
+        help="run everything in one process on an embedded PostgreSQL",
+        description="Run every service and the API in one process, on an embedded PostgreSQL kept in a"
+        " data folder, with the same project and API key on every run. Logs are plain text unless LOG_JSON"
+        " is set.",
+    )
     dev.add_argument(
         "--demo", action="store_true", help="also create a demo sequence and enroll demo contacts"
     )
-    dev.add_argument("--data-dir", default=".followups", help="folder for the embedded database (reused)")
-    dev.add_argument("--host", default="127.0.0.1")
-    dev.add_argument("--port", type=int, default=8000)
-    create = commands.add_parser("create-project", help="create a project and print its id and an API key")
+    dev.add_argument(
+        "--data-dir",
+        default=DEFAULT_DATA_DIR,
+        help="folder of the embedded database, the dev project's id and its API key, reused across runs"
+        f" (default: {DEFAULT_DATA_DIR})",
+    )
+    dev.add_argument("--host", help="address the API listens on (default: API_HOST, 127.0.0.1)")
+    dev.add_argument("--port", type=int, help="port the API listens on (default: API_PORT, 8000)")
+    create = commands.add_parser(
+        "create-project",
+        help="create a project and print its id and an API key",
+        description="Create a project and print its id and its API key (stored hashed: shown only here), in"
+        " the database of DATABASE_URL, or with --data-dir in the embedded database of `followups dev`.",
+    )
     create.add_argument("name")
     create.add_argument("--timezone", default="UTC", help="the project's IANA time zone")
+    create.add_argument(
+        "--data-dir",
+        help="the data folder of `followups dev` (e.g. .followups): create the project in its embedded"
+        " database, started for the moment if no `followups dev` runs on it (instead of DATABASE_URL)",
+    )
     return parser
+
+
+def _log_settings(settings: Settings, command: str) -> LogSettings:
+    """``followups dev`` logs plain text unless LOG_JSON is set; the other commands follow LOG_JSON."""
+    if command == "dev" and not os.environ.get("LOG_JSON"):
+        return msgspec.structs.replace(settings.log, json=False)
+    return settings.log
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,21 +89,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"followups: configuration error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log)
+    configure_logging(_log_settings(settings, args.command))
     if args.command == "dev":
         from followups.dev import run_dev
 
-        return run_dev(settings, data_dir=args.data_dir, host=args.host, port=args.port, demo=args.demo)
+        host = settings.api.host if args.host is None else args.host
+        port = settings.api.port if args.port is None else args.port
+        return run_dev(settings, data_dir=args.data_dir, host=host, port=port, demo=args.demo)
     if args.command == "migrate":
         applied = migrate(settings.database.url)
         print(f"{len(applied)} migration(s) applied")
         return 0
     if args.command == "create-project":
-        pool = create_pool(settings.database)
-        with pool, pool.connection() as conn:
-            project = create_project(conn, args.name, timezone=args.timezone)
-        print(f"project_id: {project.project_id}\napi_key: {project.api_key}")
-        return 0
+        return _create_project(settings, args.name, timezone=args.timezone, data_dir=args.data_dir)
     if not settings.broker.amqp_url:
         print(
             "followups: configuration error: AMQP_URL is required (use `followups dev` without RabbitMQ)",
@@ -86,6 +119,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "api":
         return _run_api(runtime, host=args.host or settings.api.host, port=args.port or settings.api.port)
     return _run_worker(runtime, args.service)
+
+
+def _create_project(settings: Settings, name: str, *, timezone: str, data_dir: str | None) -> int:
+    """Create a project in DATABASE_URL's database, or in the embedded one of a ``followups dev`` data
+    folder; never in a default database nobody named."""
+    if data_dir is None and not os.environ.get("DATABASE_URL"):
+        print(
+            "followups: create-project needs a database: set DATABASE_URL, or pass --data-dir with the data"
+            f" folder of `followups dev` (--data-dir {DEFAULT_DATA_DIR} unless it was given another)",
+            file=sys.stderr,
+        )
+        return 2
+    with contextlib.ExitStack() as stack:
+        database = settings.database
+        if data_dir is not None:
+            try:
+                url = stack.enter_context(embedded_database(Path(data_dir)))
+            except NoEmbeddedDatabase as exc:
+                print(f"followups: {exc}", file=sys.stderr)
+                return 2
+            database = msgspec.structs.replace(database, url=url, pool_min_size=1, pool_max_size=1)
+        pool = stack.enter_context(create_pool(database, name="followups-create-project"))
+        try:
+            with pool.connection() as conn:
+                project = create_project(conn, name, timezone=timezone)
+        except InvalidInput as exc:
+            print(f"followups: create-project: {exc.message}", file=sys.stderr)
+            return 2
+    print(f"project_id: {project.project_id}\napi_key: {project.api_key}")
+    return 0
 
 
 def _run_api(runtime: Runtime, *, host: str, port: int) -> int:

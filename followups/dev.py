@@ -1,50 +1,105 @@
 """``followups dev``: the embedded default, with nothing to install.
 
 PostgreSQL runs through pgserver under a data folder that is reused across runs; the StubBroker carries
-actor messages inside the process; every service's loops run here; the API listens on 127.0.0.1:8000.
+actor messages inside the process; every service's loops run here; the API listens on API_HOST:API_PORT
+(127.0.0.1:8000 unless told otherwise).
+
+The data folder keeps, besides the database (``pgdata/``), the dev project's id (``project_id``) and its
+API key in clear (``api_key``, readable by its owner only): the database stores keys only hashed, so the
+file is what lets every run print the same key. A project is created only when the folder has none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import signal
+import threading
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from psycopg import Connection
 
 from followups.runner import SERVICES, start_services
 from libs.common.core.broker import create_broker
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
+from libs.common.core.errors import Unauthorized
 from libs.common.core.migrate import migrate
 from libs.common.core.outbox import LogPublisher
 from libs.common.core.runtime import Runtime
-from libs.common.core.settings import DatabaseSettings, Settings
+from libs.common.core.settings import Settings
 from libs.common.followups.definition import Definition, MessageStep
 from libs.common.followups.enrollments import EnrollRequest, enroll
 from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
 from libs.common.platform.contacts import ContactFields, upsert_contact
-from libs.common.platform.projects import create_api_key, create_project
+from libs.common.platform.projects import authenticate, create_api_key, create_project
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger("followups.dev")
+
+#: The data folder when ``--data-dir`` is not given.
+DEFAULT_DATA_DIR = ".followups"
+
+#: Files of the data folder: the database, the dev project's id, and its API key (mode 0600).
+PGDATA, PROJECT_FILE, KEY_FILE = "pgdata", "project_id", "api_key"
 
 DEMO_PHONES = ("+15550100001", "+15550100002", "+15550100003")
 
 
-def start_embedded_postgres(data_dir: Path) -> tuple[object, str]:
-    """Start (or reuse) the embedded PostgreSQL under ``data_dir``; returns the server and its URL."""
-    import pgserver
+class NoEmbeddedDatabase(Exception):
+    """There is no embedded database under this data folder."""
 
-    pgdata = (data_dir / "pgdata").resolve()
+
+@dataclasses.dataclass(frozen=True)
+class DevProject:
+    project_id: uuid.UUID
+    api_key: str
+    created: bool
+    new_key: bool
+
+
+def start_embedded_postgres(data_dir: Path) -> tuple[Any, str]:
+    """Start (or join) the embedded PostgreSQL under ``data_dir``; returns the server and its URL."""
+    pgdata = (data_dir / PGDATA).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     _forget_dead_handles(pgdata)
     with warnings.catch_warnings():
-        # without XDG_RUNTIME_DIR platformdirs falls back to /tmp, which is fine here
+        # pgserver asks platformdirs for a runtime folder when it is imported (a class attribute) and
+        # platformdirs warns that without XDG_RUNTIME_DIR it falls back to /tmp/runtime-<uid>, which is
+        # fine here: pgserver only keeps a lock file there, and a socket when the data path is too long.
         warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        import pgserver
+
         server = pgserver.get_server(str(pgdata), cleanup_mode="stop")
     return server, str(server.get_uri())
+
+
+@contextlib.contextmanager
+def embedded_database(data_dir: Path) -> Iterator[str]:
+    """The URL of the (migrated) embedded database of an existing data folder, started if no ``followups
+    dev`` runs on it; stopped again afterwards unless one does."""
+    if not (data_dir / PGDATA / "PG_VERSION").exists():
+        raise NoEmbeddedDatabase(
+            f"no embedded database under {data_dir.resolve()}"
+            f" (`followups dev --data-dir {data_dir}` creates it)"
+        )
+    server, url = start_embedded_postgres(data_dir)
+    try:
+        migrate(url)
+        yield url
+    finally:
+        server.cleanup()
 
 
 def _forget_dead_handles(pgdata: Path) -> None:
@@ -78,47 +133,154 @@ def run_dev(base: Settings, *, data_dir: str, host: str, port: int, demo: bool) 
 
     from services.api.app import create_app
 
-    folder = Path(data_dir)
-    print(f"followups dev: embedded PostgreSQL under {folder.resolve() / 'pgdata'} (reused across runs)")
+    folder = Path(data_dir).resolve()
+    print(f"followups dev: starting the embedded PostgreSQL under {folder / PGDATA}", flush=True)
     server, url = start_embedded_postgres(folder)
-    settings = dataclasses.replace(
-        base, database=DatabaseSettings(url=url, pool_min_size=1, pool_max_size=10)
-    )
-    migrate(url)
-    pool = create_pool(settings.database, name="followups-dev")
-    runtime = Runtime(settings, pool, create_broker(settings.broker, embedded=True), SYSTEM_CLOCK)
-    project_id, api_key = _dev_project(runtime, folder)
-    if demo:
-        _create_demo(runtime, project_id)
-    running = start_services(runtime, sorted(SERVICES), LogPublisher())
-    print(
-        f"\n  API       http://{host}:{port}  (OpenAPI: http://{host}:{port}/schema)\n"
-        f"  project   {project_id}\n"
-        f"  API key   {api_key}\n\n"
-        f"  try: curl -H 'Authorization: Bearer {api_key}' http://{host}:{port}/v1/contacts\n"
-        "  Ctrl-C stops.\n",
-        flush=True,
-    )
+    print(f"followups dev: DATABASE_URL={url}", flush=True)
+    settings = dataclasses.replace(base, database=msgspec.structs.replace(base.database, url=url))
     try:
-        uvicorn.run(create_app(runtime), host=host, port=port, log_config=None)
+        migrate(url)
+        pool = create_pool(settings.database, name="followups-dev")
+    except BaseException:
+        server.cleanup()
+        raise
+    runtime = Runtime(settings, pool, create_broker(settings.broker, embedded=True), SYSTEM_CLOCK)
+    running = None
+    try:
+        project = dev_project(runtime, folder)
+        if demo:
+            _create_demo(runtime, project.project_id)
+        running = start_services(runtime, sorted(SERVICES), LogPublisher())
+        uvicorn_server = uvicorn.Server(
+            uvicorn.Config(create_app(runtime), host=host, port=port, log_config=None)
+        )
+        stopped = threading.Event()
+        banner = threading.Thread(
+            target=_print_when_started,
+            args=(uvicorn_server, stopped, welcome(project, folder, url, host, port)),
+            name="dev-banner",
+            daemon=True,
+        )
+        banner.start()
+        _stop_on_signals(uvicorn_server)
+        try:
+            uvicorn_server.run()
+        finally:
+            stopped.set()
+        return 0 if uvicorn_server.started else 1
     finally:
-        running.stop()
+        if running is not None:
+            running.stop()
         pool.close()
-        server.cleanup()  # type: ignore[attr-defined]
-    return 0
+        server.cleanup()
 
 
-def _dev_project(runtime: Runtime, folder: Path) -> tuple[uuid.UUID, str]:
-    """The dev project, created on the first run and reused; a fresh API key each run."""
-    marker = folder / "project_id"
+def _stop_on_signals(server: uvicorn.Server) -> None:
+    """Ctrl-C and SIGTERM stop uvicorn, and then everything else, cleanly.
+
+    uvicorn puts back the handlers it found and sends the signal again once it has stopped: these, not
+    Python's defaults (KeyboardInterrupt, or death without clean-up on SIGTERM, leaving PostgreSQL up).
+    """
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        server.should_exit = True
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
+
+
+def _print_when_started(server: uvicorn.Server, stopped: threading.Event, text: str) -> None:
+    """Print ``text`` once uvicorn listens (after its start-up lines), unless it stops first."""
+    while not server.started:
+        if stopped.wait(0.05):
+            return
+    print(text, flush=True)
+
+
+def welcome(project: DevProject, folder: Path, url: str, host: str, port: int) -> str:
+    """The box printed once the API listens: where it is, the project, its API key, the database."""
+    api = f"http://{host}:{port}"
+    key_file = _shown_path(folder / KEY_FILE)
+    kept = f"new, saved to {key_file}" if project.new_key else f"from {key_file}"
+    lines = [
+        "followups dev is running",
+        "",
+        f"API           {api}   (OpenAPI: {api}/schema)",
+        f"project       {project.project_id}",
+        f"API key       {project.api_key}",
+        f"              ({kept}: the same on every run)",
+        f"DATABASE_URL  {url}",
+        "",
+        f'try           curl -H "Authorization: Bearer $(cat {key_file})" {api}/v1/contacts',
+        f"new project   followups create-project NAME --data-dir {_shown_path(folder)}",
+        "Ctrl-C stops.",
+    ]
+    width = max(len(line) for line in lines)
+    rule = "+" + "-" * (width + 2) + "+"
+    return "\n".join(["", rule, *(f"| {line:<{width}} |" for line in lines), rule, ""])
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when it is under it (shorter to read and to copy)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def dev_project(runtime: Runtime, folder: Path) -> DevProject:
+    """The data folder's project and its API key: both reused when they are still in the database; a new
+    key only when the stored one is missing or no longer authenticates; a new project only when the folder
+    has none (or its database lost it)."""
+    project_file, key_file = folder / PROJECT_FILE, folder / KEY_FILE
     with runtime.pool.connection() as conn:
-        if marker.exists():
-            project_id = uuid.UUID(marker.read_text().strip())
-            if conn.execute("SELECT 1 FROM projects WHERE id = %s", (project_id,)).fetchone():
-                return project_id, create_api_key(conn, project_id, name="dev")
-        project = create_project(conn, "dev")
-    marker.write_text(str(project.project_id))
-    return project.project_id, project.api_key
+        project_id = _stored_project(conn, project_file)
+        if project_id is None:
+            project = create_project(conn, "dev")
+            _write_private(key_file, project.api_key)
+            project_file.write_text(f"{project.project_id}\n")
+            return DevProject(project.project_id, project.api_key, created=True, new_key=True)
+        api_key = _stored_key(conn, key_file, project_id)
+        if api_key is not None:
+            return DevProject(project_id, api_key, created=False, new_key=False)
+        api_key = create_api_key(conn, project_id, name="dev")
+        _write_private(key_file, api_key)
+        return DevProject(project_id, api_key, created=False, new_key=True)
+
+
+def _stored_project(conn: Connection[Any], project_file: Path) -> uuid.UUID | None:
+    try:
+        project_id = uuid.UUID(project_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    if conn.execute("SELECT 1 FROM projects WHERE id = %s", (project_id,)).fetchone() is None:
+        return None
+    return project_id
+
+
+def _stored_key(conn: Connection[Any], key_file: Path, project_id: uuid.UUID) -> str | None:
+    """The stored API key when it still authenticates as the project."""
+    try:
+        api_key = key_file.read_text().strip()
+    except FileNotFoundError:
+        return None
+    key_file.chmod(0o600)  # in case it was copied or restored with looser permissions
+    try:
+        return api_key if authenticate(conn, api_key) == project_id else None
+    except Unauthorized:
+        return None
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable and writable by its owner only (0600), replacing it whole."""
+    partial = path.with_name(f".{path.name}.partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(descriptor, 0o600)
+        os.write(descriptor, f"{text}\n".encode())
+    finally:
+        os.close(descriptor)
+    os.replace(partial, path)
 
 
 def _create_demo(runtime: Runtime, project_id: uuid.UUID) -> None:

@@ -690,6 +690,71 @@ def test_bad_list_parameters_are_problems_naming_them(
     assert_problem(client.get("/v1/contacts", params=params), status, field)
 
 
+# --- erased contacts
+
+
+def erase(client: TestClient[Any], contact_id: str) -> None:
+    response = client.post("/v1/events", json={"type": "contact.erased", "contact_id": contact_id})
+    assert response.status_code == 200, response.text
+
+
+def test_an_erased_contact_is_404_on_every_path_and_stays_anonymised(
+    client: TestClient[Any], pool: ConnectionPool
+) -> None:
+    # Given an erased contact
+    contact = create(client, name="Grace", attributes={"email": "grace@example.com"}, tags=["vip"])
+    erase(client, contact["id"])
+    before = stored(pool, contact["id"])
+    assert before is not None and before["erased_at"] is not None
+
+    # When it is read or changed, Then it is 404 like a contact that never existed, with nothing of it
+    for response in (
+        client.get(f"/v1/contacts/{contact['id']}"),
+        client.patch(f"/v1/contacts/{contact['id']}", json={"name": "Grace again"}),
+        client.post(f"/v1/contacts/{contact['id']}/tags", json={"tags": ["vip"]}),
+        client.delete(f"/v1/contacts/{contact['id']}/tags/vip"),
+    ):
+        body = assert_problem(response, 404)
+        assert body["detail"] == "contact not found"
+    # and nothing was written to it
+    assert stored(pool, contact["id"]) == before
+
+
+def test_an_erased_contact_is_left_out_of_every_list(client: TestClient[Any]) -> None:
+    first, erased, last = (create_with_phone(client, phone, tags=["vip"]) for phone in _phones(3))
+    erase(client, erased["id"])
+
+    everything = client.get("/v1/contacts").json()
+    assert [item["id"] for item in everything["items"]] == sorted([first["id"], last["id"]], key=uuid.UUID)
+    assert {item["id"] for item in client.get("/v1/contacts", params={"tag": "vip"}).json()["items"]} == {
+        first["id"],
+        last["id"],
+    }
+    assert client.get("/v1/contacts", params={"phone": erased["phone"]}).json()["items"] == []
+    # pages skip it without a gap: one contact per page, two pages
+    seen, after = [], None
+    while True:
+        params: dict[str, Any] = {"limit": 1} | ({"after": after} if after else {})
+        page = client.get("/v1/contacts", params=params).json()
+        seen += [item["id"] for item in page["items"]]
+        after = page["next"]
+        if after is None:
+            break
+    assert sorted(seen) == sorted([first["id"], last["id"]])
+
+
+def test_the_phone_of_an_erased_contact_makes_a_new_contact(client: TestClient[Any]) -> None:
+    erased = create(client, name="Grace")
+    erase(client, erased["id"])
+
+    response = client.put(by_phone(PHONE), json={"name": "Someone new"})
+
+    assert response.status_code == 201, response.text
+    assert response.json()["id"] != erased["id"]
+    assert [item["name"] for item in client.get("/v1/contacts").json()["items"]] == ["Someone new"]
+    assert_problem(client.get(f"/v1/contacts/{erased['id']}"), 404)
+
+
 # --- authentication
 
 

@@ -1,22 +1,22 @@
-"""The `followups` command: migrate, create-project, worker, dev."""
+"""The `followups` command: migrate, create-project, worker, how `dev` logs (tests/test_dev.py runs it)."""
 
 from __future__ import annotations
 
+import logging
 import os
-import signal
-import socket
+import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-import httpx
 import psycopg
 import pytest
 
-from followups.cli import build_parser
+from followups.cli import _log_settings, build_parser
 from followups.runner import SERVICES
-from tests.helpers import followups, start_worker
+from libs.common.core.logs import TextFormatter
+from libs.common.core.settings import Settings
+from tests.helpers import start_worker
 
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -71,31 +71,59 @@ def test_each_worker_starts_and_stops_cleanly(service: str, db_url: str, amqp_ur
     assert code == 0, worker.output
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def test_create_project_without_a_database_is_refused_with_a_clear_message() -> None:
+    result = run_cli("create-project", "Acme", env={"DATABASE_URL": ""})
+    assert result.returncode == 2
+    assert "DATABASE_URL" in result.stderr and "--data-dir" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
-@pytest.mark.slow
-def test_dev_runs_everything_embedded_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    port = _free_port()
-    env = {"LOG_JSON": "false", "DATABASE_URL": "", "AMQP_URL": ""}
-    dev = followups("dev", "--demo", "--data-dir", str(tmp_path), "--port", str(port), env=env)
-    try:
-        key = dev.wait_for("API key", timeout=90).split()[-1]
-        dev.wait_for(f"http://127.0.0.1:{port}", timeout=5)
-        dev.wait_for("step queued")  # the demo's first steps are due at once
-        dev.wait_for("Application startup complete")
-        response = httpx.get(
-            f"http://127.0.0.1:{port}/v1/contacts", headers={"Authorization": f"Bearer {key}"}, timeout=10
-        )
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        assert len(body["items"]) == 3
-    finally:
-        code = dev.stop(signal.SIGINT)
-    assert code == 0, dev.output
-    assert (tmp_path / "pgdata" / "PG_VERSION").exists()  # the data folder is kept for the next run
-    assert not (tmp_path / "pgdata" / "postmaster.pid").exists(), "embedded PostgreSQL left running"
+def test_create_project_in_a_folder_without_an_embedded_database_is_refused(tmp_path: Path) -> None:
+    result = run_cli("create-project", "Acme", "--data-dir", str(tmp_path / "nowhere"), env={})
+    assert result.returncode == 2
+    assert "no embedded database" in result.stderr and "followups dev --data-dir" in result.stderr
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_create_project_with_a_bad_name_is_a_message_not_a_traceback(db_url: str) -> None:
+    result = run_cli("create-project", " ", env={"DATABASE_URL": db_url})
+    assert result.returncode == 2
+    assert "name must be" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "log_json", "expected"),
+    [
+        ("dev", None, False),
+        ("dev", "", False),
+        ("dev", "true", True),
+        ("dev", "false", False),
+        ("api", None, True),
+        ("worker", None, True),
+        ("worker", "false", False),
+    ],
+)
+def test_dev_logs_plain_text_unless_log_json_is_set(
+    monkeypatch: pytest.MonkeyPatch, command: str, log_json: str | None, expected: bool
+) -> None:
+    if log_json is None:
+        monkeypatch.delenv("LOG_JSON", raising=False)
+    else:
+        monkeypatch.setenv("LOG_JSON", log_json)
+    assert _log_settings(Settings.from_env(), command).json is expected
+
+
+def test_a_plain_log_line_has_time_level_logger_message_and_the_ids() -> None:
+    record = logging.LogRecord("followups.runner", logging.INFO, __file__, 1, "services started", None, None)
+    record.__dict__.update(
+        services=["release", "triggers"],
+        enrollment_id="0b9e",
+        reason="no number",
+        color_message="\x1b[1mservices started\x1b[0m",
+    )
+    line = TextFormatter().format(record)
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d\.\d{3} INFO    followups\.runner: services started"
+        r' services=release,triggers enrollment_id=0b9e reason="no number"',
+        line,
+    ), line

@@ -1,16 +1,35 @@
-"""Structured logging: one JSON object per line, carrying the ids passed in ``extra``."""
+"""Logging: one JSON object per line (``LOG_JSON=true``) or one readable line of text, each carrying the ids
+passed in ``extra``.
+
+Text reads ``12:46:31.372 INFO    followups.runner: services started services=ai_steps,release``: the time,
+the level, the logger, the message, then ``key=value`` for every ``extra`` field (a value with a space is
+quoted). ``followups dev`` logs text unless ``LOG_JSON`` says otherwise; the other commands log JSON.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 from libs.common.core.settings import LogSettings
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+#: The attributes of every log record (not ``extra`` fields), and uvicorn's ``color_message`` (the message
+#: again, with ANSI colours).
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",
+}
+
+
+def _extras(record: logging.LogRecord) -> Iterator[tuple[str, Any]]:
+    for key, value in record.__dict__.items():
+        if key not in _STANDARD and not key.startswith("_"):
+            yield key, value
 
 
 class JsonFormatter(logging.Formatter):
@@ -23,24 +42,32 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = value
+        entry.update(_extras(record))
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
 
 
+def _text(value: Any) -> str:
+    """A field's value as ``key=value`` shows it: lists joined by commas, quoted when it holds a space."""
+    if isinstance(value, list | tuple | set | frozenset):
+        shown = ",".join(str(item) for item in value)
+    elif isinstance(value, dict):
+        shown = json.dumps(value, default=str)
+    else:
+        shown = str(value)
+    return json.dumps(shown) if not shown or any(c.isspace() or c in '"=' for c in shown) else shown
+
+
 class TextFormatter(logging.Formatter):
-    """Plain text for a terminal: the message, then ``key=value`` for every ``extra`` field."""
+    """One line for a terminal: local time, level, logger and message, then ``key=value`` per ``extra``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        extras = " ".join(
-            f"{k}={v}" for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")
-        )
-        when = self.formatTime(record, "%H:%M:%S")
+        when = datetime.fromtimestamp(record.created).strftime("%H:%M:%S.%f")[:-3]
         line = f"{when} {record.levelname:<7} {record.name}: {record.getMessage()}"
-        line = f"{line} {extras}" if extras else line
+        extras = " ".join(f"{key}={_text(value)}" for key, value in _extras(record))
+        if extras:
+            line = f"{line} {extras}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -1,5 +1,9 @@
 """Contacts: create, upsert by E.164 phone number, read, update attributes, tags and time zone; lock one
-for a change, opt out and in, erase."""
+for a change, opt out and in, erase.
+
+An erased contact is gone for good: every read and change here answers as for an unknown contact (404),
+and lists leave it out; only its anonymised row stays, for the references to it.
+"""
 
 from __future__ import annotations
 
@@ -124,6 +128,7 @@ def upsert_contact(
 
 
 def get_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> Contact:
+    """One contact of the project; 404 for another project's contact, an unknown or an erased one."""
     with conn.cursor(row_factory=class_row(Contact)) as cur:
         contact = cur.execute(QUERIES["get_contact"], {"project_id": project_id, "id": contact_id}).fetchone()
     if contact is None:
@@ -146,7 +151,8 @@ def list_contacts(
     tag: str | None = None,
     phone: str | None = None,
 ) -> list[Contact]:
-    """Contacts in id order, after the cursor ``after``, optionally with a tag or a phone."""
+    """Contacts in id order, after the cursor ``after``, optionally with a tag or a phone (never an erased
+    one)."""
     params = {
         "project_id": project_id,
         "limit": limit,

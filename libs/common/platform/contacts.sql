@@ -17,10 +17,10 @@ ON CONFLICT ON CONSTRAINT contacts_project_phone_key DO UPDATE SET
 RETURNING id, (xmax = 0) AS created
 
 -- name: get_contact
--- One contact of a project.
+-- One contact of a project (an erased contact is gone: none).
 SELECT id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
 FROM contacts
-WHERE project_id = %(project_id)s AND id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
 
 -- name: contact_by_phone
 -- The contact with this phone, locked (an upsert that follows compares it with what it becomes).
@@ -30,10 +30,10 @@ WHERE project_id = %(project_id)s AND phone = %(phone)s
 FOR NO KEY UPDATE
 
 -- name: list_contacts
--- A page of contacts in id order.
+-- A page of contacts in id order (erased contacts left out).
 SELECT id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
 FROM contacts
-WHERE project_id = %(project_id)s
+WHERE project_id = %(project_id)s AND erased_at IS NULL
   AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
   AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
   AND (%(phone)s::text IS NULL OR phone = %(phone)s::text)
@@ -41,7 +41,7 @@ ORDER BY id
 LIMIT %(limit)s
 
 -- name: update_contact
--- Partial update: name, time zone, attributes merged (null removes a key).
+-- Partial update: name, time zone, attributes merged (null removes a key); none for an erased contact.
 UPDATE contacts SET
     name = CASE WHEN %(set_name)s THEN %(name)s::text ELSE name END,
     timezone = CASE WHEN %(set_timezone)s THEN %(timezone)s::text ELSE timezone END,
@@ -49,23 +49,23 @@ UPDATE contacts SET
                       THEN (attributes - %(removed_attributes)s::text[]) || %(attributes)s::jsonb
                       ELSE attributes END,
     updated_at = now()
-WHERE project_id = %(project_id)s AND id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
 RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
 
 -- name: add_tags
--- Add tags to a contact.
+-- Add tags to a contact (none for an erased contact).
 UPDATE contacts SET
     tags = ARRAY(SELECT DISTINCT t FROM unnest(tags || %(tags)s::text[]) AS t ORDER BY t),
     updated_at = now()
-WHERE project_id = %(project_id)s AND id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
 RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
 
 -- name: remove_tags
--- Remove tags from a contact.
+-- Remove tags from a contact (none for an erased contact).
 UPDATE contacts SET
     tags = ARRAY(SELECT t FROM unnest(tags) AS t WHERE t <> ALL (%(tags)s::text[]) ORDER BY t),
     updated_at = now()
-WHERE project_id = %(project_id)s AND id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
 RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
 
 -- name: lock_contact
@@ -93,15 +93,16 @@ WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
 FOR KEY SHARE
 
 -- name: opt_out
--- Record an opt-out (nothing when already opted out).
+-- Record an opt-out (nothing when already opted out, or erased).
 UPDATE contacts SET opted_out_at = %(now)s, consent = 'revoked', updated_at = %(now)s
-WHERE project_id = %(project_id)s AND id = %(id)s AND opted_out_at IS NULL
+WHERE project_id = %(project_id)s AND id = %(id)s AND opted_out_at IS NULL AND erased_at IS NULL
 RETURNING id
 
 -- name: opt_in
--- Record an opt-in (nothing when not opted out and consent already granted).
+-- Record an opt-in (nothing when not opted out and consent already granted; never for an erased contact).
 UPDATE contacts SET opted_out_at = NULL, consent = 'granted', updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s AND (opted_out_at IS NOT NULL OR consent <> 'granted')
+  AND erased_at IS NULL
 RETURNING id
 
 -- name: erase_contact
