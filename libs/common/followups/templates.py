@@ -298,7 +298,7 @@ def _local_anchor(context: RenderContext) -> datetime:
     zone = _zone(context.timezone) or _zone(context.fallback_timezone) or UTC
     try:
         return anchor.astimezone(zone)
-    except OverflowError:  # within hours of year 1 or 9999, the local time leaves the calendar: UTC's does not
+    except OverflowError:  # hours from year 1 or 9999, the local time leaves the calendar (UTC's does not)
         return anchor.astimezone(UTC)
 
 
