@@ -76,10 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _log_settings(settings: Settings, command: str) -> LogSettings:
-    """``followups dev`` logs plain text unless LOG_JSON is set; the other commands follow LOG_JSON."""
-    if command == "dev" and not os.environ.get("LOG_JSON"):
-        return msgspec.structs.replace(settings.log, json=False)
-    return settings.log
+    """LOG_JSON unset: ``followups dev`` logs plain text, the other commands JSON."""
+    if settings.log.json is not None:
+        return settings.log
+    return msgspec.structs.replace(settings.log, json=command != "dev")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

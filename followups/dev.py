@@ -206,6 +206,7 @@ def welcome(project: DevProject, folder: Path, url: str, host: str, port: int) -
         "followups dev is running",
         "",
         f"API           {api}   (OpenAPI: {api}/schema)",
+        f"dashboard     {api}/app/   (sign in with the API key)",
         f"project       {project.project_id}",
         f"API key       {project.api_key}",
         f"              ({kept}: the same on every run)",

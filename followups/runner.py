@@ -13,7 +13,7 @@ from prometheus_client import start_http_server
 
 from libs.common.core import metrics
 from libs.common.core.loops import PollingLoop
-from libs.common.core.outbox import Publisher, relay_batch
+from libs.common.core.outbox import OutboxRelay, Publisher
 from libs.common.core.runtime import Runtime, Service
 from libs.common.core.schedule import CronScheduler
 from services.ai_steps.service import build as build_ai_steps
@@ -70,7 +70,7 @@ def start_services(runtime: Runtime, names: list[str], publisher: Publisher) -> 
     worker_settings = runtime.settings.worker
     relay = PollingLoop(
         RELAY_LOOP,
-        lambda: relay_batch(runtime.pool, publisher),
+        OutboxRelay(runtime.pool, publisher),
         poll_interval=worker_settings.poll_interval_seconds,
         idle_max_sleep=worker_settings.idle_max_sleep_seconds,
     )

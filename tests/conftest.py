@@ -33,6 +33,7 @@ from libs.common.core.runtime import Runtime
 from libs.common.core.settings import BrokerSettings, DatabaseSettings, Settings
 from libs.common.platform.projects import create_project
 from services.api.app import create_app
+from tests.helpers import Ingress
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
@@ -232,3 +233,11 @@ def amqp_url() -> str:
             pytest.fail(f"RabbitMQ is not reachable at {url} and CI is set")
         pytest.skip(f"RabbitMQ is not reachable at {url}")
     return url
+
+
+@pytest.fixture
+def ingress(runtime: Runtime) -> Iterator[Ingress]:
+    started = Ingress(runtime)
+    started.worker.start()
+    yield started
+    started.worker.stop()

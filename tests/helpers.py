@@ -1,5 +1,5 @@
 """Helpers shared by tests: waiting on a condition, reading rows, Dramatiq workers on the StubBroker, worker
-processes and an events consumer bound to the topic exchange."""
+processes, an events consumer bound to the topic exchange, and the ingress actors on the StubBroker."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ from typing import Any, TypeVar
 
 import dramatiq
 import pika
+from dramatiq.brokers.stub import StubBroker
 from psycopg_pool import ConnectionPool
+
+from libs.common.contracts import actors
+from libs.common.core.runtime import Runtime
+from services.api.ingress import build as build_ingress
 
 T = TypeVar("T")
 
@@ -161,3 +166,37 @@ class EventsConsumer:
     def close(self) -> None:
         if self.connection.is_open:
             self.connection.close()
+
+
+class Ingress:
+    """The ingress service's actors with a worker on the runtime's StubBroker."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        assert isinstance(runtime.broker, StubBroker)
+        self.broker: StubBroker = runtime.broker
+        self.service = build_ingress(runtime)
+        self.worker = stub_worker(runtime.broker, {self.service.queue})
+
+    def send_event(self, project_id: uuid.UUID, event: Any) -> None:
+        actors.send(
+            self.runtime.broker,
+            actors.PLATFORM_EVENT,
+            actors.PlatformEventMessage(project_id=project_id, event=event),
+        )
+
+    def send_raw(self, actor: str, *args: Any) -> None:
+        self.runtime.broker.enqueue(
+            dramatiq.Message(
+                queue_name=actors.INGRESS_QUEUE, actor_name=actor, args=args, kwargs={}, options={}
+            )
+        )
+
+    def drain(self) -> None:
+        """Wait until every message sent so far has been processed (or dead-lettered)."""
+        self.broker.join(self.service.queue, fail_fast=False, timeout=30_000)
+        self.worker.join()
+
+    @property
+    def dead(self) -> list[dramatiq.MessageProxy]:
+        return list(self.broker.dead_letters)

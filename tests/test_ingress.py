@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import dramatiq
 import pytest
-from dramatiq.brokers.stub import StubBroker
 from prometheus_client import REGISTRY
 
 from libs.common.contracts import actors
@@ -19,11 +16,10 @@ from libs.common.contracts.platform_events import ContactOptedOut, InboundMessag
 from libs.common.core.runtime import Runtime
 from libs.common.followups.definition import MessageStep
 from libs.common.platform.messages import OutboundMessage, queue_contact_message
-from services.api.ingress import build
 from services.release.release import release_batch
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence, new_phone
-from tests.helpers import rows, stub_worker
+from tests.helpers import Ingress, rows
 
 
 def stopped_total(reason: str) -> float:
@@ -31,48 +27,6 @@ def stopped_total(reason: str) -> float:
         "whatstig_followup_finished_total", {"status": "stopped", "reason": reason}
     )
     return value or 0.0
-
-
-class Ingress:
-    """The ingress service's actors with a worker on the runtime's StubBroker."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        assert isinstance(runtime.broker, StubBroker)
-        self.broker: StubBroker = runtime.broker
-        self.service = build(runtime)
-        self.worker = stub_worker(runtime.broker, {self.service.queue})
-
-    def send_event(self, project_id: uuid.UUID, event: Any) -> None:
-        actors.send(
-            self.runtime.broker,
-            actors.PLATFORM_EVENT,
-            actors.PlatformEventMessage(project_id=project_id, event=event),
-        )
-
-    def send_raw(self, actor: str, *args: Any) -> None:
-        self.runtime.broker.enqueue(
-            dramatiq.Message(
-                queue_name=actors.INGRESS_QUEUE, actor_name=actor, args=args, kwargs={}, options={}
-            )
-        )
-
-    def drain(self) -> None:
-        """Wait until every message sent so far has been processed (or dead-lettered)."""
-        self.broker.join(self.service.queue, fail_fast=False, timeout=30_000)
-        self.worker.join()
-
-    @property
-    def dead(self) -> list[dramatiq.MessageProxy]:
-        return list(self.broker.dead_letters)
-
-
-@pytest.fixture
-def ingress(runtime: Runtime) -> Iterator[Ingress]:
-    started = Ingress(runtime)
-    started.worker.start()
-    yield started
-    started.worker.stop()
 
 
 def queued_follow_up(

@@ -6,6 +6,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -149,6 +150,39 @@ def test_a_poison_row_backs_off_exponentially_then_fails(
     assert rows(pool, "SELECT count(*) FROM messages") == [(0,)]
     assert rows(pool, "SELECT count(*) FROM followup_step_runs") == [(0,)]
     assert release_one(pool, clock, SETTINGS) is None
+
+
+@pytest.mark.parametrize(
+    "lost",
+    [
+        psycopg.OperationalError("server closed the connection unexpectedly"),
+        psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+    ],
+)
+def test_a_release_the_database_cut_is_not_the_enrollments_failure(
+    pool: ConnectionPool,
+    clock: ManualClock,
+    project: Project,
+    monkeypatch: pytest.MonkeyPatch,
+    lost: Exception,
+) -> None:
+    # Given a due enrollment whose release loses the database connection half-way
+    sequence = make_sequence(pool, project.id)
+    enrollment = make_enrollment(pool, clock, project.id, sequence, make_contact(pool, project.id))
+
+    def cut(*args: Any, **kwargs: Any) -> Any:
+        raise lost
+
+    monkeypatch.setattr(release_step, "queue_contact_message", cut)
+    # When it is released, the error goes up to the loop (which backs off as a whole)
+    with pytest.raises(type(lost)):
+        release_one(pool, clock, SETTINGS)
+    # Then no failure is counted and no back-off set: once the server is back it goes out at once
+    state = rows(pool, "SELECT status, failure_count, last_error, next_run_at FROM followup_enrollments")
+    assert state == [("active", 0, None, enrollment.next_run_at)]
+    monkeypatch.undo()
+    result = release_one(pool, clock, SETTINGS)
+    assert result is not None and result.action == "queue"
 
 
 def test_backoff_doubles_from_30_seconds_and_caps_at_an_hour() -> None:

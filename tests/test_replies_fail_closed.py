@@ -4,14 +4,13 @@ follow-ups, in a transaction of its own, before the error is answered or the eve
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from litestar.testing import TestClient
 
-from libs.common import ingress
+from libs.common import ingress as ingress_context
 from libs.common.contracts.platform_events import InboundMessage
 from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
@@ -19,8 +18,7 @@ from libs.common.followups.definition import MessageStep
 from services.release.release import release_batch
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
-from tests.helpers import rows
-from tests.test_ingress import Ingress
+from tests.helpers import Ingress, rows
 
 
 class Injected(Exception):
@@ -32,15 +30,7 @@ def failing_after_the_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*args: Any, **kwargs: Any) -> None:
         raise Injected("injected after the stop")
 
-    monkeypatch.setattr(ingress, "record_trigger", fail)
-
-
-@pytest.fixture
-def broker_ingress(runtime: Runtime) -> Iterator[Ingress]:
-    started = Ingress(runtime)
-    started.worker.start()
-    yield started
-    started.worker.stop()
+    monkeypatch.setattr(ingress_context, "record_trigger", fail)
 
 
 def follow_up_due_later(runtime: Runtime, project_id: uuid.UUID, contact: uuid.UUID) -> uuid.UUID:
@@ -112,15 +102,15 @@ def test_a_reply_by_phone_that_is_refused_still_stops_the_follow_ups(
 
 
 def test_a_reply_that_fails_over_the_broker_stops_the_follow_ups_before_it_is_dead_lettered(
-    failing_after_the_stop: None, broker_ingress: Ingress, runtime: Runtime, project: Project
+    failing_after_the_stop: None, ingress: Ingress, runtime: Runtime, project: Project
 ) -> None:
     # Given a contact with a follow-up under way, and a failure injected after the event's stop point
     contact = make_contact(runtime.pool, project.id)
     enrollment = follow_up_due_later(runtime, project.id, contact)
     # When its reply arrives over RabbitMQ, the event is dead-lettered
-    broker_ingress.send_event(project.id, InboundMessage(contact_id=contact, provider_message_id="r-3"))
-    broker_ingress.drain()
-    assert len(broker_ingress.dead) == 1
+    ingress.send_event(project.id, InboundMessage(contact_id=contact, provider_message_id="r-3"))
+    ingress.drain()
+    assert len(ingress.dead) == 1
     # Then the follow-ups were stopped first
     assert_nothing_more_goes_out(runtime, enrollment)
 

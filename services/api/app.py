@@ -21,7 +21,7 @@ from services.api.routes.rules import RulesController, WebhookDeliveriesControll
 from services.api.routes.send_lane import SendLaneController
 from services.api.routes.sequences import SequencesController
 from services.api.routes.settings import SettingsController
-from services.api.routes.system import health, prometheus_metrics, ready
+from services.api.routes.system import health, prometheus_metrics, ready, size_request_threads
 
 API_VERSION = "0.1.0"
 
@@ -49,6 +49,7 @@ def create_app(runtime: Runtime) -> Litestar:
         dependencies={"project_id": Provide(project_id, sync_to_thread=True)},
         exception_handlers=EXCEPTION_HANDLERS,
         state=State({"runtime": runtime}),
+        on_startup=[size_request_threads],
         openapi_config=OpenAPIConfig(
             title="followups",
             version=API_VERSION,

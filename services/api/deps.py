@@ -14,6 +14,7 @@ from litestar.params import QueryParameter
 from psycopg import Connection
 
 from libs.common.contracts import actors
+from libs.common.core import broker
 from libs.common.core.db import map_errors
 from libs.common.core.errors import Unauthorized
 from libs.common.core.runtime import Runtime
@@ -51,23 +52,19 @@ def project_id(request: Request[Any, Any, Any]) -> uuid.UUID:
 
 
 def nudge_release(runtime: Runtime, project: uuid.UUID, enrollment_id: uuid.UUID) -> None:
-    """Wake a release worker now; a lost nudge only costs latency (the loops poll), so errors are logged."""
-    try:
-        actors.send(
-            runtime.broker,
-            actors.RELEASE_NUDGE,
-            actors.ReleaseNudge(project_id=project, enrollment_id=enrollment_id),
-        )
-    except Exception:
-        log.warning("release nudge not sent", extra={"enrollment_id": str(enrollment_id)}, exc_info=True)
+    """Wake a release worker now, without waiting on RabbitMQ: the nudge is queued for this process's
+    sender thread, or dropped and counted (a lost nudge only costs latency: the loops poll)."""
+    broker.nudge(
+        runtime.broker,
+        actors.RELEASE_NUDGE,
+        actors.ReleaseNudge(project_id=project, enrollment_id=enrollment_id),
+    )
 
 
 def nudge_triggers(runtime: Runtime, project: uuid.UUID) -> None:
-    """Wake the triggers service now (rules may have triggers to act on); a lost nudge costs latency only."""
-    try:
-        actors.send(runtime.broker, actors.TRIGGERS_NUDGE, actors.TriggersNudge(project_id=project))
-    except Exception:
-        log.warning("triggers nudge not sent", extra={"project_id": str(project)}, exc_info=True)
+    """Wake the triggers service now (rules may have triggers to act on), without waiting on RabbitMQ; a
+    lost nudge costs latency only."""
+    broker.nudge(runtime.broker, actors.TRIGGERS_NUDGE, actors.TriggersNudge(project_id=project))
 
 
 class _HasId(Protocol):

@@ -11,6 +11,7 @@ from psycopg.rows import class_row
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
+from libs.common.core.db import server_unavailable
 from libs.common.core.settings import FollowupSettings
 from libs.common.core.sql import load_queries
 from libs.common.followups.release_step import (
@@ -45,7 +46,9 @@ def release_one(
             released = release_claimed(conn, row, settings, now=now, ai_lease=ai_lease)
             conn.commit()
     except Exception as exc:
-        if claimed_id is None:
+        # the database went away mid-release: not the enrollment's fault (no failure counted, no back-off);
+        # the transaction is gone with the connection, and the loop tries again once the server is back
+        if claimed_id is None or server_unavailable(exc):
             raise
         released = record_failure(pool, claimed_id, exc, now, settings)
     observe(released)

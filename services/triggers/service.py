@@ -4,21 +4,19 @@ that delivers webhooks, and the nudge actor that wakes them."""
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
 from typing import Any
 
 import dramatiq
 
 from libs.common.contracts import actors
+from libs.common.core import broker
 from libs.common.core.loops import PollingLoop
 from libs.common.core.runtime import Runtime, Service
 from libs.common.rules import bulk, webhooks
 from libs.common.rules.actions import Done
 from libs.common.rules.executions import sweep
 from libs.common.rules.triggers import process_triggers
-
-log = logging.getLogger(__name__)
 
 #: Names of the triggers service's polling loops.
 TRIGGERS_LOOP = "triggers"
@@ -39,8 +37,8 @@ def build(runtime: Runtime) -> Service:
     def after(done: Done) -> None:
         """Once committed: the release service hears of new enrollments, webhooks go out."""
         for enrollment_id, project_id in done.enrollments:
-            _send(
-                runtime,
+            broker.nudge(
+                runtime.broker,
                 actors.RELEASE_NUDGE,
                 actors.ReleaseNudge(project_id=project_id, enrollment_id=enrollment_id),
             )
@@ -85,11 +83,3 @@ def build(runtime: Runtime) -> Service:
 
     dramatiq.actor(broker=runtime.broker, **actors.actor_options(actors.TRIGGERS_NUDGE))(triggers_nudge)
     return Service("triggers", actors.TRIGGERS_QUEUE, [loop, sweeper, bulk_jobs, deliveries])
-
-
-def _send(runtime: Runtime, contract: actors.Contract[actors.P], payload: actors.P) -> None:
-    """A nudge: lost, it only costs latency (the loops poll)."""
-    try:
-        actors.send(runtime.broker, contract, payload)
-    except Exception:
-        log.warning("nudge not sent", extra={"actor": contract.actor}, exc_info=True)

@@ -87,6 +87,12 @@ ACTOR_MESSAGES: Final = Counter(
 ACTOR_DURATION: Final = Histogram(
     "followups_actor_duration_seconds", "Time actors spend on a message.", ["actor"]
 )
+BROKER_MESSAGES_DROPPED: Final = Counter(
+    "followups_broker_messages_dropped_total",
+    "Fire-and-forget RabbitMQ messages dropped rather than waited for, by kind (nudge, invalidation) and "
+    "reason (queue_full, broker_unavailable).",
+    ["kind", "reason"],
+)
 LAST_JOB_SUCCESS: Final = Gauge(
     "last_job_success",
     "Unix time of the last successful run of a scheduled job (for example followup-retention).",

@@ -1,11 +1,31 @@
 """The transactional outbox and its relay to the RabbitMQ topic exchange.
 
-Domain events are written with :func:`write_events` in the transaction that caused them. The relay reads
-unpublished rows in id order, publishes each to the topic exchange (routing key = event type) with
-publisher confirms, then marks them published. A crash between the two publishes again: delivery is at
-least once, and consumers deduplicate on the envelope ``id``. Only one relay publishes at a time (a
-transaction-level advisory lock), so events leave in commit order, which keeps them ordered per
-aggregate.
+Domain events are written with :func:`write_events` in the transaction that caused them. The relay
+(:func:`relay_batch`) reads unpublished rows in id order, publishes each to the topic exchange (routing
+key = event type) with publisher confirms, then marks them published. A crash between the two publishes
+again: delivery is at least once, and consumers deduplicate on the envelope ``id``.
+
+The relay never holds a transaction while it waits on RabbitMQ, and never waits on it for long: it reads
+the batch and commits, publishes outside any transaction (every answer bounded by
+:data:`~libs.common.core.broker.AMQP_TIMEOUT_SECONDS`), then marks the batch in a short transaction of
+its own. A stalled broker thus costs one pooled connection, idle, for the timeout; no row stays locked,
+no snapshot is held open against VACUUM.
+
+One relay at a time, so events leave in id order (which keeps them ordered per aggregate): a
+**session-level** advisory lock (``pg_try_advisory_lock``), taken before the read and released after the
+mark, on the one connection that does both. A transaction-level lock would end with the read's
+transaction, before the publish; a lease row would need a clock and an expiry longer than any publish.
+A session lock needs neither: it lives exactly as long as the connection, so a relay that dies (or loses
+its connection) mid-publish lets the next one take over at once, and that relay's mark cannot succeed
+without the lock (the same connection). The lock must not outlive the batch on a pooled connection:
+it is released in a ``finally``, and a connection that cannot release it is closed (the server then
+drops the lock), never returned to the pool holding it. Two relays can overlap only when the lock holder
+lost its connection mid-publish; both then publish the same rows in the same order: duplicates, which
+at-least-once allows, never a reordering of first deliveries.
+
+:class:`OutboxRelay` is the relay loop's tick: a RabbitMQ outage is logged once (a warning when it
+starts, an info when it ends) instead of at every poll, and the events wait in the outbox meanwhile
+(``followups_outbox_oldest_unpublished_seconds`` grows: the FollowUpOutboxBacklog alert).
 """
 
 from __future__ import annotations
@@ -22,6 +42,14 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.events import Event
+from libs.common.core.broker import (
+    AMQP_TIMEOUT_SECONDS,
+    Outage,
+    answer_within,
+    close_connection,
+    connection_parameters,
+    quiet_pika,
+)
 from libs.common.core.metrics import OUTBOX_OLDEST_UNPUBLISHED, OUTBOX_PUBLISHED
 from libs.common.core.sql import load_queries
 
@@ -79,11 +107,14 @@ class Publisher(Protocol):
 
 
 class AmqpPublisher:
-    """Publishes to a durable RabbitMQ topic exchange with publisher confirms."""
+    """Publishes to a durable RabbitMQ topic exchange with publisher confirms, waiting at most ``timeout``
+    seconds to connect and then for each answer (:func:`~libs.common.core.broker.answer_within`)."""
 
-    def __init__(self, url: str, exchange: str) -> None:
-        self._params = pika.URLParameters(url)
+    def __init__(self, url: str, exchange: str, *, timeout: float = AMQP_TIMEOUT_SECONDS) -> None:
+        quiet_pika()
+        self._params = connection_parameters(url, timeout=timeout)
         self._exchange = exchange
+        self._timeout = timeout
         self._connection: Any = None
         self._channel: Any = None
 
@@ -91,38 +122,36 @@ class AmqpPublisher:
         if self._channel is None or not self._channel.is_open:
             self.close()
             self._connection = pika.BlockingConnection(self._params)
-            self._channel = self._connection.channel()
-            self._channel.exchange_declare(self._exchange, exchange_type="topic", durable=True)
-            self._channel.confirm_delivery()
+            with answer_within(self._connection, self._timeout):
+                self._channel = self._connection.channel()
+                self._channel.exchange_declare(self._exchange, exchange_type="topic", durable=True)
+                self._channel.confirm_delivery()
         return self._channel
 
     def publish(self, envelopes: list[Envelope]) -> None:
         try:
             channel = self._ensure()
             for envelope in envelopes:
-                channel.basic_publish(
-                    self._exchange,
-                    envelope.type,
-                    _encode(envelope),
-                    pika.BasicProperties(
-                        content_type="application/json",
-                        delivery_mode=pika.DeliveryMode.Persistent,
-                        message_id=str(envelope.id),
-                        type=envelope.type,
-                    ),
-                    mandatory=False,
-                )
+                with answer_within(self._connection, self._timeout):
+                    channel.basic_publish(
+                        self._exchange,
+                        envelope.type,
+                        _encode(envelope),
+                        pika.BasicProperties(
+                            content_type="application/json",
+                            delivery_mode=pika.DeliveryMode.Persistent,
+                            message_id=str(envelope.id),
+                            type=envelope.type,
+                        ),
+                        mandatory=False,
+                    )
         except Exception:
             self.close()
             raise
 
     def close(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
-        if connection is not None and connection.is_open:
-            try:
-                connection.close()
-            except Exception:  # closing a broken connection: nothing left to do
-                log.debug("closing the AMQP connection failed", exc_info=True)
+        close_connection(connection, self._timeout)
 
 
 class LogPublisher:
@@ -148,32 +177,90 @@ class LogPublisher:
         pass
 
 
+class PublishFailed(Exception):
+    """The publisher did not publish the batch; its events stay in the outbox for the next run."""
+
+
 def relay_batch(pool: ConnectionPool, publisher: Publisher, *, limit: int = 500) -> int:
-    """Publish one batch of unpublished events in id order; returns how many were published."""
+    """Publish one batch of unpublished events in id order; returns how many were published (0 when
+    another relay holds the lock). Raises :class:`PublishFailed` when the publisher fails."""
     with pool.connection() as conn:
         locked = conn.execute(QUERIES["try_relay_lock"], {"key": RELAY_LOCK_KEY}).fetchone()
         if not locked or not locked[0]:
-            return 0  # another relay is publishing
-        rows = conn.execute(QUERIES["unpublished_events"], {"limit": limit}).fetchall()
-        if not rows:
-            OUTBOX_OLDEST_UNPUBLISHED.set(0)
+            _observe_backlog(conn)  # another relay is publishing; this process's gauge stays current
             return 0
-        envelopes = [
-            Envelope(
-                id=event_id,
-                type=type_,
-                source=EVENT_SOURCE,
-                time=occurred_at,
-                project_id=project_id,
-                subject=f"{aggregate_type}/{aggregate_id}",
-                data=data,
-            )
-            for _, event_id, type_, project_id, aggregate_type, aggregate_id, data, occurred_at in rows
-        ]
-        publisher.publish(envelopes)
-        conn.execute(QUERIES["mark_published"], {"ids": [row[0] for row in rows]})
-        oldest = conn.execute(QUERIES["oldest_unpublished_age"]).fetchone()
-        OUTBOX_OLDEST_UNPUBLISHED.set(float(oldest[0]) if oldest else 0.0)
+        conn.commit()
+        try:
+            envelopes = _relay_locked(conn, publisher, limit)
+        finally:
+            _unlock(conn)
     for envelope in envelopes:
         OUTBOX_PUBLISHED.labels(envelope.type).inc()
     return len(envelopes)
+
+
+def _relay_locked(conn: Connection[Any], publisher: Publisher, limit: int) -> list[Envelope]:
+    """Read, publish and mark one batch, holding the relay lock but no transaction while publishing."""
+    rows = conn.execute(QUERIES["unpublished_events"], {"limit": limit}).fetchall()
+    _observe_backlog(conn)
+    conn.commit()  # nothing but the session lock is held while RabbitMQ is waited for
+    if not rows:
+        return []
+    envelopes = [
+        Envelope(
+            id=event_id,
+            type=type_,
+            source=EVENT_SOURCE,
+            time=occurred_at,
+            project_id=project_id,
+            subject=f"{aggregate_type}/{aggregate_id}",
+            data=data,
+        )
+        for _, event_id, type_, project_id, aggregate_type, aggregate_id, data, occurred_at in rows
+    ]
+    try:
+        publisher.publish(envelopes)
+    except Exception as exc:
+        raise PublishFailed(repr(exc)) from exc
+    conn.execute(QUERIES["mark_published"], {"ids": [row[0] for row in rows]})
+    _observe_backlog(conn)
+    conn.commit()
+    return envelopes
+
+
+def _observe_backlog(conn: Connection[Any]) -> None:
+    oldest = conn.execute(QUERIES["oldest_unpublished_age"]).fetchone()
+    OUTBOX_OLDEST_UNPUBLISHED.set(float(oldest[0]) if oldest else 0.0)
+
+
+def _unlock(conn: Connection[Any]) -> None:
+    """Release the relay lock; a connection that cannot is closed (the server drops the lock with the
+    session), so the pool never hands out a connection holding it."""
+    try:
+        conn.rollback()  # a failed mark leaves an aborted transaction
+        conn.execute(QUERIES["relay_unlock"], {"key": RELAY_LOCK_KEY})
+        conn.commit()
+    except Exception:
+        log.warning("relay lock not released; closing its connection", exc_info=True)
+        conn.close()
+
+
+class OutboxRelay:
+    """The relay loop's tick (:func:`relay_batch`): a RabbitMQ outage is logged once, a warning when it
+    starts and an info when a batch is published again, instead of an error at every poll."""
+
+    def __init__(self, pool: ConnectionPool, publisher: Publisher, *, limit: int = 500) -> None:
+        self._pool = pool
+        self._publisher = publisher
+        self._limit = limit
+        self.outage = Outage(log, "domain events wait in the outbox")
+
+    def __call__(self) -> int:
+        try:
+            published = relay_batch(self._pool, self._publisher, limit=self._limit)
+        except PublishFailed as exc:
+            self.outage.failed(exc.__cause__ or exc)
+            return 0
+        if published:
+            self.outage.succeeded()
+        return published

@@ -8,8 +8,13 @@ FROM jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(value, n)
 ORDER BY e.n
 
 -- name: try_relay_lock
--- Only one relay publishes at a time, so events leave in commit order.
-SELECT pg_try_advisory_xact_lock(%(key)s)
+-- Only one relay publishes at a time, so events leave in id order: a session lock, held from the read
+-- through the publish (outside any transaction) to the mark.
+SELECT pg_try_advisory_lock(%(key)s)
+
+-- name: relay_unlock
+-- Release the relay lock after the batch.
+SELECT pg_advisory_unlock(%(key)s)
 
 -- name: unpublished_events
 -- The oldest unpublished events, in id order.

@@ -40,6 +40,7 @@ class DatabaseSettings(_Settings):
     url: str
     pool_min_size: int = 1
     pool_max_size: int = 10
+    pool_timeout_seconds: float = 2.0
 
 
 class BrokerSettings(_Settings):
@@ -50,6 +51,8 @@ class BrokerSettings(_Settings):
 class ApiSettings(_Settings):
     host: str = "127.0.0.1"
     port: int = 8000
+    threads: int = 100
+    dashboard_secret: str | None = None
 
 
 class WorkerSettings(_Settings):
@@ -84,7 +87,8 @@ class AiSettings(_Settings):
 
 class LogSettings(_Settings):
     level: str = "INFO"
-    json: bool = True
+    #: None: JSON, except plain text under ``followups dev`` (the command decides).
+    json: bool | None = None
 
 
 _DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -95,6 +99,13 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
         Variable("DATABASE_URL", "url", _DEFAULT_DATABASE_URL, "PostgreSQL connection URL."),
         Variable("DATABASE_POOL_MIN_SIZE", "pool_min_size", 1, "Connections each process keeps open."),
         Variable("DATABASE_POOL_MAX_SIZE", "pool_max_size", 10, "Most connections one process opens."),
+        Variable(
+            "DATABASE_POOL_TIMEOUT_SECONDS",
+            "pool_timeout_seconds",
+            2.0,
+            "Longest wait for a connection of the pool; then the API answers 503 with `Retry-After` and a"
+            " worker's loop retries (see docs/operations.md, Database outages).",
+        ),
     ),
     BrokerSettings: (
         Variable(
@@ -113,6 +124,20 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
     ApiSettings: (
         Variable("API_HOST", "host", "127.0.0.1", "Address the API listens on (`--host` overrides)."),
         Variable("API_PORT", "port", 8000, "Port the API listens on (`--port` overrides)."),
+        Variable(
+            "API_THREADS",
+            "threads",
+            100,
+            "Threads the API runs its request handlers in: at least as many as the clients it serves at"
+            " once.",
+        ),
+        Variable(
+            "DASHBOARD_SECRET",
+            "dashboard_secret",
+            None,
+            "Signs the dashboard's sessions and CSRF tokens (32 characters or more); every API process"
+            " behind one address needs the same. Unset: a random one per process (a restart signs out).",
+        ),
     ),
     WorkerSettings: (
         Variable(
@@ -214,7 +239,13 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
     ),
     LogSettings: (
         Variable("LOG_LEVEL", "level", "INFO", "DEBUG, INFO, WARNING or ERROR."),
-        Variable("LOG_JSON", "json", True, "One JSON object per log line (`false`: plain text)."),
+        Variable(
+            "LOG_JSON",
+            "json",
+            None,
+            "One JSON object per log line (`false`: plain text). Unset: JSON, except plain text under"
+            " `followups dev`.",
+        ),
     ),
 }
 
@@ -241,6 +272,13 @@ def _prefix(*schemes: str) -> Check:
     return check
 
 
+def _min_length(length: int) -> Check:
+    def check(value: Any) -> str | None:
+        return None if len(str(value)) >= length else f"must be at least {length} characters long"
+
+    return check
+
+
 def _one_of(*choices: str) -> Check:
     def check(value: Any) -> str | None:
         return None if str(value).upper() in choices else f"must be one of {', '.join(choices)}"
@@ -253,8 +291,11 @@ CHECKS: dict[str, Check] = {
     "DATABASE_URL": _prefix("postgresql://", "postgres://"),
     "DATABASE_POOL_MIN_SIZE": _positive,
     "DATABASE_POOL_MAX_SIZE": _positive,
+    "DATABASE_POOL_TIMEOUT_SECONDS": _positive,
     "AMQP_URL": _prefix("amqp://", "amqps://"),
     "API_PORT": _port,
+    "API_THREADS": _positive,
+    "DASHBOARD_SECRET": _min_length(32),
     "WORKER_POLL_INTERVAL_SECONDS": _positive,
     "WORKER_IDLE_MAX_SLEEP_SECONDS": _positive,
     "WORKER_THREADS": _positive,
@@ -274,12 +315,12 @@ CHECKS: dict[str, Check] = {
     "LOG_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
 }
 
-_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "str | None": str}
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "str | None": str, "bool | None": bool}
 
 
 #: Variables whose value may hold a secret: an error shows them with the secret masked.
 _SECRET_URLS = frozenset({"DATABASE_URL", "AMQP_URL", "AI_BASE_URL"})
-_SECRETS = frozenset({"AI_API_KEY"})
+_SECRETS = frozenset({"AI_API_KEY", "DASHBOARD_SECRET"})
 
 
 def _shown(name: str, raw: str) -> str:
