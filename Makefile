@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev test check alerts lint format typecheck imports unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention clean
+.PHONY: help install dev test check alerts lint format typecheck imports unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -73,6 +73,10 @@ bench-ai: $(STAMP) ## AI steps through a local model answering in 500 ms, one ai
 
 bench-retention: $(STAMP) ## retention deleting 1M finished enrollments while the release path runs
 	$(BIN)/python -m benchmarks.retention $(ARGS)
+
+bench-peers: $(STAMP) ## ours against PgQueuer (throughput) and Dramatiq's delayed messages (100k pending); installs the peers extra
+	$(BIN)/python -m pip install --quiet -e '.[peers]'
+	$(BIN)/python -m benchmarks.peers $(ARGS)
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
