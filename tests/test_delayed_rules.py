@@ -290,6 +290,39 @@ def test_story_1_a_conversation_resolved_before_the_due_time_is_skipped(
     assert labels_of(client, conversation) == []
 
 
+def test_a_pending_execution_cancelled_by_hand_never_runs(
+    client: TestClient[Any], runtime: Runtime, other_project: Project
+) -> None:
+    # Given a conversation stuck in Pending, its rule's execution due at 14:00
+    set_time(runtime, "2030-01-07T09:00")
+    rule = stuck_in_pending_rule(client)
+    conversation = new_conversation(client)
+    set_time(runtime, "2030-01-07T10:00")
+    change_status(client, conversation, "pending")
+    process(runtime)
+    pending = the_one(client, rule)
+    path = f"/v1/rules/{rule}/executions/{pending['id']}/cancel"
+    # another project cannot see it, nor another rule's path
+    assert client.post(path, headers=other_project.headers).status_code == 404
+    other_rule = stuck_in_pending_rule(client)
+    assert_problem(
+        client.post(f"/v1/rules/{other_rule}/executions/{pending['id']}/cancel"), 404, "execution_id"
+    )
+    before = counted("skipped", "cancelled")
+    # When it is cancelled by hand at 12:00
+    set_time(runtime, "2030-01-07T12:00")
+    response = client.post(path)
+    assert response.status_code == 200, response.text
+    assert outcome(response.json()) == ("skipped", "cancelled")
+    assert counted("skipped", "cancelled") - before == 1
+    # Then at 14:00 nothing is claimed and no label is added; a second cancel is a conflict
+    set_time(runtime, "2030-01-07T14:00")
+    assert fire(runtime).claimed == 0
+    assert labels_of(client, conversation) == []
+    assert outcome(the_one(client, rule)) == ("skipped", "cancelled")
+    assert client.post(path).status_code == 409
+
+
 def test_story_1_leaving_pending_and_coming_back_restarts_the_clock(
     client: TestClient[Any], runtime: Runtime
 ) -> None:

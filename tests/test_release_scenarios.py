@@ -705,6 +705,22 @@ def test_a_missing_variable_skips_the_step_and_sends_nothing(
     assert metrics.delta(STEPS, action="skip", outcome="missing_variable") == 1
 
 
+def test_a_text_its_values_make_longer_than_a_message_may_be_skips_the_step(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    # Given a template within the 4,096 characters and a variable that takes it past them
+    seq = sequence(pool, project.id, MessageStep(text="Your notes: {{vars.notes}}"))
+    notes = "n" * 4090
+    enrollment = make_enrollment(
+        pool, clock, project.id, seq, make_contact(pool, project.id), variables={"notes": notes}
+    )
+    # When it is released, nothing is queued (WhatsApp would refuse it): the step is skipped with a reason
+    result = release(pool, clock)
+    assert (result.action, result.reason) == ("skip", "message_too_long")
+    assert count(pool, "messages") == 0
+    assert step_runs(pool, enrollment.id) == [(0, "skipped", "message_too_long")]
+
+
 def test_variables_render_and_a_variable_set_later_is_used(
     pool: ConnectionPool, clock: ManualClock, project: Project
 ) -> None:

@@ -9,6 +9,9 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from libs.common.core.runtime import Runtime
+from services.api import openapi
+from services.api.body import MAX_BODY_BYTES, StrictRequest
+from services.api.dashboard import dashboard_router
 from services.api.deps import project_id
 from services.api.problems import EXCEPTION_HANDLERS
 from services.api.routes.bulk import BulkEnrollmentsController, CampaignsController
@@ -28,7 +31,7 @@ API_VERSION = "0.1.0"
 
 def create_app(runtime: Runtime) -> Litestar:
     """The API over ``runtime`` (its pool, broker and clock)."""
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             health,
             ready,
@@ -45,9 +48,12 @@ def create_app(runtime: Runtime) -> Litestar:
             WebhookDeliveriesController,
             BulkEnrollmentsController,
             CampaignsController,
+            dashboard_router(),  # the web dashboard under /app/ (services.api.dashboard)
         ],
         dependencies={"project_id": Provide(project_id, sync_to_thread=True)},
         exception_handlers=EXCEPTION_HANDLERS,
+        request_class=StrictRequest,
+        request_max_body_size=MAX_BODY_BYTES,
         state=State({"runtime": runtime}),
         on_startup=[size_request_threads],
         openapi_config=OpenAPIConfig(
@@ -62,3 +68,5 @@ def create_app(runtime: Runtime) -> Litestar:
         debug=False,
         logging_config=None,
     )
+    openapi.complete(app)  # errors, security and bounds of every operation (services.api.openapi)
+    return app

@@ -3,8 +3,12 @@
 Field paths are dotted, list indexes included: ``definition.steps.0.kind``, ``tags.0``. Input that does
 not decode is 400 when its *shape* is wrong (malformed JSON, an unknown or missing field, a wrong type)
 and 422 when a well-typed *value* is refused (an unknown step kind, a value outside an enum, a number or
-length outside its bounds), the same status the domain gives the values it rejects. A domain error with a
-stable ``code`` (``already_enrolled``, ``plan_limit``, ...) carries it as the ``code`` member.
+length outside its bounds), the same status the domain gives the values it rejects. A body larger than its
+route takes is 413 naming ``body``. A domain error with a stable ``code`` (``already_enrolled``,
+``plan_limit``, ...) carries it as the ``code`` member.
+
+Bodies are decoded strictly (no number for a time, no string for a number: :mod:`services.api.body`); a
+body refused there is reported here, after authentication, like any other parameter.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import ExceptionHandlersMap
 
 from libs.common.core.errors import (
@@ -25,6 +30,7 @@ from libs.common.core.errors import (
     NotFound,
     Unauthorized,
 )
+from services.api.body import held_refusal
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,7 @@ _TITLES = {
     404: "Not found",
     405: "Method not allowed",
     409: "Conflict",
+    413: "Content too large",
     422: "Invalid input",
     500: "Internal error",
     503: "Unavailable",
@@ -110,8 +117,12 @@ def _domain_error(request: Request[Any, Any, Any], exc: FollowupsError) -> Respo
 
 
 def _validation_error(request: Request[Any, Any, Any], exc: ValidationException) -> Response[Any]:
+    items = exc.extra if isinstance(exc.extra, list) else []
+    if (refusal := held_refusal(request)) is not None and isinstance(refusal.extra, list):
+        # the body did not decode (services.api.body): its own refusal, not "got a RefusedBody"
+        items = [item for item in items if item.get("source") != "body"] + refusal.extra
     errors = []
-    for item in exc.extra if isinstance(exc.extra, list) else []:
+    for item in items:
         message = str(item.get("message", ""))
         field = _field_of(message, item.get("key"), item.get("source"))
         errors.append({"field": field, "message": _AT_PATH.sub("", message)})
@@ -125,6 +136,16 @@ def _validation_error(request: Request[Any, Any, Any], exc: ValidationException)
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     return problem(exc.status_code, exc.detail, headers=exc.headers)
+
+
+def _too_large(request: Request[Any, Any, Any], exc: RequestEntityTooLarge) -> Response[Any]:
+    limit = request.route_handler.resolve_request_max_body_size()
+    message = (
+        f"the request body is larger than the {limit} bytes this endpoint takes"
+        if limit
+        else "the request body is too large"
+    )
+    return problem(413, message, errors=[{"field": "body", "message": message}])
 
 
 def _too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:
@@ -142,6 +163,7 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any
 EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     FollowupsError: _domain_error,
     ValidationException: _validation_error,
+    RequestEntityTooLarge: _too_large,
     HTTPException: _http_error,
     RecursionError: _too_deep,
     Exception: _unexpected,

@@ -2,20 +2,45 @@
 
 The same structs are taken by ``POST /v1/events`` and by the ``platform_event`` ingress actor; they are
 applied by :func:`libs.common.ingress.apply_event`. A tagged union on ``type``.
+
+Every text field is bounded (:mod:`libs.common.contracts.limits`): decoding refuses what is longer, on
+either path, before anything is applied (422 naming the field over REST; dead-lettered over RabbitMQ).
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+
+from libs.common.contracts.limits import (
+    MAX_ATTRIBUTES,
+    MAX_LABEL_LENGTH,
+    MAX_LABELS,
+    ExternalId,
+    Key,
+    Label,
+    Name,
+    Note,
+    Text,
+    Url,
+)
 
 #: A conversation's status.
 ConversationStatus = Literal["open", "pending", "snoozed", "resolved"]
 
 #: What a send lane may report about an outbound message.
 ReportedStatus = Literal["SENT", "DELIVERED", "READ", "FAILED"]
+
+#: A phone number as the platform writes it (E.164, maybe with spaces, dashes or brackets).
+Phone = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+#: A conversation's labels.
+Labels = Annotated[
+    list[Annotated[str, msgspec.Meta(max_length=MAX_LABEL_LENGTH)]], msgspec.Meta(max_length=MAX_LABELS)
+]
+#: A conversation's custom attributes (a null value removes the key).
+Attributes = Annotated[dict[Key, Any], msgspec.Meta(max_length=MAX_ATTRIBUTES)]
 
 
 class _Event(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
@@ -25,12 +50,12 @@ class _Event(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field
 class InboundMessage(_Event, kw_only=True, tag="message.inbound"):
     """A message from a contact, by ``contact_id`` or by ``phone`` (a new phone creates the contact)."""
 
-    provider_message_id: str
+    provider_message_id: ExternalId
     contact_id: uuid.UUID | None = None
-    phone: str | None = None
+    phone: Phone | None = None
     conversation_id: uuid.UUID | None = None
-    body: str | None = None
-    media_url: str | None = None
+    body: Text | None = None
+    media_url: Url | None = None
     media_kind: Literal["image", "video", "audio", "document"] | None = None
 
 
@@ -38,15 +63,15 @@ class HumanMessage(_Event, kw_only=True, tag="message.human"):
     """An agent's message in a conversation (sent by the platform, not by the engine)."""
 
     conversation_id: uuid.UUID
-    provider_message_id: str | None = None
-    body: str | None = None
+    provider_message_id: ExternalId | None = None
+    body: Text | None = None
 
 
 class MessageStatus(_Event, kw_only=True, tag="message.status"):
     status: ReportedStatus
     message_id: uuid.UUID | None = None
-    provider_message_id: str | None = None
-    error: str | None = None
+    provider_message_id: ExternalId | None = None
+    error: Text | None = None
 
 
 class ContactOptedOut(_Event, kw_only=True, tag="contact.opted_out"):
@@ -64,12 +89,12 @@ class ContactErased(_Event, kw_only=True, tag="contact.erased"):
 class LeadCreated(_Event, kw_only=True, tag="lead.created"):
     contact_id: uuid.UUID
     lead_id: uuid.UUID | None = None
-    status: str = "open"
+    status: Label = "open"
 
 
 class LeadStatusChanged(_Event, kw_only=True, tag="lead.status_changed"):
     lead_id: uuid.UUID
-    status: str
+    status: Label
 
 
 class LeadClosed(_Event, kw_only=True, tag="lead.closed"):
@@ -79,7 +104,7 @@ class LeadClosed(_Event, kw_only=True, tag="lead.closed"):
 
 class DealStageChanged(_Event, kw_only=True, tag="deal.stage_changed"):
     deal_id: uuid.UUID
-    stage: str
+    stage: Label
     contact_id: uuid.UUID | None = None
     lead_id: uuid.UUID | None = None
 
@@ -113,13 +138,13 @@ class ConversationUpdated(_Event, kw_only=True, tag="conversation.updated"):
     """
 
     conversation_id: uuid.UUID
-    labels: list[str] | msgspec.UnsetType = msgspec.UNSET
-    assignee: str | msgspec.UnsetType | None = msgspec.UNSET
-    team: str | msgspec.UnsetType | None = msgspec.UNSET
+    labels: Labels | msgspec.UnsetType = msgspec.UNSET
+    assignee: Name | msgspec.UnsetType | None = msgspec.UNSET
+    team: Name | msgspec.UnsetType | None = msgspec.UNSET
     priority: Literal["low", "medium", "high", "urgent"] | msgspec.UnsetType | None = msgspec.UNSET
-    attributes: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    private_note: str | None = None
-    executed_by: str | None = None
+    attributes: Attributes | msgspec.UnsetType = msgspec.UNSET
+    private_note: Note | None = None
+    executed_by: Name | None = None
 
 
 class CampaignRecipientReleased(_Event, kw_only=True, tag="campaign.recipient_released"):
@@ -127,7 +152,7 @@ class CampaignRecipientReleased(_Event, kw_only=True, tag="campaign.recipient_re
     campaign and recipient)."""
 
     campaign_id: uuid.UUID
-    recipient_id: str
+    recipient_id: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
     contact_id: uuid.UUID
 
 

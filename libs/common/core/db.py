@@ -26,7 +26,7 @@ from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from libs.common.core.errors import DatabaseUnavailable, FollowupsError
+from libs.common.core.errors import DatabaseUnavailable, FollowupsError, InvalidInput
 from libs.common.core.settings import DatabaseSettings
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,9 @@ def map_errors(constraints: ConstraintErrors | None = None) -> Iterator[None]:
         if constraints and name is not None and name in constraints:
             raise constraints[name]() from exc
         raise
+    except pgerrors.ProgramLimitExceeded as exc:
+        # a value too large for the database (an index row over its size limit): the input's, not an outage
+        raise InvalidInput(f"a value is too large to store: {exc.diag.message_primary}") from exc
     except psycopg.OperationalError as exc:
         log.warning("database unavailable: %s", exc)
         raise DatabaseUnavailable() from exc

@@ -13,6 +13,7 @@ import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
 
+from libs.common.contracts.limits import Name
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.sql import load_queries
@@ -25,7 +26,7 @@ QUERIES = load_queries("libs.common.followups", "campaigns.sql")
 
 class CampaignPut(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sequence_id: uuid.UUID
-    name: str | None = None
+    name: Name | None = None
 
 
 class Campaign(msgspec.Struct, kw_only=True, frozen=True):

@@ -17,6 +17,12 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from libs.common.contracts.limits import (
+    MAX_MESSAGE_LENGTH,
+    Key,
+    MessageText,
+    Url,
+)
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput
 from libs.common.followups.send_window import SendWindow, validate_window
@@ -27,8 +33,19 @@ MAX_STEPS = 50
 #: Longest wait a step may declare (a year).
 MAX_DELAY_SECONDS = 366 * 86400
 
+#: Longest goal of an AI step.
+MAX_GOAL_LENGTH = 1024
+#: Most parameters of a WhatsApp template, and the longest one (WhatsApp's limit for a body parameter).
+MAX_TEMPLATE_PARAMETERS = 100
+MAX_TEMPLATE_PARAMETER_LENGTH = 1024
+#: Most custom attributes an AI step may show the model.
+MAX_AI_ATTRIBUTES = 50
+
 NonNegative = Annotated[int, msgspec.Meta(ge=0, le=MAX_DELAY_SECONDS)]
 Offset = Annotated[int, msgspec.Meta(ge=-MAX_DELAY_SECONDS, le=MAX_DELAY_SECONDS)]
+#: An AI step's instructions: as long as a message may be.
+Instructions = Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_LENGTH)]
+TemplateParameter = Annotated[str, msgspec.Meta(max_length=MAX_TEMPLATE_PARAMETER_LENGTH)]
 
 #: ``only_if`` conditions: the step is skipped unless every one holds at release.
 OnlyIf = Literal["no_reply_since_previous_step", "no_reply_since_enrollment", "previous_not_read"]
@@ -41,7 +58,7 @@ class _Def(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class TemplateFallback(_Def, kw_only=True, tag="template", tag_field="kind"):
     """Send this template instead."""
 
-    text: str
+    text: MessageText
 
 
 class SkipFallback(_Def, kw_only=True, tag="skip", tag_field="kind"):
@@ -52,16 +69,20 @@ class WhatsAppTemplate(_Def, kw_only=True):
     """An approved WhatsApp template: what a step sends outside the 24-hour service window. Each parameter
     is rendered with the same variables as the step's text."""
 
-    name: str
-    language: str = "en"
-    parameters: list[str] = msgspec.field(default_factory=list)
+    #: The approved template's name: lowercase letters, digits and underscores.
+    name: Annotated[str, msgspec.Meta(max_length=512)]
+    #: A language code such as ``en`` or ``pt_BR``.
+    language: Annotated[str, msgspec.Meta(max_length=16)] = "en"
+    parameters: Annotated[list[TemplateParameter], msgspec.Meta(max_length=MAX_TEMPLATE_PARAMETERS)] = (
+        msgspec.field(default_factory=list)
+    )
 
 
 class _Step(_Def, kw_only=True):
     delay_seconds: NonNegative = 0
     anchor_offset_seconds: Offset | None = None
     grace_seconds: NonNegative = 3600
-    only_if: list[OnlyIf] = msgspec.field(default_factory=list)
+    only_if: Annotated[list[OnlyIf], msgspec.Meta(max_length=3)] = msgspec.field(default_factory=list)
     #: Only between these local hours (overrides the sequence's and the project's window).
     send_window: SendWindow | None = None
     #: Sent instead of the free-form text when the contact has not written in 24 hours.
@@ -71,8 +92,8 @@ class _Step(_Def, kw_only=True):
 class MessageStep(_Step, kw_only=True, tag="message", tag_field="kind"):
     """Send a text (a template), with optional media."""
 
-    text: str
-    media_url: str | None = None
+    text: MessageText
+    media_url: Url | None = None
     media_kind: Literal["image", "video", "audio", "document"] | None = None
 
 
@@ -80,14 +101,16 @@ class AiStep(_Step, kw_only=True, tag="ai", tag_field="kind"):
     """A message written by the model from ``instructions``; ``fallback`` when it cannot be used (the model
     unavailable or failing, its answer invalid or below ``min_confidence``, the budget used up)."""
 
-    instructions: str
+    instructions: Instructions
     fallback: TemplateFallback | SkipFallback
     #: What the message is for (the prompt's goal); the instructions say how to write it.
-    goal: str | None = None
+    goal: Annotated[str, msgspec.Meta(max_length=MAX_GOAL_LENGTH)] | None = None
     #: Answers the model is less sure of than this (0 to 1) take the fallback.
     min_confidence: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
     #: The contact's custom attributes the model may see (none by default).
-    contact_attributes: list[str] = msgspec.field(default_factory=list)
+    contact_attributes: Annotated[list[Key], msgspec.Meta(max_length=MAX_AI_ATTRIBUTES)] = msgspec.field(
+        default_factory=list
+    )
     #: How many of the conversation's last messages the model sees.
     history_messages: Annotated[int, msgspec.Meta(ge=0, le=50)] = 10
 
@@ -106,7 +129,8 @@ class StopFlags(_Def, kw_only=True):
 
 
 class Definition(_Def, kw_only=True):
-    steps: list[Step] = msgspec.field(default_factory=list)
+    #: At least one to be published (a draft may have none yet).
+    steps: Annotated[list[Step], msgspec.Meta(max_length=MAX_STEPS)] = msgspec.field(default_factory=list)
     #: never: a contact enters once; after_finished: again once the previous enrollment finished;
     #: always: a new enrollment replaces the live one.
     reentry: Literal["never", "after_finished", "always"] = "after_finished"
@@ -144,6 +168,8 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
     (a one-off follow-up), named ``steps.0.text``.
     """
     steps_field = _steps_field(field)
+    # the bounds of the struct's fields (lengths, counts), checked on decoding, for a definition built in code
+    decode_definition(msgspec.to_builtins(definition), field)
     if definition.send_window is not None:
         validate_window(definition.send_window, f"{field}.send_window" if field else "send_window")
     if not definition.steps:

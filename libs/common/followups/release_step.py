@@ -28,6 +28,7 @@ from psycopg.rows import class_row
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.events import Event, StepQueued, StepSkipped
+from libs.common.contracts.limits import MAX_MESSAGE_LENGTH
 from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
 from libs.common.core.outbox import write_events
 from libs.common.core.settings import FollowupSettings
@@ -295,6 +296,10 @@ class _Content:
 TEMPLATE_REASON = "service_window_template"
 
 
+#: Why a step is skipped whose text, its placeholders filled in, is longer than a message may be.
+TOO_LONG_REASON = "message_too_long"
+
+
 def _render(
     claim: _Claim, template: WhatsAppTemplate | None, draft: AiDraft | None = None
 ) -> tuple[_Content | None, str | None]:
@@ -322,6 +327,9 @@ def _render(
     rendered = render(text, _render_context(claim))
     if rendered.text is None:
         return None, rendered.skip_reason
+    if len(rendered.text) > MAX_MESSAGE_LENGTH:
+        # a template within the limit that its values made longer: WhatsApp would refuse it
+        return None, TOO_LONG_REASON
     return _Content(rendered.text), fallback_reason
 
 

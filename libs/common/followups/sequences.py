@@ -17,8 +17,9 @@ from psycopg import Connection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from libs.common.contracts.limits import Name
 from libs.common.core import validation
-from libs.common.core.errors import Conflict, InvalidInput, NotFound
+from libs.common.core.errors import Conflict, NotFound
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
 from libs.common.followups.definition import Definition, decode_definition, storable, validate_definition
@@ -28,12 +29,12 @@ QUERIES = load_queries("libs.common.followups", "sequences.sql")
 
 
 class SequenceCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    name: str
+    name: Name
     definition: Definition = msgspec.field(default_factory=Definition)
 
 
 class SequenceUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    name: str | msgspec.UnsetType = msgspec.UNSET
+    name: Name | msgspec.UnsetType = msgspec.UNSET
     definition: Definition | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -93,13 +94,6 @@ def _encode(definition: Definition) -> Jsonb:
     return Jsonb(msgspec.to_builtins(definition))
 
 
-def _name(name: str) -> str:
-    name = validation.text(name, "name").strip()
-    if not 1 <= len(name) <= 200:
-        raise InvalidInput("name must be 1 to 200 characters", field="name")
-    return name
-
-
 def _own_number(conn: Connection[Any], project_id: uuid.UUID, definition: Definition) -> Definition:
     """A fixed sending number must be one of the project's (404 naming ``definition.number_id``)."""
     if definition.number_id is not None:
@@ -113,7 +107,7 @@ def _own_number(conn: Connection[Any], project_id: uuid.UUID, definition: Defini
 def create_sequence(conn: Connection[Any], project_id: uuid.UUID, data: SequenceCreate) -> Sequence:
     params = {
         "project_id": project_id,
-        "name": _name(data.name),
+        "name": validation.name(data.name),
         "draft": _encode(_own_number(conn, project_id, storable(data.definition, "definition"))),
     }
     with conn.cursor(row_factory=class_row(Sequence)) as cur:
@@ -132,7 +126,7 @@ def update_sequence(
     params = {
         "project_id": project_id,
         "id": sequence_id,
-        "name": None if isinstance(data.name, msgspec.UnsetType) else _name(data.name),
+        "name": None if isinstance(data.name, msgspec.UnsetType) else validation.name(data.name),
         "draft": (
             None
             if isinstance(data.definition, msgspec.UnsetType)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -64,3 +65,56 @@ def sequence_statistics(
         steps.setdefault(step_index, StepStatistics(step_index=step_index)).replies = count
     stats.steps = [steps[i] for i in sorted(steps)]
     return stats
+
+
+class SequenceCounts(msgspec.Struct, kw_only=True):
+    """A sequence's enrollments by status (the live ones are ``active`` and ``paused``)."""
+
+    enrolled: int = 0
+    active: int = 0
+    paused: int = 0
+    completed: int = 0
+    stopped: int = 0
+    failed: int = 0
+
+
+def sequence_counts(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, SequenceCounts]:
+    """The enrollments of each of the project's ``sequence_ids`` by status (zeros for one with none)."""
+    counts = {sequence_id: SequenceCounts() for sequence_id in sequence_ids}
+    params = {"project_id": project_id, "sequence_ids": sequence_ids}
+    for sequence_id, status, count in conn.execute(QUERIES["enrollments_by_sequence"], params):
+        found = counts.get(sequence_id)
+        if found is not None:
+            found.enrolled += count
+            setattr(found, status, getattr(found, status) + count)
+    return counts
+
+
+class DailyActivity(msgspec.Struct, kw_only=True):
+    """One UTC day of a sequence: enrollments made, step runs queued and skipped, enrollments finished."""
+
+    day: date
+    enrolled: int = 0
+    queued: int = 0
+    skipped: int = 0
+    completed: int = 0
+    stopped: int = 0
+
+
+def daily_activity(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, *, days: int, now: datetime
+) -> list[DailyActivity]:
+    """The last ``days`` UTC days of a sequence, oldest first, every day present (zeros when quiet)."""
+    get_sequence(conn, project_id, sequence_id)  # 404 for another project's sequence
+    today = now.date() if now.utcoffset() is None else now.astimezone(UTC).date()
+    first = today - timedelta(days=days - 1)
+    since = datetime.combine(first, datetime.min.time(), tzinfo=UTC)
+    by_day = {first + timedelta(days=i): DailyActivity(day=first + timedelta(days=i)) for i in range(days)}
+    params = {"project_id": project_id, "sequence_id": sequence_id, "since": since}
+    for kind, day, count in conn.execute(QUERIES["daily_activity"], params):
+        entry = by_day.get(day)
+        if entry is not None and kind in DailyActivity.__struct_fields__:
+            setattr(entry, kind, getattr(entry, kind) + count)
+    return [by_day[day] for day in sorted(by_day)]

@@ -40,3 +40,30 @@ GROUP BY r.step_index
 SELECT coalesce(max(step_count), 0)::int
 FROM followup_sequence_versions
 WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s
+
+-- name: enrollments_by_sequence
+-- Enrollments of the given sequences counted by sequence and status (a sequence list's live counts).
+SELECT sequence_id, status, count(*)::int
+FROM followup_enrollments
+WHERE project_id = %(project_id)s AND sequence_id = ANY(%(sequence_ids)s::uuid[])
+GROUP BY sequence_id, status
+
+-- name: daily_activity
+-- A sequence's activity per UTC day from a moment on: enrollments made, step runs queued and skipped, and
+-- enrollments completed and stopped.
+SELECT 'enrolled' AS kind, (e.enrolled_at AT TIME ZONE 'UTC')::date AS day, count(*)::int
+FROM followup_enrollments e
+WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND e.enrolled_at >= %(since)s
+GROUP BY 1, 2
+UNION ALL
+SELECT r.outcome, (r.ran_at AT TIME ZONE 'UTC')::date, count(*)::int
+FROM followup_step_runs r
+JOIN followup_enrollments e ON e.id = r.enrollment_id
+WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND r.ran_at >= %(since)s
+GROUP BY 1, 2
+UNION ALL
+SELECT e.status, (e.finished_at AT TIME ZONE 'UTC')::date, count(*)::int
+FROM followup_enrollments e
+WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND e.finished_at >= %(since)s
+  AND e.status IN ('completed', 'stopped')
+GROUP BY 1, 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from psycopg import Connection
@@ -17,6 +17,7 @@ from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import ContactErased
+from libs.common.contracts.limits import MAX_ATTRIBUTES, MAX_LABELS, Name
 from libs.common.core import validation
 from libs.common.core.db import map_errors
 from libs.common.core.errors import AlreadyExists, InvalidInput, NotFound
@@ -25,9 +26,17 @@ from libs.common.core.sql import load_queries
 
 QUERIES = load_queries("libs.common.platform", "contacts.sql")
 
-#: Most attributes one contact may carry, and most tags.
-MAX_ATTRIBUTES = 100
-MAX_TAGS = 100
+#: Most tags one contact carries.
+MAX_TAGS = MAX_LABELS
+
+#: A contact's attributes: at most 100 (their keys, 1 to 64 characters, and 16 KB as JSON: checked on
+#: write, naming the key).
+Attributes = Annotated[dict[str, Any], msgspec.Meta(max_length=MAX_ATTRIBUTES)]
+#: A contact's tags: at most 100 (each, 1 to 64 characters of letters, digits and ``_-./:``: checked on
+#: write, naming ``tags``).
+Tags = Annotated[list[str], msgspec.Meta(max_length=MAX_TAGS)]
+#: An E.164 phone number as given (normalised and checked on write).
+Phone = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
 
 
 class _Input(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -37,26 +46,26 @@ class _Input(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class ContactFields(_Input):
     """A contact's fields other than its phone number (the body of an upsert by phone)."""
 
-    name: str | None = None
+    name: Name | None = None
     timezone: str | None = None
-    attributes: dict[str, Any] = msgspec.field(default_factory=dict)
-    tags: list[str] = msgspec.field(default_factory=list)
+    attributes: Attributes = msgspec.field(default_factory=dict)
+    tags: Tags = msgspec.field(default_factory=list)
 
 
 class ContactCreate(ContactFields, kw_only=True):
-    phone: str
+    phone: Phone
 
 
 class ContactUpdate(_Input):
     """A partial update: absent fields are kept; an attribute set to null is removed."""
 
-    name: str | msgspec.UnsetType | None = msgspec.UNSET
+    name: Name | msgspec.UnsetType | None = msgspec.UNSET
     timezone: str | msgspec.UnsetType | None = msgspec.UNSET
-    attributes: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    attributes: Attributes | msgspec.UnsetType = msgspec.UNSET
 
 
 class TagsChange(_Input):
-    tags: list[str]
+    tags: Tags
 
 
 class Contact(msgspec.Struct, kw_only=True, frozen=True):
@@ -97,7 +106,7 @@ def _attributes(values: dict[str, Any]) -> dict[str, Any]:
 def _validated(phone: str, data: ContactFields) -> dict[str, Any]:
     return {
         "phone": validation.phone(phone),
-        "name": validation.text(data.name, "name") if data.name is not None else None,
+        "name": validation.name(data.name) if data.name is not None else None,
         "timezone": validation.timezone(data.timezone) if data.timezone is not None else None,
         "attributes": Jsonb(_attributes(data.attributes)),
         "tags": _tags(data.tags),
@@ -172,7 +181,7 @@ def update_contact(
         "project_id": project_id,
         "id": contact_id,
         "set_name": data.name is not msgspec.UNSET,
-        "name": validation.text(data.name, "name") if isinstance(data.name, str) else None,
+        "name": validation.name(data.name) if isinstance(data.name, str) else None,
         "set_timezone": data.timezone is not msgspec.UNSET,
         "timezone": validation.timezone(data.timezone) if isinstance(data.timezone, str) else None,
         "set_attributes": attributes is not None,

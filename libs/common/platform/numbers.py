@@ -12,9 +12,10 @@ import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
 
+from libs.common.contracts.limits import Name
 from libs.common.core import validation
 from libs.common.core.db import map_errors
-from libs.common.core.errors import AlreadyExists, InvalidInput, NotFound
+from libs.common.core.errors import AlreadyExists, NotFound
 from libs.common.core.sql import load_queries
 
 QUERIES = load_queries("libs.common.platform", "numbers.sql")
@@ -24,7 +25,7 @@ NumberStatus = Literal["connected", "disconnected"]
 
 class NumberCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     phone: str
-    name: str | None = None
+    name: Name | None = None
     is_default: bool = False
     status: NumberStatus = "connected"
 
@@ -32,7 +33,7 @@ class NumberCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class NumberUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A partial update: absent fields are kept."""
 
-    name: str | msgspec.UnsetType | None = msgspec.UNSET
+    name: Name | msgspec.UnsetType | None = msgspec.UNSET
     is_default: bool | msgspec.UnsetType = msgspec.UNSET
     status: NumberStatus | msgspec.UnsetType = msgspec.UNSET
 
@@ -55,10 +56,7 @@ _CONSTRAINTS = {
 def _name(name: str | None) -> str | None:
     if name is None:
         return None
-    name = validation.text(name, "name").strip()
-    if not 1 <= len(name) <= 200:
-        raise InvalidInput("name must be 1 to 200 characters", field="name")
-    return name
+    return validation.name(name)
 
 
 def create_number(

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import msgspec
 from psycopg import Connection
 
+from libs.common.contracts.limits import MAX_NOTE_LENGTH, MessageText, Note, Url
 from libs.common.contracts.platform_events import ConversationStatus
 from libs.common.core import validation
 from libs.common.core.errors import Conflict, FollowupsError, InvalidInput, NotFound
@@ -59,7 +60,7 @@ class SendMessage(_Action, kw_only=True, tag="send_message"):
     """Send a text (a template over the contact's fields) through the shared send path (source ``rule``),
     obeying opt-out, consent and the WhatsApp service window (outside it: ``whatsapp_template`` if given)."""
 
-    text: str
+    text: MessageText
     whatsapp_template: WhatsAppTemplate | None = None
 
 
@@ -106,13 +107,13 @@ class SnoozeUntil(_Action, kw_only=True, tag="snooze_until"):
 
 
 class AddPrivateNote(_Action, kw_only=True, tag="add_private_note"):
-    text: str
+    text: Note
 
 
 class SendWebhook(_Action, kw_only=True, tag="send_webhook"):
     """POST the event as JSON to ``url``, signed (HMAC-SHA256), retried with backoff until delivered."""
 
-    url: str
+    url: Url
 
 
 Action = (
@@ -171,6 +172,7 @@ def _validate(conn: Connection[Any], project_id: uuid.UUID, action: Action, wher
             )
         validation.json_value(action.variables, f"{where}.variables")
     elif isinstance(action, SendMessage):
+        validation.message_text(action.text, f"{where}.text")
         texts = {"text": action.text}
         if action.whatsapp_template is not None:
             texts |= check_whatsapp_template(action.whatsapp_template, f"{where}.whatsapp_template")
@@ -195,8 +197,8 @@ def _validate(conn: Connection[Any], project_id: uuid.UUID, action: Action, wher
         if value is not None and not 1 <= len(validation.text(value.strip(), f"{where}.{name}")) <= 200:
             raise InvalidInput(f"{name} must be 1 to 200 characters", field=f"{where}.{name}")
     elif isinstance(action, AddPrivateNote):
-        if not 1 <= len(validation.text(action.text.strip(), f"{where}.text")) <= 10_000:
-            raise InvalidInput("text must be 1 to 10000 characters", field=f"{where}.text")
+        if not 1 <= len(validation.text(action.text.strip(), f"{where}.text")) <= MAX_NOTE_LENGTH:
+            raise InvalidInput(f"text must be 1 to {MAX_NOTE_LENGTH} characters", field=f"{where}.text")
     elif isinstance(action, SendWebhook):
         webhooks.validate_url(action.url, field=f"{where}.url")
 

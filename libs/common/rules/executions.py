@@ -44,6 +44,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
+from libs.common.core.errors import Conflict, NotFound
 from libs.common.core.metrics import RULE_EXECUTION_LAG, RULE_EXECUTIONS, RULE_PENDING_EXECUTIONS
 from libs.common.core.sql import load_queries
 from libs.common.followups.project_settings import get_settings
@@ -439,3 +440,29 @@ def list_executions(
     }
     with conn.cursor(row_factory=class_row(Execution)) as cur:
         return cur.execute(QUERIES["list_executions"], params).fetchall()
+
+
+def cancel_execution(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    rule_id: uuid.UUID,
+    execution_id: uuid.UUID,
+    *,
+    now: datetime,
+) -> Execution:
+    """Cancel a pending execution of a delayed rule: it is skipped with reason ``cancelled`` and its actions
+    never run. 404 for another rule's or project's; 409 once it is no longer pending (it ran, or was
+    skipped)."""
+    params = {"project_id": project_id, "rule_id": rule_id, "id": execution_id, "now": now}
+    with conn.cursor(row_factory=class_row(Execution)) as cur:
+        cancelled = cur.execute(QUERIES["cancel"], params).fetchone()
+    if cancelled is None:
+        if conn.execute(QUERIES["execution_exists"], params).fetchone() is None:
+            raise NotFound("execution not found", field="execution_id")
+        raise Conflict("the execution is no longer pending")
+    RULE_EXECUTIONS.labels("skipped", "cancelled").inc()
+    log.info(
+        "rule execution cancelled",
+        extra={"project_id": str(project_id), "rule_id": str(rule_id), "execution_id": str(execution_id)},
+    )
+    return cancelled

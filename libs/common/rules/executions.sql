@@ -92,3 +92,18 @@ WHERE e.project_id = %(project_id)s
                                  WHERE a.project_id = %(project_id)s AND a.id = %(after)s::uuid))
 ORDER BY e.created_at DESC, e.id DESC
 LIMIT %(limit)s
+
+-- name: cancel
+-- A pending execution of the rule cancelled by hand: skipped `cancelled`, with the row as it is now. A
+-- sweeper that leased it finds it no longer pending (lock_leased) and leaves it; one running it right now
+-- holds its row lock, so the cancel waits and then finds it finished (nothing returned: not pending).
+UPDATE rule_pending_executions e
+SET status = 'skipped', skip_reason = 'cancelled', locked_until = NULL, executed_at = %(now)s,
+    updated_at = %(now)s
+WHERE e.project_id = %(project_id)s AND e.rule_id = %(rule_id)s AND e.id = %(id)s AND e.status = 'pending'
+RETURNING e.id, e.rule_id, e.conversation_id, e.contact_id, e.episode_key, e.due_at, e.status,
+          e.skip_reason, e.executed_at, e.message_id, e.attempts, e.created_at, e.updated_at
+
+-- name: execution_exists
+-- Whether the rule of the project has this execution (told apart from one that is no longer pending).
+SELECT 1 FROM rule_pending_executions WHERE project_id = %(project_id)s AND rule_id = %(rule_id)s AND id = %(id)s

@@ -25,6 +25,7 @@ from psycopg import Connection, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from libs.common.contracts.limits import Name
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.invalidation import on_invalidation
@@ -60,7 +61,7 @@ Position = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
 
 
 class RuleCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    name: str
+    name: Name
     event: Event
     #: A tree of ``all`` / ``any`` groups with ``{attribute, operator, value}`` leaves; absent: always.
     conditions: dict[str, Any] | None = None
@@ -77,7 +78,7 @@ class RuleCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class RuleUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A partial update: absent fields are kept."""
 
-    name: str | msgspec.UnsetType = msgspec.UNSET
+    name: Name | msgspec.UnsetType = msgspec.UNSET
     event: Event | msgspec.UnsetType = msgspec.UNSET
     conditions: dict[str, Any] | msgspec.UnsetType | None = msgspec.UNSET
     actions: list[Action] | msgspec.UnsetType = msgspec.UNSET
@@ -135,13 +136,6 @@ def _check_delay(conn: Connection[Any], project_id: uuid.UUID, minutes: int | No
         )
 
 
-def _name(value: str) -> str:
-    value = validation.text(value.strip(), "name")
-    if not 1 <= len(value) <= 200:
-        raise InvalidInput("name must be 1 to 200 characters", field="name")
-    return value
-
-
 def _rules(rows: list[dict[str, Any]]) -> list[Rule]:
     return msgspec.convert(
         [row | {"runs_after": runs_after(row["execution_delay_minutes"])} for row in rows], list[Rule]
@@ -159,7 +153,7 @@ def create_rule(conn: Connection[Any], project_id: uuid.UUID, data: RuleCreate, 
     _check_delay(conn, project_id, data.execution_delay_minutes, data.delay_in_business_hours)
     params = {
         "project_id": project_id,
-        "name": _name(data.name),
+        "name": validation.name(data.name),
         "event": data.event,
         "conditions": Jsonb(conditions.to_json()),
         "actions": Jsonb(msgspec.to_builtins(validate_actions(conn, project_id, data.actions))),
@@ -224,7 +218,7 @@ def update_rule(
     params = {
         "project_id": project_id,
         "id": rule_id,
-        "name": current.name if data.name is msgspec.UNSET else _name(data.name),
+        "name": current.name if data.name is msgspec.UNSET else validation.name(data.name),
         "event": current.event if data.event is msgspec.UNSET else data.event,
         "conditions": Jsonb(conditions.to_json()),
         "actions": Jsonb(msgspec.to_builtins(actions)),

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post, put
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.response import Stream
 
@@ -17,14 +18,29 @@ from libs.common.followups import campaigns
 from libs.common.followups.campaigns import Campaign, CampaignPut
 from libs.common.rules import bulk
 from libs.common.rules.bulk import BulkCreate, BulkJob
+from services.api.body import MAX_BULK_BODY_BYTES
 from services.api.deps import PageLimit, ProjectId, nudge_triggers, page, runtime_of, transaction
+from services.api.openapi import conflict, not_found
+from services.api.routes import Page, as_page
+
+#: A sequence the body names that is not one of the project's.
+_UNKNOWN_SEQUENCE = not_found("The sequence is not one of the project's.")
 
 
 class BulkEnrollmentsController(Controller):
     path = "/v1/bulk-enrollments"
     tags = ["bulk enrollments"]
+    #: Up to 100,000 contact ids or phone numbers.
+    request_max_body_size = MAX_BULK_BODY_BYTES
 
-    @post("/", sync_to_thread=True)
+    @post(
+        "/",
+        sync_to_thread=True,
+        status_code=202,
+        responses={200: ResponseSpec(BulkJob, description="The job this `Idempotency-Key` created before.")}
+        | _UNKNOWN_SEQUENCE
+        | conflict("The sequence cannot take enrollments (not published and active)."),
+    )
     def create(
         self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[BulkCreate]
     ) -> Response[BulkJob]:
@@ -48,10 +64,10 @@ class BulkEnrollmentsController(Controller):
         project_id: ProjectId,
         limit: PageLimit = 50,
         after: FromQuery[uuid.UUID | None] = None,
-    ) -> dict[str, Any]:
+    ) -> Page[BulkJob]:
         with transaction(runtime_of(request)) as conn:
             rows = bulk.list_jobs(conn, project_id, limit=limit + 1, after=after)
-        return page(rows, limit)
+        return as_page(page(rows, limit))
 
     @get("/{job_id:uuid}", sync_to_thread=True)
     def read(
@@ -73,7 +89,7 @@ class BulkEnrollmentsController(Controller):
         nudge_triggers(runtime, project_id)
         return job
 
-    @get("/{job_id:uuid}/skipped", sync_to_thread=True)
+    @get("/{job_id:uuid}/skipped", sync_to_thread=True, media_type="text/csv")
     def skipped(
         self, request: Request[Any, Any, Any], project_id: ProjectId, job_id: FromPath[uuid.UUID]
     ) -> Stream:
@@ -106,7 +122,7 @@ class CampaignsController(Controller):
     path = "/v1/campaigns"
     tags = ["bulk enrollments"]
 
-    @put("/{campaign_id:uuid}", sync_to_thread=True)
+    @put("/{campaign_id:uuid}", sync_to_thread=True, responses=_UNKNOWN_SEQUENCE)
     def put(
         self,
         request: Request[Any, Any, Any],

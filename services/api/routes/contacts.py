@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Controller, Request, Response, delete, get, patch, post, put
-from litestar.params import FromPath, FromQuery, JSONBody
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
+from libs.common.contracts.limits import MAX_LABEL_LENGTH
 from libs.common.core import validation
 from libs.common.ingress import contact_changes
 from libs.common.platform import contacts
 from libs.common.platform.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
 from services.api.deps import PageLimit, ProjectId, nudge_triggers, page, runtime_of, transaction
+from services.api.openapi import conflict
+from services.api.routes import Page, as_page
 
 
 class ContactsController(Controller):
     path = "/v1/contacts"
     tags = ["contacts"]
 
-    @post("/", sync_to_thread=True)
+    @post("/", sync_to_thread=True, responses=conflict("a contact with this phone number exists"))
     def create(
         self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[ContactCreate]
     ) -> Contact:
@@ -30,7 +34,11 @@ class ContactsController(Controller):
         nudge_triggers(runtime, project_id)
         return contact
 
-    @put("/by-phone/{phone:str}", sync_to_thread=True)
+    @put(
+        "/by-phone/{phone:str}",
+        sync_to_thread=True,
+        responses={201: ResponseSpec(Contact, description="The contact was created.")},
+    )
     def upsert(
         self,
         request: Request[Any, Any, Any],
@@ -54,15 +62,15 @@ class ContactsController(Controller):
         project_id: ProjectId,
         limit: PageLimit = 50,
         after: FromQuery[uuid.UUID | None] = None,
-        tag: FromQuery[str | None] = None,
-        phone: FromQuery[str | None] = None,
-    ) -> dict[str, Any]:
+        tag: Annotated[str | None, QueryParameter(min_length=1, max_length=MAX_LABEL_LENGTH)] = None,
+        phone: Annotated[str | None, QueryParameter(min_length=1, max_length=32)] = None,
+    ) -> Page[Contact]:
         """A page of contacts; pass the returned ``next`` as ``after`` for the next page."""
         with transaction(runtime_of(request)) as conn:
             rows = contacts.list_contacts(
                 conn, project_id, limit=limit + 1, after=after, tag=tag, phone=phone
             )
-        return page(rows, limit)
+        return as_page(page(rows, limit))
 
     @get("/{contact_id:uuid}", sync_to_thread=True)
     def read(

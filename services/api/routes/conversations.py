@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.followups.shortcut import FollowUpRequest, follow_up
@@ -13,8 +14,10 @@ from libs.common.followups.transitions import Enrollment
 from libs.common.platform import conversations
 from libs.common.platform.conversations import Conversation
 from libs.common.rules import executions
-from libs.common.rules.executions import ExecutionStatus
+from libs.common.rules.executions import Execution, ExecutionStatus
 from services.api.deps import PageLimit, ProjectId, nudge_release, page, runtime_of, transaction
+from services.api.openapi import conflict
+from services.api.routes import Page, as_page
 
 
 class ConversationsController(Controller):
@@ -37,16 +40,21 @@ class ConversationsController(Controller):
         limit: PageLimit = 50,
         after: FromQuery[uuid.UUID | None] = None,
         status: FromQuery[ExecutionStatus | None] = None,
-    ) -> dict[str, Any]:
+    ) -> Page[Execution]:
         """The delayed rules pending, executed or skipped for this conversation, newest first."""
         with transaction(runtime_of(request)) as conn:
             conversations.get_conversation(conn, project_id, conversation_id)
             rows = executions.list_executions(
                 conn, project_id, conversation_id=conversation_id, status=status, limit=limit + 1, after=after
             )
-        return page(rows, limit)
+        return as_page(page(rows, limit))
 
-    @post("/{conversation_id:uuid}/follow-up", sync_to_thread=True)
+    @post(
+        "/{conversation_id:uuid}/follow-up",
+        sync_to_thread=True,
+        responses={200: ResponseSpec(Enrollment, description="The existing one-off for this `dedupe_key`.")}
+        | conflict("The follow-up is refused; `code` says why (`opted_out`, `plan_limit`, ...)."),
+    )
     def follow_up(
         self,
         request: Request[Any, Any, Any],

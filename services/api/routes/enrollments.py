@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 from litestar import Controller, Request, Response, get, patch, post
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.followups import enrollments
@@ -13,13 +14,29 @@ from libs.common.followups.enrollments import EnrollmentDetail, EnrollmentUpdate
 from libs.common.followups.stops import count_stopped
 from libs.common.followups.transitions import Enrollment, EnrollmentStatus
 from services.api.deps import PageLimit, ProjectId, nudge_release, page, runtime_of, transaction
+from services.api.openapi import conflict, not_found
+from services.api.routes import Page, as_page
+
+#: An enrollment that is not live (or not paused, to resume): the transition does not apply.
+_NOT_LIVE = conflict("The enrollment's status does not allow this change (it finished, say).")
 
 
 class EnrollmentsController(Controller):
     path = "/v1/enrollments"
     tags = ["enrollments"]
 
-    @post("/", sync_to_thread=True)
+    @post(
+        "/",
+        sync_to_thread=True,
+        responses={
+            200: ResponseSpec(Enrollment, description="The existing enrollment for this `dedupe_key`.")
+        }
+        | not_found("No such sequence or contact in the project.")
+        | conflict(
+            "The enrollment is refused; `code` says why: `already_enrolled`, `reentry_not_allowed`, "
+            "`opted_out`, `plan_limit`, `sequence_not_enrollable`."
+        ),
+    )
     def enroll(
         self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[EnrollRequest]
     ) -> Response[Enrollment]:
@@ -42,7 +59,7 @@ class EnrollmentsController(Controller):
         sequence_id: FromQuery[uuid.UUID | None] = None,
         contact_id: FromQuery[uuid.UUID | None] = None,
         status: FromQuery[EnrollmentStatus | None] = None,
-    ) -> dict[str, Any]:
+    ) -> Page[Enrollment]:
         with transaction(runtime_of(request)) as conn:
             rows = enrollments.list_enrollments(
                 conn,
@@ -53,7 +70,7 @@ class EnrollmentsController(Controller):
                 contact_id=contact_id,
                 status=status,
             )
-        return page(rows, limit)
+        return as_page(page(rows, limit))
 
     @get("/{enrollment_id:uuid}", sync_to_thread=True)
     def read(
@@ -63,7 +80,7 @@ class EnrollmentsController(Controller):
         with transaction(runtime_of(request)) as conn:
             return enrollments.get_enrollment_detail(conn, project_id, enrollment_id)
 
-    @patch("/{enrollment_id:uuid}", sync_to_thread=True)
+    @patch("/{enrollment_id:uuid}", sync_to_thread=True, responses=_NOT_LIVE)
     def update(
         self,
         request: Request[Any, Any, Any],
@@ -80,7 +97,7 @@ class EnrollmentsController(Controller):
             nudge_release(runtime, project_id, enrollment.id)
         return enrollment
 
-    @post("/{enrollment_id:uuid}/pause", sync_to_thread=True, status_code=200)
+    @post("/{enrollment_id:uuid}/pause", sync_to_thread=True, status_code=200, responses=_NOT_LIVE)
     def pause(
         self, request: Request[Any, Any, Any], project_id: ProjectId, enrollment_id: FromPath[uuid.UUID]
     ) -> Enrollment:
@@ -88,7 +105,7 @@ class EnrollmentsController(Controller):
         with transaction(runtime) as conn:
             return enrollments.pause_enrollment(conn, project_id, enrollment_id, now=runtime.clock.now())
 
-    @post("/{enrollment_id:uuid}/resume", sync_to_thread=True, status_code=200)
+    @post("/{enrollment_id:uuid}/resume", sync_to_thread=True, status_code=200, responses=_NOT_LIVE)
     def resume(
         self, request: Request[Any, Any, Any], project_id: ProjectId, enrollment_id: FromPath[uuid.UUID]
     ) -> Enrollment:
@@ -100,7 +117,7 @@ class EnrollmentsController(Controller):
             nudge_release(runtime, project_id, enrollment.id)
         return enrollment
 
-    @post("/{enrollment_id:uuid}/stop", sync_to_thread=True, status_code=200)
+    @post("/{enrollment_id:uuid}/stop", sync_to_thread=True, status_code=200, responses=_NOT_LIVE)
     def stop(
         self,
         request: Request[Any, Any, Any],

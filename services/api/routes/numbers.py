@@ -11,13 +11,15 @@ from litestar.params import FromPath, FromQuery, JSONBody
 from libs.common.platform import numbers
 from libs.common.platform.numbers import Number, NumberCreate, NumberUpdate
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
+from services.api.openapi import conflict
+from services.api.routes import Page, as_page
 
 
 class NumbersController(Controller):
     path = "/v1/numbers"
     tags = ["numbers"]
 
-    @post("/", sync_to_thread=True)
+    @post("/", sync_to_thread=True, responses=conflict("A number with this phone is registered already."))
     def create(
         self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[NumberCreate]
     ) -> Number:
@@ -33,10 +35,10 @@ class NumbersController(Controller):
         project_id: ProjectId,
         limit: PageLimit = 50,
         after: FromQuery[uuid.UUID | None] = None,
-    ) -> dict[str, Any]:
+    ) -> Page[Number]:
         """A page of numbers; pass the returned ``next`` as ``after`` for the next page."""
         with transaction(runtime_of(request)) as conn:
-            return page(numbers.list_numbers(conn, project_id, limit=limit + 1, after=after), limit)
+            return as_page(page(numbers.list_numbers(conn, project_id, limit=limit + 1, after=after), limit))
 
     @get("/{number_id:uuid}", sync_to_thread=True)
     def read(

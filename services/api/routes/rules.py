@@ -4,7 +4,6 @@ deliveries and the key that signs them."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from typing import Any, Literal
 
 from litestar import Controller, Request, delete, get, patch, post
@@ -12,10 +11,15 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.core.runtime import Runtime
 from libs.common.rules import executions, rules, webhooks
-from libs.common.rules.executions import ExecutionStatus
+from libs.common.rules.executions import Execution, ExecutionStatus
 from libs.common.rules.rules import Event, Rule, RuleCreate, RuleRun, RuleUpdate
 from libs.common.rules.webhooks import Delivery
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
+from services.api.openapi import conflict, not_found
+from services.api.routes import Items, Page, as_items, as_page
+
+#: A sequence an ``enroll_in_sequence`` action names that is not one of the project's.
+_UNKNOWN_SEQUENCE = not_found("A sequence an action names is not one of the project's.")
 
 
 def _changed(runtime: Runtime, project_id: uuid.UUID) -> None:
@@ -27,7 +31,7 @@ class RulesController(Controller):
     path = "/v1/rules"
     tags = ["rules"]
 
-    @post("/", sync_to_thread=True)
+    @post("/", sync_to_thread=True, responses=_UNKNOWN_SEQUENCE)
     def create(
         self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[RuleCreate]
     ) -> Rule:
@@ -48,13 +52,13 @@ class RulesController(Controller):
         after: FromQuery[uuid.UUID | None] = None,
         event: FromQuery[Event | None] = None,
         active: FromQuery[bool | None] = None,
-    ) -> dict[str, Any]:
+    ) -> Page[Rule]:
         """The project's rules in the order they run (position, then creation)."""
         with transaction(runtime_of(request)) as conn:
             rows = rules.list_rules(
                 conn, project_id, limit=limit + 1, after=after, event=event, active=active
             )
-        return page(rows, limit)
+        return as_page(page(rows, limit))
 
     @get("/{rule_id:uuid}", sync_to_thread=True)
     def read(
@@ -63,7 +67,7 @@ class RulesController(Controller):
         with transaction(runtime_of(request)) as conn:
             return rules.get_rule(conn, project_id, rule_id)
 
-    @patch("/{rule_id:uuid}", sync_to_thread=True)
+    @patch("/{rule_id:uuid}", sync_to_thread=True, responses=_UNKNOWN_SEQUENCE)
     def update(
         self,
         request: Request[Any, Any, Any],
@@ -114,7 +118,7 @@ class RulesController(Controller):
         limit: PageLimit = 50,
         after: FromQuery[uuid.UUID | None] = None,
         status: FromQuery[ExecutionStatus | None] = None,
-    ) -> dict[str, Any]:
+    ) -> Page[Execution]:
         """A delayed rule's executions, newest first: due_at, status (pending, executed, skipped),
         skip_reason, executed_at, message_id."""
         with transaction(runtime_of(request)) as conn:
@@ -122,7 +126,27 @@ class RulesController(Controller):
             rows = executions.list_executions(
                 conn, project_id, rule_id=rule_id, status=status, limit=limit + 1, after=after
             )
-        return page(rows, limit)
+        return as_page(page(rows, limit))
+
+    @post(
+        "/{rule_id:uuid}/executions/{execution_id:uuid}/cancel",
+        sync_to_thread=True,
+        status_code=200,
+        responses=conflict("The execution is no longer pending (it ran, or was skipped)."),
+    )
+    def cancel_execution(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        rule_id: FromPath[uuid.UUID],
+        execution_id: FromPath[uuid.UUID],
+    ) -> Execution:
+        """Cancel a pending execution: it is skipped with reason ``cancelled`` and its actions never run."""
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            return executions.cancel_execution(
+                conn, project_id, rule_id, execution_id, now=runtime.clock.now()
+            )
 
     @get("/{rule_id:uuid}/runs", sync_to_thread=True)
     def runs(
@@ -131,10 +155,10 @@ class RulesController(Controller):
         project_id: ProjectId,
         rule_id: FromPath[uuid.UUID],
         limit: PageLimit = 50,
-    ) -> dict[str, Sequence[RuleRun]]:
+    ) -> Items[RuleRun]:
         """What the rule did with its latest triggers (executed, or rejected and why), newest first."""
         with transaction(runtime_of(request)) as conn:
-            return {"items": rules.rule_runs(conn, project_id, rule_id, limit=limit)}
+            return as_items(rules.rule_runs(conn, project_id, rule_id, limit=limit))
 
 
 class WebhookDeliveriesController(Controller):
@@ -150,13 +174,13 @@ class WebhookDeliveriesController(Controller):
         after: FromQuery[uuid.UUID | None] = None,
         rule_id: FromQuery[uuid.UUID | None] = None,
         status: FromQuery[Literal["pending", "delivered", "failed"] | None] = None,
-    ) -> dict[str, Any]:
+    ) -> Page[Delivery]:
         """The deliveries of ``send_webhook`` actions, each with its attempts and last result."""
         with transaction(runtime_of(request)) as conn:
             rows = webhooks.list_deliveries(
                 conn, project_id, rule_id=rule_id, status=status, limit=limit + 1, after=after
             )
-        return page(rows, limit)
+        return as_page(page(rows, limit))
 
     @get("/{delivery_id:uuid}", sync_to_thread=True)
     def read(

@@ -12,15 +12,22 @@ from libs.common.followups import sequences, statistics
 from libs.common.followups.sequences import Sequence, SequenceCreate, SequenceUpdate, Version
 from libs.common.followups.statistics import SequenceStatistics
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
+from services.api.openapi import conflict, invalid, not_found
+from services.api.routes import Items, Page, as_items, as_page
 
 SequenceStatus = Literal["draft", "active", "paused", "archived"]
+
+#: A sequence whose status does not allow the change (an archived sequence cannot be edited).
+_STATUS_CONFLICT = conflict("The sequence's status does not allow this change (it is archived, say).")
+#: A fixed sending number the definition names that is not one of the project's.
+_UNKNOWN_NUMBER = not_found("The definition's `number_id` is not one of the project's numbers.")
 
 
 class SequencesController(Controller):
     path = "/v1/sequences"
     tags = ["sequences"]
 
-    @post("/", sync_to_thread=True)
+    @post("/", sync_to_thread=True, responses=_UNKNOWN_NUMBER)
     def create(
         self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[SequenceCreate]
     ) -> Sequence:
@@ -36,10 +43,10 @@ class SequencesController(Controller):
         limit: PageLimit = 50,
         after: FromQuery[uuid.UUID | None] = None,
         status: FromQuery[SequenceStatus | None] = None,
-    ) -> dict[str, Any]:
+    ) -> Page[Sequence]:
         with transaction(runtime_of(request)) as conn:
             rows = sequences.list_sequences(conn, project_id, limit=limit + 1, after=after, status=status)
-        return page(rows, limit)
+        return as_page(page(rows, limit))
 
     @get("/{sequence_id:uuid}", sync_to_thread=True)
     def read(
@@ -48,7 +55,7 @@ class SequencesController(Controller):
         with transaction(runtime_of(request)) as conn:
             return sequences.get_sequence(conn, project_id, sequence_id)
 
-    @patch("/{sequence_id:uuid}", sync_to_thread=True)
+    @patch("/{sequence_id:uuid}", sync_to_thread=True, responses=_STATUS_CONFLICT)
     def update(
         self,
         request: Request[Any, Any, Any],
@@ -60,7 +67,11 @@ class SequencesController(Controller):
         with transaction(runtime_of(request)) as conn:
             return sequences.update_sequence(conn, project_id, sequence_id, data)
 
-    @post("/{sequence_id:uuid}/publish", sync_to_thread=True)
+    @post(
+        "/{sequence_id:uuid}/publish",
+        sync_to_thread=True,
+        responses=_STATUS_CONFLICT | invalid("The draft does not pass the checks of a published definition."),
+    )
     def publish(
         self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
     ) -> Version:
@@ -71,25 +82,26 @@ class SequencesController(Controller):
     @get("/{sequence_id:uuid}/versions", sync_to_thread=True)
     def versions(
         self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
-    ) -> dict[str, Any]:
+    ) -> Items[Version]:
+        """The published versions, newest first."""
         with transaction(runtime_of(request)) as conn:
-            return {"items": sequences.list_versions(conn, project_id, sequence_id)}
+            return as_items(sequences.list_versions(conn, project_id, sequence_id))
 
-    @post("/{sequence_id:uuid}/pause", sync_to_thread=True, status_code=200)
+    @post("/{sequence_id:uuid}/pause", sync_to_thread=True, status_code=200, responses=_STATUS_CONFLICT)
     def pause(
         self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
     ) -> Sequence:
         """Pause: each running enrollment pauses when its next step comes up."""
         return self._change(request, project_id, sequence_id, "pause")
 
-    @post("/{sequence_id:uuid}/resume", sync_to_thread=True, status_code=200)
+    @post("/{sequence_id:uuid}/resume", sync_to_thread=True, status_code=200, responses=_STATUS_CONFLICT)
     def resume(
         self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
     ) -> Sequence:
         """Resume, with the enrollments the pause paused."""
         return self._change(request, project_id, sequence_id, "resume")
 
-    @post("/{sequence_id:uuid}/archive", sync_to_thread=True, status_code=200)
+    @post("/{sequence_id:uuid}/archive", sync_to_thread=True, status_code=200, responses=_STATUS_CONFLICT)
     def archive(
         self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
     ) -> Sequence:

@@ -1,0 +1,107 @@
+"""Contacts: the list, a new contact, and the contact card (its live follow-ups with stop buttons, its
+pending rule executions, opt-out state and consent)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, Response, get, post
+from litestar.params import FromPath
+
+from libs.common.core.errors import FollowupsError, InvalidInput
+from libs.common.followups import enrollments
+from libs.common.ingress import contact_changes
+from libs.common.platform import contacts
+from libs.common.platform.contacts import ContactCreate
+from services.api.dashboard.base import paged, project_of, query_uuid, see_other
+from services.api.dashboard.forms import Form, FormErrors, comma_list, error_of, validation_error
+from services.api.dashboard.queries import pending_executions_for_contact, sequence_names
+from services.api.dashboard.render import page
+from services.api.deps import nudge_triggers, runtime_of, transaction
+from services.api.problems import STATUS_OF
+
+
+def _status_of(exc: FollowupsError) -> int:
+    return next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
+
+
+class ContactsController(Controller):
+    path = "/contacts"
+
+    @get("/", sync_to_thread=True)
+    def list(self, request: Request[Any, Any, Any]) -> Response[str]:
+        return self._list(request, FormErrors(), {"phone": "", "name": "", "timezone": "", "tags": ""})
+
+    def _list(
+        self, request: Request[Any, Any, Any], errors: FormErrors, values: dict[str, str], status: int = 200
+    ) -> Response[str]:
+        project_id = project_of(request)
+        search = (request.query_params.get("q") or "").strip()
+        search_errors = FormErrors()
+        with transaction(runtime_of(request)) as conn:
+            try:
+                rows = contacts.list_contacts(
+                    conn, project_id, limit=51, after=query_uuid(request, "after"), phone=search or None
+                )
+            except InvalidInput:
+                rows = []
+                search_errors.add("q", "search by an E.164 phone number, such as +14155550123")
+            items, cursor = paged(rows)
+        return page(
+            request,
+            "contacts/list.html",
+            status=status,
+            title="Contacts",
+            contacts=items,
+            cursor=cursor,
+            search=search,
+            search_errors=search_errors,
+            errors=errors,
+            values=values,
+        )
+
+    @post("/new", sync_to_thread=True)
+    def create(self, request: Request[Any, Any, Any]) -> Response[str]:
+        form = Form.of(request)
+        values = {name: form.get(name) for name in ("phone", "name", "timezone", "tags")}
+        payload = {
+            "phone": values["phone"],
+            "name": values["name"].strip() or None,
+            "timezone": values["timezone"].strip() or None,
+            "tags": comma_list(values["tags"]),
+        }
+        runtime = runtime_of(request)
+        project_id = project_of(request)
+        try:
+            data = msgspec.convert(payload, ContactCreate)
+            with transaction(runtime) as conn:
+                contact = contact_changes.create_contact(conn, project_id, data, now=runtime.clock.now())
+        except msgspec.ValidationError as exc:
+            return self._list(request, validation_error(exc), values, 422)
+        except FollowupsError as exc:
+            return self._list(request, error_of(exc), values, _status_of(exc))
+        nudge_triggers(runtime, project_id)
+        return see_other(f"/app/contacts/{contact.id}", notice="created")
+
+    @get("/{contact_id:uuid}", sync_to_thread=True)
+    def card(self, request: Request[Any, Any, Any], contact_id: FromPath[uuid.UUID]) -> Response[str]:
+        project_id = project_of(request)
+        with transaction(runtime_of(request)) as conn:
+            contact = contacts.get_contact(conn, project_id, contact_id)
+            found = enrollments.list_enrollments(conn, project_id, limit=100, contact_id=contact_id)
+            pending = pending_executions_for_contact(conn, project_id, contact_id)
+            names = sequence_names(conn, project_id, [e.sequence_id for e in found if e.sequence_id])
+        live = [e for e in found if e.status in ("active", "paused")]
+        finished = [e for e in found if e.status not in ("active", "paused")]
+        return page(
+            request,
+            "contacts/card.html",
+            title=contact.name or contact.phone or "Contact",
+            contact=contact,
+            live=live,
+            finished=finished[:20],
+            pending=pending,
+            sequence_names=names,
+        )

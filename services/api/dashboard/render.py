@@ -1,0 +1,161 @@
+"""Pages: the Jinja environment (every value escaped), the context every page gets, and the response.
+
+Templates live in ``templates/``; ``autoescape`` is on for every template and ``StrictUndefined`` turns a
+misspelt name into an error instead of an empty string. Every page is sent with a Content-Security-Policy
+that allows only the dashboard's own script and style files: an injected ``<script>`` would not run even
+if it escaped the escaping.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from litestar import Request, Response
+from litestar.enums import MediaType
+from markupsafe import Markup
+
+from services.api.dashboard.forms import FormErrors, field_id
+from services.api.dashboard.session import CSRF_FIELD, Session, Signer
+
+#: Headers of every dashboard response.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+#: The navigation: (path, label).
+NAVIGATION = (
+    ("/app/sequences", "Sequences"),
+    ("/app/enrollments", "Enrollments"),
+    ("/app/rules", "Rules"),
+    ("/app/contacts", "Contacts"),
+    ("/app/settings", "Settings"),
+)
+
+
+#: What a page says after an action redirected to it (``?notice=saved``): fixed texts, never the URL's.
+NOTICES = {
+    "signed_out": "You are signed out.",
+    "saved": "Saved.",
+    "created": "Created.",
+    "deleted": "Deleted.",
+    "published": "Published: new enrollments use the new version.",
+    "paused": "Paused.",
+    "resumed": "Resumed.",
+    "archived": "Archived: no new enrollments; running ones carry on.",
+    "stopped": "Stopped.",
+    "enrolled": "Enrolled.",
+    "enabled": "Enabled.",
+    "disabled": "Disabled.",
+    "cancelled": "Cancelled: its actions will not run.",
+    "not_pending": "Not cancelled: it is no longer pending (it ran, or was skipped).",
+}
+
+
+def when(value: datetime | None) -> str:
+    """A moment as the dashboard shows it: ``2025-03-01 14:05 UTC``."""
+    if value is None:
+        return "—"
+    return value.strftime("%Y-%m-%d %H:%M UTC") if value.utcoffset() is not None else value.isoformat()
+
+
+def duration(seconds: int | float | None) -> str:
+    """Seconds as ``1d 2h``, ``45m``, ``30s`` (``0s`` for none)."""
+    if not seconds:
+        return "0s"
+    total = int(abs(seconds))
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, total = divmod(total, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return ("-" if seconds < 0 else "") + " ".join(parts)
+
+
+def short(value: uuid.UUID | str | None) -> str:
+    """An id's first 8 characters (the full id is in the link or the title)."""
+    return "—" if value is None else str(value)[:8]
+
+
+def percent(part: int, whole: int) -> str:
+    return "—" if not whole else f"{math.floor(100 * part / whole)}%"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("services.api.dashboard", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(when=when, duration=duration, short=short)
+    env.globals.update(percent=percent, navigation=NAVIGATION, field_id=field_id)
+    return env
+
+
+#: Built once per process.
+ENVIRONMENT = _environment()
+
+
+def dashboard_of(request: Request[Any, Any, Any]) -> Signer:
+    signer: Signer = request.route_handler.opt["dashboard_signer"]
+    return signer
+
+
+def session_of(request: Request[Any, Any, Any]) -> Session | None:
+    session: Session | None = request.state.get("dashboard_session")
+    return session
+
+
+def csrf_input(request: Request[Any, Any, Any]) -> Markup:
+    """The hidden field every form carries."""
+    token = dashboard_of(request).csrf_token(request.state.get("dashboard_nonce") or "")
+    return Markup('<input type="hidden" name="{}" value="{}">').format(CSRF_FIELD, token)
+
+
+def render_text(request: Request[Any, Any, Any], template: str, **context: Any) -> str:
+    nonce = request.state.get("dashboard_nonce") or ""
+    values = {
+        "request_path": request.url.path,
+        "session": session_of(request),
+        "csrf": csrf_input(request),
+        "csrf_token": dashboard_of(request).csrf_token(nonce),
+        "errors": FormErrors(),
+        "notice": NOTICES.get(request.query_params.get("notice") or ""),
+        **context,
+    }
+    return ENVIRONMENT.get_template(template).render(values)
+
+
+def page(
+    request: Request[Any, Any, Any],
+    template: str,
+    *,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+    **context: Any,
+) -> Response[str]:
+    """A full page (or a fragment: the template decides) as an HTML response."""
+    return Response(
+        render_text(request, template, **context),
+        status_code=status,
+        media_type=MediaType.HTML,
+        headers={**SECURITY_HEADERS, **(headers or {})},
+    )
+
+
+def options(values: Iterable[str]) -> list[tuple[str, str]]:
+    """``(value, label)`` pairs of plain values."""
+    return [(value, value) for value in values]

@@ -1,0 +1,209 @@
+"""Rules: the list (event, conditions, actions, the "runs after 4h" badge), the form of seed 002 section 5.6
+(execute immediately or after a delay in minutes, hours or days, stored in minutes; conditions in ``all`` /
+``any`` groups), enable / disable / delete, and a rule's executions (pending, executed, skipped and why)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, Response, get, post
+from litestar.params import FromPath
+
+from libs.common.core.errors import Conflict, FollowupsError
+from libs.common.core.runtime import Runtime
+from libs.common.followups import sequences
+from libs.common.rules import executions, rules
+from libs.common.rules.rules import RuleCreate, RuleUpdate
+from services.api.dashboard.base import paged, project_of, see_other
+from services.api.dashboard.forms import Form, FormErrors, back_to_card, error_of, validation_error
+from services.api.dashboard.render import page
+from services.api.dashboard.rule_form import (
+    ACTION_FIELDS,
+    ACTION_TYPES,
+    ATTRIBUTE_CHOICES,
+    EVENTS,
+    OPERATOR_CHOICES,
+    PRIORITIES,
+    STATUSES,
+    VALUE_TYPES,
+    RuleForm,
+    actions_summary,
+    summary,
+)
+from services.api.deps import runtime_of, transaction
+from services.api.problems import STATUS_OF
+
+EXECUTION_STATUSES = ("pending", "executed", "skipped")
+
+
+def _changed(runtime: Runtime, project_id: uuid.UUID) -> None:
+    """After the commit: every process forgets the project's cached rules (as the REST routes do)."""
+    runtime.invalidator.publish(rules.INVALIDATION_KIND, project_id)
+
+
+def _status_of(exc: FollowupsError) -> int:
+    return next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
+
+
+class RulesController(Controller):
+    path = "/rules"
+
+    @get("/", sync_to_thread=True)
+    def list(self, request: Request[Any, Any, Any]) -> Response[str]:
+        project_id = project_of(request)
+        after = request.query_params.get("after")
+        with transaction(runtime_of(request)) as conn:
+            rows = rules.list_rules(conn, project_id, limit=51, after=uuid.UUID(after) if after else None)
+        items, cursor = paged(rows)
+        return page(
+            request,
+            "rules/list.html",
+            title="Rules",
+            rules=[(rule, summary(rule.conditions), actions_summary(rule.actions)) for rule in items],
+            cursor=cursor,
+        )
+
+    @get("/new", sync_to_thread=True)
+    def new(self, request: Request[Any, Any, Any]) -> Response[str]:
+        return self._form(request, RuleForm(), FormErrors(), rule_id=None)
+
+    @post("/new", sync_to_thread=True)
+    def create(self, request: Request[Any, Any, Any]) -> Response[str]:
+        return self._submit(request, rule_id=None)
+
+    @get("/{rule_id:uuid}", sync_to_thread=True)
+    def detail(self, request: Request[Any, Any, Any], rule_id: FromPath[uuid.UUID]) -> Response[str]:
+        project_id = project_of(request)
+        status = request.query_params.get("status")
+        status = status if status in EXECUTION_STATUSES else None
+        with transaction(runtime_of(request)) as conn:
+            rule = rules.get_rule(conn, project_id, rule_id)
+            found = executions.list_executions(conn, project_id, rule_id=rule_id, status=status, limit=100)
+            runs = rules.rule_runs(conn, project_id, rule_id, limit=20)
+        return page(
+            request,
+            "rules/detail.html",
+            title=rule.name,
+            rule=rule,
+            conditions=summary(rule.conditions),
+            actions=actions_summary(rule.actions),
+            executions=found,
+            runs=runs,
+            status_filter=status,
+            statuses=EXECUTION_STATUSES,
+        )
+
+    @get("/{rule_id:uuid}/edit", sync_to_thread=True)
+    def edit(self, request: Request[Any, Any, Any], rule_id: FromPath[uuid.UUID]) -> Response[str]:
+        with transaction(runtime_of(request)) as conn:
+            rule = rules.get_rule(conn, project_of(request), rule_id)
+        return self._form(request, RuleForm.of_rule(rule), FormErrors(), rule_id=rule_id)
+
+    @post("/{rule_id:uuid}/edit", sync_to_thread=True)
+    def update(self, request: Request[Any, Any, Any], rule_id: FromPath[uuid.UUID]) -> Response[str]:
+        with transaction(runtime_of(request)) as conn:
+            rules.get_rule(conn, project_of(request), rule_id)  # 404 for another project's rule
+        return self._submit(request, rule_id=rule_id)
+
+    @post("/{rule_id:uuid}/enable", sync_to_thread=True)
+    def enable(self, request: Request[Any, Any, Any], rule_id: FromPath[uuid.UUID]) -> Response[str]:
+        return self._switch(request, rule_id, active=True)
+
+    @post("/{rule_id:uuid}/disable", sync_to_thread=True)
+    def disable(self, request: Request[Any, Any, Any], rule_id: FromPath[uuid.UUID]) -> Response[str]:
+        return self._switch(request, rule_id, active=False)
+
+    @post("/{rule_id:uuid}/executions/{execution_id:uuid}/cancel", sync_to_thread=True)
+    def cancel_execution(
+        self, request: Request[Any, Any, Any], rule_id: FromPath[uuid.UUID], execution_id: FromPath[uuid.UUID]
+    ) -> Response[str]:
+        """Cancel one pending execution; back to the contact card it was pressed on, else the rule."""
+        runtime = runtime_of(request)
+        target = back_to_card(request, f"/app/rules/{rule_id}")
+        try:
+            with transaction(runtime) as conn:
+                executions.cancel_execution(
+                    conn, project_of(request), rule_id, execution_id, now=runtime.clock.now()
+                )
+        except Conflict:
+            return see_other(target, notice="not_pending")
+        return see_other(target, notice="cancelled")
+
+    @post("/{rule_id:uuid}/delete", sync_to_thread=True)
+    def delete(self, request: Request[Any, Any, Any], rule_id: FromPath[uuid.UUID]) -> Response[str]:
+        project_id = project_of(request)
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            rules.delete_rule(conn, project_id, rule_id)
+        _changed(runtime, project_id)
+        return see_other("/app/rules", notice="deleted")
+
+    def _switch(self, request: Request[Any, Any, Any], rule_id: uuid.UUID, *, active: bool) -> Response[str]:
+        project_id = project_of(request)
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            rules.update_rule(conn, project_id, rule_id, RuleUpdate(active=active), now=runtime.clock.now())
+        _changed(runtime, project_id)
+        return see_other("/app/rules", notice="enabled" if active else "disabled")
+
+    def _submit(self, request: Request[Any, Any, Any], *, rule_id: uuid.UUID | None) -> Response[str]:
+        form = Form.of(request)
+        rule_form = RuleForm.of_form(form)
+        op = form.get("_op") or "save"
+        if op != "save":
+            rule_form.apply(op)
+            return self._form(request, rule_form, FormErrors(), rule_id=rule_id)
+        errors = FormErrors()
+        payload = rule_form.payload(errors)
+        if errors:
+            return self._form(request, rule_form, errors, rule_id=rule_id, status=422)
+        project_id = project_of(request)
+        runtime = runtime_of(request)
+        try:
+            data = msgspec.convert(payload, RuleCreate)
+            with transaction(runtime) as conn:
+                if rule_id is None:
+                    rule = rules.create_rule(conn, project_id, data, now=runtime.clock.now())
+                else:
+                    update = RuleUpdate(**{f: getattr(data, f) for f in payload})
+                    rule = rules.update_rule(conn, project_id, rule_id, update, now=runtime.clock.now())
+        except msgspec.ValidationError as exc:
+            return self._form(request, rule_form, validation_error(exc), rule_id=rule_id, status=422)
+        except FollowupsError as exc:
+            return self._form(request, rule_form, error_of(exc), rule_id=rule_id, status=_status_of(exc))
+        _changed(runtime, project_id)
+        return see_other(f"/app/rules/{rule.id}", notice="saved" if rule_id else "created")
+
+    def _form(
+        self,
+        request: Request[Any, Any, Any],
+        rule_form: RuleForm,
+        errors: FormErrors,
+        *,
+        rule_id: uuid.UUID | None,
+        status: int = 200,
+    ) -> Response[str]:
+        with transaction(runtime_of(request)) as conn:
+            found = sequences.list_sequences(conn, project_of(request), limit=200, after=None, status=None)
+        choices = [("", "choose…")] + [
+            (str(s.id), f"{s.name} ({s.status})") for s in found if s.status != "archived"
+        ]
+        return page(
+            request,
+            "rules/form.html",
+            status=status,
+            title="New rule" if rule_id is None else "Edit rule",
+            form=rule_form,
+            errors=errors,
+            rule_id=rule_id,
+            events=[(e, e) for e in EVENTS],
+            attributes=ATTRIBUTE_CHOICES,
+            operators=OPERATOR_CHOICES,
+            value_types=VALUE_TYPES,
+            action_types=[(t, t.replace("_", " ")) for t in ACTION_TYPES],
+            action_fields=ACTION_FIELDS,
+            select_choices={"sequences": choices, "statuses": STATUSES, "priorities": PRIORITIES},
+            units=[("minutes", "minutes"), ("hours", "hours"), ("days", "days")],
+        )

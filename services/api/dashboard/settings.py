@@ -1,0 +1,129 @@
+"""Settings: the send window, consent mode, caps, pacing, quotas, retention, business hours and the AI
+budget (``PUT /v1/settings``: the form replaces them all), with the numbers and their status and the AI
+model this deployment uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, Response, get, post
+
+from libs.common.core.errors import FollowupsError
+from libs.common.followups import project_settings
+from libs.common.followups.project_settings import ProjectSettings
+from libs.common.followups.send_window import WEEKDAYS
+from libs.common.platform import numbers
+from services.api.dashboard.base import project_of, see_other
+from services.api.dashboard.forms import Form, FormErrors, error_of, validation_error, whole_number
+from services.api.dashboard.queries import month_ai_tokens
+from services.api.dashboard.render import page
+from services.api.deps import runtime_of, transaction
+from services.api.problems import STATUS_OF
+
+#: The optional whole numbers of the settings (empty: no limit), and the two that have a default.
+LIMITS = (
+    "max_per_contact_24h",
+    "max_in_flight_per_number",
+    "monthly_message_quota",
+    "max_send_lane_backlog",
+    "ai_monthly_token_budget",
+)
+DEFAULTED = {"send_delay_ms": 0, "retention_days": 90}
+WINDOWS = ("send_window", "business_hours")
+
+
+def values_of(settings: ProjectSettings) -> dict[str, Any]:
+    """The settings as the form shows them."""
+    out: dict[str, Any] = {
+        "consent_mode": settings.consent_mode,
+        "service_window": settings.service_window,
+    }
+    for name in (*LIMITS, *DEFAULTED):
+        value = getattr(settings, name)
+        out[name] = "" if value is None else str(value)
+    for name in WINDOWS:
+        window = getattr(settings, name)
+        out[name] = {
+            "enabled": window is not None,
+            "start": window.start if window else "09:00",
+            "end": window.end if window else "18:00",
+            "days": list(window.days) if window else list(WEEKDAYS[:5]),
+        }
+    return out
+
+
+class SettingsController(Controller):
+    path = "/settings"
+
+    @get("/", sync_to_thread=True)
+    def read(self, request: Request[Any, Any, Any]) -> Response[str]:
+        with transaction(runtime_of(request)) as conn:
+            settings = project_settings.get_settings(conn, project_of(request))
+        return self._page(request, values_of(settings), FormErrors())
+
+    @post("/", sync_to_thread=True)
+    def replace(self, request: Request[Any, Any, Any]) -> Response[str]:
+        form = Form.of(request)
+        values: dict[str, Any] = {
+            "consent_mode": form.get("consent_mode"),
+            "service_window": form.get("service_window"),
+        }
+        errors = FormErrors()
+        payload: dict[str, Any] = {
+            "consent_mode": values["consent_mode"],
+            "service_window": values["service_window"],
+        }
+        for name in (*LIMITS, *DEFAULTED):
+            values[name] = form.get(name)
+            number = whole_number(values[name], name, errors)
+            payload[name] = DEFAULTED.get(name) if number is None and name in DEFAULTED else number
+        for name in WINDOWS:
+            values[name] = {
+                "enabled": form.checked(f"{name}.enabled"),
+                "start": form.get(f"{name}.start"),
+                "end": form.get(f"{name}.end"),
+                "days": form.getall(f"{name}.days"),
+            }
+            window = values[name]
+            payload[name] = (
+                {"start": window["start"], "end": window["end"], "days": window["days"]}
+                if window["enabled"]
+                else None
+            )
+        if errors:
+            return self._page(request, values, errors, status=422)
+        runtime = runtime_of(request)
+        try:
+            settings = msgspec.convert(payload, ProjectSettings)
+            with transaction(runtime) as conn:
+                project_settings.put_settings(conn, project_of(request), settings, now=runtime.clock.now())
+        except msgspec.ValidationError as exc:
+            return self._page(request, values, validation_error(exc), status=422)
+        except FollowupsError as exc:
+            status = next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
+            return self._page(request, values, error_of(exc), status=status)
+        return see_other("/app/settings", notice="saved")
+
+    def _page(
+        self, request: Request[Any, Any, Any], values: dict[str, Any], errors: FormErrors, status: int = 200
+    ) -> Response[str]:
+        runtime = runtime_of(request)
+        project_id = project_of(request)
+        with transaction(runtime) as conn:
+            found = numbers.list_numbers(conn, project_id, limit=200)
+            tokens = month_ai_tokens(conn, project_id, runtime.clock.now())
+        ai = runtime.settings.ai
+        return page(
+            request,
+            "settings.html",
+            status=status,
+            title="Settings",
+            values=values,
+            errors=errors,
+            numbers=found,
+            weekdays=WEEKDAYS,
+            ai_model=ai.model,
+            ai_configured=ai.base_url is not None,
+            ai_tokens=tokens,
+        )

@@ -1,0 +1,278 @@
+"""The sequence builder's step form: a message, an AI-written message, or a reminder (a message timed from
+the enrollment's anchor); its wait, only-if conditions, send window override and WhatsApp template; and its
+preview for a chosen contact.
+
+A "wait" is not a step of its own in the definition: each step waits ``delay_seconds`` after the previous
+one (or after enrollment). Inputs carry the API's step field names (``text``, ``fallback.text``,
+``send_window.start``, ...); the wait, the anchor offset and the grace period are typed as a number and a
+unit, and their errors (``delay_seconds``, ``anchor_offset_seconds``, ``grace_seconds``) are shown beside
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from libs.common.followups.definition import AiStep, MessageStep, Step, TemplateFallback
+from libs.common.followups.send_window import WEEKDAYS
+from libs.common.followups.templates import RenderContext, TemplateError, render
+from services.api.dashboard.forms import SECOND_UNITS, Form, FormErrors, join_delay, lines, split_delay
+
+KINDS = [("message", "Message"), ("ai", "AI-written message")]
+TIMINGS = [("wait", "After a wait"), ("anchor", "Relative to the anchor (a reminder)")]
+ONLY_IF = [
+    ("no_reply_since_previous_step", "the contact has not replied since the previous step"),
+    ("no_reply_since_enrollment", "the contact has not replied since enrolling"),
+    ("previous_not_read", "the previous follow-up has not been read"),
+]
+MEDIA_KINDS = [
+    ("", "none"),
+    ("image", "image"),
+    ("video", "video"),
+    ("audio", "audio"),
+    ("document", "document"),
+]
+UNIT_CHOICES = [(unit, unit) for unit in SECOND_UNITS]
+#: The template variables a step's text may use (shown beside the text).
+VARIABLES = (
+    "{{contact.name}}",
+    "{{contact.phone}}",
+    "{{contact.attributes.<key>}}",
+    "{{vars.<name>}}",
+    "{{anchor.date}}",
+    "{{anchor.time}}",
+    "{{anchor.datetime}}",
+    "{{anchor.weekday}}",
+    '{{contact.name | "there"}}',
+)
+
+
+@dataclass
+class StepForm:
+    kind: str = "message"
+    text: str = ""
+    media_url: str = ""
+    media_kind: str = ""
+    instructions: str = ""
+    goal: str = ""
+    fallback_kind: str = "template"
+    fallback_text: str = ""
+    min_confidence: str = "0.5"
+    timing: str = "wait"
+    wait_value: str = ""
+    wait_unit: str = "hours"
+    offset_value: str = "2"
+    offset_unit: str = "hours"
+    offset_direction: str = "before"
+    grace_value: str = "1"
+    grace_unit: str = "hours"
+    only_if: list[str] = field(default_factory=list)
+    window: bool = False
+    window_start: str = "09:00"
+    window_end: str = "18:00"
+    window_days: list[str] = field(default_factory=lambda: list(WEEKDAYS[:5]))
+    template_name: str = ""
+    template_language: str = "en"
+    template_parameters: str = ""
+
+    @classmethod
+    def preset(cls, kind: str, index: int) -> StepForm:
+        """A new step at ``index``: ``message``, ``ai`` or ``reminder`` (a message timed from the anchor);
+        the first step goes out at once, a later one a day after the previous."""
+        if kind == "reminder":
+            return cls(kind="message", timing="anchor")
+        wait = ("1", "days") if index else ("0", "hours")
+        return cls(kind="ai" if kind == "ai" else "message", wait_value=wait[0], wait_unit=wait[1])
+
+    @classmethod
+    def of_step(cls, step: Step) -> StepForm:
+        out = cls()
+        if isinstance(step, MessageStep):
+            out.kind, out.text = "message", step.text
+            out.media_url, out.media_kind = step.media_url or "", step.media_kind or ""
+        else:
+            out.kind, out.instructions, out.goal = "ai", step.instructions, step.goal or ""
+            out.min_confidence = str(step.min_confidence)
+            if isinstance(step.fallback, TemplateFallback):
+                out.fallback_kind, out.fallback_text = "template", step.fallback.text
+            else:
+                out.fallback_kind = "skip"
+        if step.anchor_offset_seconds is not None:
+            out.timing = "anchor"
+            out.offset_direction = "before" if step.anchor_offset_seconds < 0 else "after"
+            out.offset_value, out.offset_unit = split_delay(abs(step.anchor_offset_seconds), SECOND_UNITS)
+            out.offset_value = out.offset_value or "0"
+            out.grace_value, out.grace_unit = split_delay(step.grace_seconds, SECOND_UNITS)
+            out.grace_value = out.grace_value or "0"
+        else:
+            out.wait_value, out.wait_unit = split_delay(step.delay_seconds, SECOND_UNITS)
+            out.wait_value = out.wait_value or "0"
+        out.only_if = list(step.only_if)
+        if step.send_window is not None:
+            out.window = True
+            out.window_start, out.window_end = step.send_window.start, step.send_window.end
+            out.window_days = list(step.send_window.days)
+        if step.whatsapp_template is not None:
+            out.template_name = step.whatsapp_template.name
+            out.template_language = step.whatsapp_template.language
+            out.template_parameters = "\n".join(step.whatsapp_template.parameters)
+        return out
+
+    @classmethod
+    def of_form(cls, form: Form) -> StepForm:
+        return cls(
+            kind=form.get("kind") or "message",
+            text=form.get("text"),
+            media_url=form.get("media_url"),
+            media_kind=form.get("media_kind"),
+            instructions=form.get("instructions"),
+            goal=form.get("goal"),
+            fallback_kind=form.get("fallback.kind") or "template",
+            fallback_text=form.get("fallback.text"),
+            min_confidence=form.get("min_confidence"),
+            timing=form.get("timing") or "wait",
+            wait_value=form.get("wait_value"),
+            wait_unit=form.get("wait_unit") or "hours",
+            offset_value=form.get("offset_value"),
+            offset_unit=form.get("offset_unit") or "hours",
+            offset_direction=form.get("offset_direction") or "before",
+            grace_value=form.get("grace_value"),
+            grace_unit=form.get("grace_unit") or "hours",
+            only_if=form.getall("only_if"),
+            window=form.checked("window"),
+            window_start=form.get("send_window.start"),
+            window_end=form.get("send_window.end"),
+            window_days=form.getall("send_window.days"),
+            template_name=form.get("whatsapp_template.name"),
+            template_language=form.get("whatsapp_template.language"),
+            template_parameters=form.get("whatsapp_template.parameters"),
+        )
+
+    def payload(self, errors: FormErrors) -> dict[str, Any]:
+        """The step as the API's JSON (a definition's ``steps`` item)."""
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.kind == "ai":
+            out["instructions"] = self.instructions
+            out["goal"] = self.goal.strip() or None
+            out["fallback"] = (
+                {"kind": "template", "text": self.fallback_text}
+                if self.fallback_kind == "template"
+                else {"kind": "skip"}
+            )
+            confidence = self.min_confidence.strip() or "0.5"
+            try:
+                out["min_confidence"] = float(confidence)
+            except ValueError:
+                errors.add("min_confidence", f"{confidence!r} is not a number between 0 and 1")
+        else:
+            out["text"] = self.text
+            out["media_url"] = self.media_url.strip() or None
+            out["media_kind"] = self.media_kind or None
+        if self.timing == "anchor":
+            offset = join_delay(
+                self.offset_value,
+                self.offset_unit,
+                SECOND_UNITS,
+                "anchor_offset_seconds",
+                errors,
+                required=True,
+            )
+            grace = join_delay(
+                self.grace_value, self.grace_unit, SECOND_UNITS, "grace_seconds", errors, required=False
+            )
+            if offset is not None:
+                out["anchor_offset_seconds"] = -offset if self.offset_direction == "before" else offset
+            out["grace_seconds"] = 3600 if grace is None else grace
+        else:
+            wait = join_delay(
+                self.wait_value, self.wait_unit, SECOND_UNITS, "delay_seconds", errors, required=False
+            )
+            out["delay_seconds"] = wait or 0
+        out["only_if"] = self.only_if
+        if self.window:
+            out["send_window"] = {
+                "start": self.window_start,
+                "end": self.window_end,
+                "days": self.window_days,
+            }
+        if self.template_name.strip():
+            out["whatsapp_template"] = {
+                "name": self.template_name.strip(),
+                "language": self.template_language.strip() or "en",
+                "parameters": lines(self.template_parameters),
+            }
+        return out
+
+
+def decode_step(payload: dict[str, Any]) -> Step:
+    """The step a payload describes; msgspec.ValidationError names the field."""
+    step: Step = msgspec.convert(payload, Step)
+    return step
+
+
+def describe(step: Step) -> dict[str, Any]:
+    """A step as the builder lists it."""
+    timing: tuple[str, int, int | None]
+    if step.anchor_offset_seconds is not None:
+        offset = step.anchor_offset_seconds
+        timing = ("before" if offset < 0 else "after", abs(offset), step.grace_seconds)
+    else:
+        timing = ("wait", step.delay_seconds, None)
+    return {
+        "kind": "ai" if isinstance(step, AiStep) else ("reminder" if timing[0] != "wait" else "message"),
+        "text": step.text if isinstance(step, MessageStep) else step.instructions,
+        "fallback": (
+            step.fallback.text
+            if isinstance(step, AiStep) and isinstance(step.fallback, TemplateFallback)
+            else ("skip" if isinstance(step, AiStep) else None)
+        ),
+        "timing": timing,
+        "only_if": [label for value, label in ONLY_IF if value in step.only_if],
+        "window": step.send_window,
+        "template": step.whatsapp_template.name if step.whatsapp_template else None,
+    }
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a step would send to one contact, or why it would be skipped."""
+
+    text: str | None
+    skipped: str | None
+    note: str | None = None
+
+
+def preview(
+    step: Step,
+    *,
+    contact: Any,
+    variables: dict[str, Any],
+    anchor_at: datetime | None,
+    project_timezone: str,
+) -> Preview:
+    """Render ``step`` for ``contact`` (a :class:`libs.common.platform.contacts.Contact`) as the release
+    would: a missing variable without a fallback means the step would be skipped."""
+    context = RenderContext(
+        variables=variables,
+        anchor_at=anchor_at,
+        timezone=contact.timezone,
+        fallback_timezone=project_timezone,
+        contact_name=contact.name,
+        contact_phone=contact.phone,
+        contact_attributes=contact.attributes,
+    )
+    if isinstance(step, AiStep):
+        if not isinstance(step.fallback, TemplateFallback):
+            return Preview(None, None, "Written by the model at release; no fallback (skipped if unusable).")
+        source, note = step.fallback.text, "Written by the model at release; this is its fallback:"
+    else:
+        source, note = step.text, None
+    try:
+        rendered = render(source, context)
+    except TemplateError as exc:
+        return Preview(None, None, f"The text is not a valid template: {exc}")
+    return Preview(rendered.text, rendered.skip_reason, note)

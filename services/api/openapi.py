@@ -1,0 +1,241 @@
+"""The OpenAPI document, completed: every error an operation can answer, as ``application/problem+json``.
+
+Litestar documents what a handler returns and a generic 400. :func:`complete` adds what the application
+around the handlers does, derived from each handler so a new route is documented the same way:
+
+- 401 (with ``WWW-Authenticate``) and the bearer requirement where the handler takes ``project_id``
+  (its caller's project); every other operation (``/health``, ``/ready``) overrides the document's
+  bearer requirement with none;
+- 400 where the operation takes a body, a query or a free-text path parameter (a path that is not a UUID
+  where one is expected matches no route: 404); 404 where its path names a resource; 413 and 422 where
+  it takes a body, 422 where it takes a query or a free-text path parameter; 503 (with ``Retry-After``)
+  where it reads the database;
+- the statuses a route declares itself (``responses=conflict(...)``, ``not_found(...)``), such as a 409.
+
+Each error response is one shared component, ``Problem`` (RFC 9457, as :mod:`services.api.problems` builds
+it). Request schemas carry the bounds the server enforces because they are generated from the same
+``msgspec.Meta`` annotations that the strict decoding checks: Litestar renders a field's own bounds, and
+:func:`complete` adds those it drops (a list's items, a dict's keys and size, a bound of 0) from msgspec's
+own JSON Schema of the request bodies.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+from litestar import Litestar
+from litestar.constants import RESERVED_KWARGS
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import (
+    Components,
+    OpenAPI,
+    OpenAPIHeader,
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    OpenAPIType,
+    Operation,
+    Reference,
+    Schema,
+)
+from litestar.routes import HTTPRoute
+
+from services.api.problems import PROBLEM_JSON, RETRY_AFTER_SECONDS
+
+#: The security scheme of ``/v1/``: a project's API key as a bearer token.
+BEARER = "bearer"
+
+#: RFC 9457 problem details, as every error of the API is answered.
+PROBLEM_SCHEMA = Schema(
+    type=OpenAPIType.OBJECT,
+    description="An error (RFC 9457 problem details); `errors` names each offending field.",
+    required=["type", "title", "status", "detail"],
+    properties={
+        "type": Schema(type=OpenAPIType.STRING, description="always `about:blank`"),
+        "title": Schema(type=OpenAPIType.STRING, description="the status's name"),
+        "status": Schema(type=OpenAPIType.INTEGER, minimum=400, maximum=599),
+        "detail": Schema(type=OpenAPIType.STRING, description="what went wrong, for a person"),
+        "code": Schema(
+            type=OpenAPIType.STRING,
+            description="a business rejection's stable code (`already_enrolled`, `plan_limit`, ...)",
+        ),
+        "errors": Schema(
+            type=OpenAPIType.ARRAY,
+            items=Schema(
+                type=OpenAPIType.OBJECT,
+                required=["field", "message"],
+                properties={
+                    "field": Schema(
+                        type=OpenAPIType.STRING,
+                        description="a dotted path, list indexes included: `definition.steps.0.text`",
+                    ),
+                    "message": Schema(type=OpenAPIType.STRING),
+                },
+            ),
+        ),
+    },
+)
+
+_DESCRIPTIONS = {
+    400: "The request's shape is wrong: malformed JSON, an unknown or missing field, a wrong type, an "
+    "unparseable id or time.",
+    401: "No valid API key: `Authorization: Bearer <api key>`.",
+    404: "No such resource in the caller's project.",
+    409: "The request conflicts with the stored state.",
+    413: "The request body is larger than the operation takes.",
+    422: "A well-formed value the server refuses: out of its bounds, unknown, or invalid.",
+    503: "The database is unreachable; retry after `Retry-After` seconds.",
+}
+
+_HEADERS = {
+    401: {
+        "WWW-Authenticate": OpenAPIHeader(
+            schema=Schema(type=OpenAPIType.STRING), description="`Bearer`", required=True
+        )
+    },
+    503: {
+        "Retry-After": OpenAPIHeader(
+            schema=Schema(type=OpenAPIType.INTEGER, minimum=0),
+            description=f"seconds to wait before retrying ({RETRY_AFTER_SECONDS})",
+            required=True,
+        )
+    },
+}
+
+#: Statuses of operations that no handler property tells: ``/ready`` answers 503 when PostgreSQL does not.
+_EXTRA_STATUSES: dict[tuple[str, str], set[int]] = {("GET", "/ready"): {503}}
+
+
+def conflict(description: str) -> dict[int, ResponseSpec]:
+    """A route's ``responses`` for a 409: what the request can conflict with."""
+    return {409: ResponseSpec(data_container=None, description=description)}
+
+
+def not_found(description: str) -> dict[int, ResponseSpec]:
+    """A route's ``responses`` for a 404 about a resource its body (not its path) names."""
+    return {404: ResponseSpec(data_container=None, description=description)}
+
+
+def invalid(description: str) -> dict[int, ResponseSpec]:
+    """A route's ``responses`` for a 422 that is not about its parameters (a draft that cannot publish)."""
+    return {422: ResponseSpec(data_container=None, description=description)}
+
+
+def complete(app: Litestar) -> OpenAPI:
+    """Complete ``app``'s OpenAPI document in place (see the module) and return it."""
+    document = app.openapi_schema
+    components = document.components if isinstance(document.components, Components) else Components()
+    document.components = components
+    components.schemas = {**(components.schemas or {}), "Problem": PROBLEM_SCHEMA}
+    _add_bounds(components.schemas, app)
+    for route in app.routes:
+        if not isinstance(route, HTTPRoute) or document.paths is None:
+            continue
+        path_item = document.paths.get(route.path_format or "/")
+        if path_item is None:
+            continue
+        for method, (handler, _) in route.route_handler_map.items():
+            operation = getattr(path_item, method.lower(), None)
+            if isinstance(operation, Operation):
+                _complete_operation(operation, handler, route, method)
+    return document
+
+
+def _error_statuses(handler: HTTPRouteHandler, route: HTTPRoute, method: str) -> set[int]:
+    """The errors the application around ``handler`` can answer (see the module)."""
+    parameters = handler.parsed_fn_signature.parameters
+    authenticated = "project_id" in parameters
+    takes_body = "data" in parameters
+    path_names = set(route.path_parameters)
+    dependencies = set(handler.resolve_dependencies())
+    queries = set(parameters) - path_names - dependencies - RESERVED_KWARGS - {"self"}
+    free_text_path = any(definition.type is not uuid.UUID for definition in route.path_parameters.values())
+    statuses = set(_EXTRA_STATUSES.get((method, route.path_format), set()))
+    if takes_body or queries or free_text_path:  # a malformed UUID in the path matches no route: 404
+        statuses.add(400)
+    if authenticated:
+        statuses |= {401, 503}
+    if path_names:
+        statuses.add(404)
+    if takes_body:
+        statuses |= {413, 422}
+    if queries or free_text_path:
+        statuses.add(422)
+    return statuses
+
+
+def _problem_response(status: int, description: str | None = None) -> OpenAPIResponse:
+    return OpenAPIResponse(
+        description=description or _DESCRIPTIONS.get(status, "An error."),
+        content={PROBLEM_JSON: OpenAPIMediaType(schema=Reference(ref="#/components/schemas/Problem"))},
+        headers=dict[str, OpenAPIHeader | Reference](_HEADERS[status]) if status in _HEADERS else None,
+    )
+
+
+def _complete_operation(
+    operation: Operation, handler: HTTPRouteHandler, route: HTTPRoute, method: str
+) -> None:
+    # the successes Litestar documented; its errors (a generic 400 of another shape) are replaced
+    responses = {status: r for status, r in (operation.responses or {}).items() if int(status) < 400}
+    own = handler.responses or {}
+    for status in sorted(_error_statuses(handler, route, method) | {code for code in own if code >= 400}):
+        spec = own.get(status)  # a route's own description (what a 409 conflicts with) is kept
+        responses[str(status)] = _problem_response(status, spec.description if spec is not None else None)
+    operation.responses = dict(sorted(responses.items()))
+    operation.security = [{BEARER: []}] if "project_id" in handler.parsed_fn_signature.parameters else []
+
+
+#: JSON Schema's keywords for a bound -> the field of Litestar's ``Schema`` that renders it.
+_BOUNDS = {
+    "minLength": "min_length",
+    "maxLength": "max_length",
+    "minItems": "min_items",
+    "maxItems": "max_items",
+    "minProperties": "min_properties",
+    "maxProperties": "max_properties",
+    "minimum": "minimum",
+    "maximum": "maximum",
+    "exclusiveMinimum": "exclusive_minimum",
+    "exclusiveMaximum": "exclusive_maximum",
+    "pattern": "pattern",
+}
+
+
+def _add_bounds(schemas: dict[str, Schema], app: Litestar) -> None:
+    """Copy onto each request struct's component the bounds msgspec checks that Litestar did not render."""
+    bodies = [
+        handler.parsed_fn_signature.parameters["data"].annotation
+        for route in app.routes
+        if isinstance(route, HTTPRoute)
+        for handler in route.route_handlers
+        if "data" in handler.parsed_fn_signature.parameters
+    ]
+    _, definitions = msgspec.json.schema_components(bodies)
+    for name, definition in definitions.items():
+        component = schemas.get(name)
+        if component is None or component.title != name or not component.properties:
+            continue
+        for field, expected in definition.get("properties", {}).items():
+            actual = component.properties.get(field)
+            if isinstance(actual, Schema):
+                _merge_bounds(actual, expected)
+
+
+def _merge_bounds(actual: Schema, expected: dict[str, Any]) -> None:
+    branches = [branch for branch in expected.get("anyOf", [expected]) if branch != {"type": "null"}]
+    if len(branches) != 1 or "$ref" in branches[0]:
+        return
+    expected = branches[0]
+    for keyword, attribute in _BOUNDS.items():
+        if keyword in expected and getattr(actual, attribute) is None:
+            setattr(actual, attribute, expected[keyword])
+    if isinstance(expected.get("propertyNames"), dict) and actual.property_names is None:
+        actual.property_names = Schema(type=OpenAPIType.STRING)
+        _merge_bounds(actual.property_names, expected["propertyNames"])
+    if isinstance(expected.get("items"), dict):
+        arrays = [actual, *(actual.one_of or [])]
+        items = next((a.items for a in arrays if isinstance(a, Schema) and isinstance(a.items, Schema)), None)
+        if items is not None:
+            _merge_bounds(items, expected["items"])

@@ -1,0 +1,243 @@
+"""The dashboard end to end in a real browser: Playwright driving Debian's Chromium (``/usr/bin/chromium``,
+packages ``chromium`` and ``chromium-driver``; no browser is downloaded).
+
+Like the RabbitMQ tests: skipped locally when no Chromium is installed, a failure when ``CI`` is set. The
+app runs under uvicorn on a free port in a thread, over the test's runtime (its database and clock); one
+browser serves the whole session, each test gets a context (cookies) of its own. The tests write the
+screenshots of ``docs/screenshots/`` (see docs/dashboard.md), so they show the pages as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from libs.common.core.runtime import Runtime
+from services.api.app import create_app
+from services.release.release import release_one
+from tests.conftest import Project
+from tests.factories import make_contact
+from tests.helpers import rows, wait_until
+
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+DESKTOP: ViewportSize = {"width": 1280, "height": 800}
+PHONE: ViewportSize = {"width": 390, "height": 844}
+#: How long an expectation waits for the page (the timeline refreshes every 2 s).
+TIMEOUT_MS = 15_000
+
+try:
+    from playwright.sync_api import Browser, ConsoleMessage, Page, ViewportSize, expect, sync_playwright
+except ImportError:  # the dev extra installs it; only a partial local install lacks it
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
+
+expect.set_options(timeout=TIMEOUT_MS)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    """Chromium, shared by the session's tests (skipped without it, a failure under CI)."""
+    if not os.path.exists(CHROMIUM):
+        message = f"no Chromium at {CHROMIUM} (apt-get install chromium chromium-driver)"
+        if os.environ.get("CI"):
+            pytest.fail(message + " and CI is set")
+        pytest.skip(message)
+    playwright = sync_playwright().start()
+    try:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
+        )
+        yield chromium
+        chromium.close()
+    finally:
+        playwright.stop()
+
+
+@pytest.fixture
+def server(runtime: Runtime) -> Iterator[str]:
+    """The API (and so the dashboard) over ``runtime``, served by uvicorn on a free port; its base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(runtime), log_config=None, lifespan="on", access_log=False)
+    uvicorn_server = uvicorn.Server(config)
+    thread = threading.Thread(target=uvicorn_server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_until(lambda: uvicorn_server.started, what="uvicorn started")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        uvicorn_server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+@pytest.fixture
+def page(browser: Browser, server: str) -> Iterator[Page]:
+    context = browser.new_context(viewport=DESKTOP, base_url=server)
+    context.set_default_timeout(TIMEOUT_MS)
+    tab = context.new_page()
+    errors: list[str] = []
+
+    def console(message: ConsoleMessage) -> None:
+        if message.type == "error" and not _refused(message.text):
+            errors.append(message.text)
+
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    tab.on("console", console)
+    yield tab
+    context.close()
+    assert not errors, f"the page logged errors: {errors}"  # a CSP refusal, a script error
+
+
+def _refused(text: str) -> bool:
+    """Chromium logs a page answered 401, 409 or 422 (a refused form, drawn again) as a failed load."""
+    return bool(re.match(r"Failed to load resource: .* status of (401|409|422) ", text))
+
+
+def screenshot(tab: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def sign_in(tab: Page, project: Project) -> None:
+    tab.goto("/app/")
+    expect(tab).to_have_url(re.compile(r".*/app/sign-in\?next=/app/?$"))
+    screenshot(tab, "sign-in")
+    tab.get_by_label("API key").fill(project.api_key)
+    tab.get_by_role("button", name="Sign in").click()
+    expect(tab.get_by_role("heading", name="Sequences", exact=True)).to_be_visible()
+
+
+def test_build_publish_enroll_and_watch_the_first_step_in_the_timeline(
+    page: Page, project: Project, runtime: Runtime
+) -> None:
+    make_contact(runtime.pool, project.id, phone="+14155550100", name="Ada")
+    sign_in(page, project)
+    # Given a two-step sequence built in the builder and published
+    page.get_by_label("Name").fill("Welcome")
+    page.get_by_role("button", name="Create sequence").click()
+    expect(page.get_by_text("No steps yet.")).to_be_visible()
+    page.get_by_role("link", name="Add message").click()
+    page.get_by_label("Message", exact=True).fill("Hi {{contact.name}}, welcome!")
+    page.get_by_role("button", name="Save step").click()
+    page.get_by_role("link", name="Add message").click()
+    page.get_by_label("Message", exact=True).fill("Any questions, {{contact.name}}?")
+    page.get_by_label("Wait", exact=True).fill("1")
+    page.get_by_label("Unit").first.select_option("days")
+    page.get_by_label("the contact has not replied since the previous step").check()
+    page.get_by_role("button", name="Save step").click()
+    expect(page.get_by_text("Wait 1d after the previous step")).to_be_visible()
+    page.get_by_role("button", name="Publish").click()
+    expect(page.get_by_role("status")).to_contain_text("Published")
+    expect(page.get_by_text("Published version v1")).to_be_visible()
+    screenshot(page, "sequence-builder")
+    # When a contact is enrolled
+    page.get_by_role("link", name="Enroll a contact").click()
+    page.get_by_label("Contact (phone number or id)").fill("+14155550100")
+    page.get_by_role("button", name="Enroll").click()
+    timeline = page.locator("#timeline")
+    expect(timeline).to_contain_text("Step 1 · message: next")
+    # Then the release queues the first step, and the timeline shows it without a reload
+    release_one(runtime.pool, runtime.clock, runtime.settings.followup)
+    expect(timeline).to_contain_text("Step 1 · message: queued")
+    expect(timeline).to_contain_text("Hi Ada, welcome!")
+    expect(timeline).to_contain_text("Step 2 · message: next")
+    screenshot(page, "enrollment-timeline")
+    page.get_by_role("link", name="Sequences").click()
+    expect(page.get_by_role("cell", name="1", exact=True).first).to_be_visible()
+    screenshot(page, "sequences")
+    page.get_by_role("link", name="Results of Welcome").click()
+    expect(page.locator("svg.chart").first).to_be_visible()
+    screenshot(page, "results")
+    page.get_by_role("link", name="Contacts").click()
+    page.get_by_role("link", name="Ada").click()
+    expect(page.get_by_role("heading", name="Live follow-ups")).to_be_visible()
+    screenshot(page, "contact-card")
+
+
+def test_create_a_delayed_rule_and_see_its_badge(page: Page, project: Project, runtime: Runtime) -> None:
+    sign_in(page, project)
+    page.get_by_role("link", name="Rules").click()
+    expect(page.get_by_text("No rules yet.")).to_be_visible()
+    page.get_by_role("link", name="Create the first rule").click()
+    page.get_by_label("Name", exact=True).fill("Stale pending")
+    page.get_by_label("Event").select_option("conversation.updated")
+    page.get_by_label("After a delay:").check()
+    page.get_by_label("Delay", exact=True).fill("4")
+    page.get_by_label("Delay unit").select_option("hours")
+    page.get_by_role("button", name="Add condition to conditions").click()
+    page.get_by_label("Attribute", exact=True).select_option("conversation.status")
+    page.get_by_label("Value", exact=True).fill("pending")
+    page.get_by_label("Labels (comma separated)").fill("stale-pending")
+    screenshot(page, "rule-form")
+    page.get_by_role("button", name="Save rule").click()
+    expect(page.get_by_role("status")).to_contain_text("Created.")
+    page.get_by_role("link", name="Rules").click()
+    badge = page.locator(".badge", has_text="runs after 4h")
+    expect(badge).to_be_visible()
+    screenshot(page, "rules")
+    assert rows(runtime.pool, "SELECT execution_delay_minutes, conditions FROM rules") == [
+        (240, {"all": [{"attribute": "conversation.status", "operator": "equal_to", "value": "pending"}]})
+    ]
+
+
+def test_change_the_send_window_and_see_a_bad_input_next_to_its_field(
+    page: Page, project: Project, runtime: Runtime
+) -> None:
+    sign_in(page, project)
+    page.get_by_role("link", name="Settings").click()
+    send_window = page.get_by_role("group", name="Send window", exact=True)
+    send_window.get_by_label("Set", exact=True).check()
+    send_window.get_by_label("From").fill("09:00")
+    send_window.get_by_label("Until").fill("17:30")
+    page.get_by_role("button", name="Save settings").click()
+    expect(page.get_by_role("status")).to_contain_text("Saved.")
+    assert rows(runtime.pool, "SELECT send_window FROM followup_settings") == [
+        ({"start": "09:00", "end": "17:30", "days": ["mon", "tue", "wed", "thu", "fri"]},)
+    ]
+    screenshot(page, "settings")
+    # a value the domain refuses: shown next to its field, and the summary takes the focus
+    delay = page.get_by_label("Least gap between two follow-ups on one number (ms)")
+    delay.fill("99999999")
+    page.get_by_role("button", name="Save settings").click()
+    error = page.locator("#f-send_delay_ms-error")
+    expect(error).to_contain_text("<= 3600000")
+    expect(delay).to_have_attribute("aria-invalid", "true")
+    expect(page.locator(".error-summary")).to_be_focused()
+    screenshot(page, "settings-error")
+    assert rows(runtime.pool, "SELECT send_delay_ms FROM followup_settings") == [(0,)]
+
+
+def test_keyboard_and_a_phone_screen(page: Page, project: Project) -> None:
+    sign_in(page, project)
+    page.get_by_role("link", name="Rules").click()
+    # the first Tab reaches the skip link, which moves the focus to the page's content
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("main")).to_be_focused()
+    # the rule form is usable from the keyboard alone: Enter in the name field saves (and is refused)
+    page.get_by_role("link", name="Create the first rule").focus()
+    page.keyboard.press("Enter")
+    page.get_by_label("Name").focus()
+    page.keyboard.type("By keyboard")
+    page.keyboard.press("Enter")
+    expect(page.locator("#f-actions-0-labels-error")).to_contain_text("labels has 1 to 20 items")
+    # at 390 x 844 nothing is wider than the screen
+    page.set_viewport_size(PHONE)
+    for path in ("/app/rules/new", "/app/sequences", "/app/settings", "/app/enrollments"):
+        page.goto(path)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= PHONE["width"], (path, width)
+    page.goto("/app/sequences")
+    screenshot(page, "sequences-phone")
