@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -22,6 +22,7 @@ from services.api.dashboard.base import paged, project_of, query_uuid, see_other
 from services.api.dashboard.forms import (
     Form,
     FormErrors,
+    anchor_time,
     back_to_card,
     error_of,
     key_values,
@@ -174,7 +175,7 @@ class EnrollmentsController(Controller):
         now = runtime.clock.now()
         errors = FormErrors()
         variables = key_values(values["variables"], "variables", errors)
-        anchor = _anchor(values["anchor_at"], errors)
+        anchor = anchor_time(values["anchor_at"], errors, "anchor_at")
         if not values["sequence_id"]:
             errors.add("sequence_id", "choose a sequence")
         try:
@@ -345,14 +346,3 @@ def _contact_id(
         errors.add(field, f"no contact has the phone number {text}")
         return None
     return found[0].id
-
-
-def _anchor(raw: str, errors: FormErrors) -> datetime | None:
-    if not raw.strip():
-        return None
-    try:
-        moment = datetime.fromisoformat(raw.strip())
-    except ValueError:
-        errors.add("anchor_at", "the anchor is a date and time such as 2025-03-01T14:00")
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -197,3 +198,16 @@ def back_to_card(request: Any, default: str) -> str:
     if back.startswith("/app/contacts/") and "//" not in back and "\\" not in back:
         return back
     return default
+
+
+def anchor_time(raw: str, errors: FormErrors, field: str) -> datetime | None:
+    """An anchor time typed as ``YYYY-MM-DDTHH:MM`` (a datetime-local input), taken as UTC without an
+    offset; None when empty, or when malformed (then an error on ``field``)."""
+    if not raw.strip():
+        return None
+    try:
+        moment = datetime.fromisoformat(raw.strip())
+    except ValueError:
+        errors.add(field, "the anchor is a date and time such as 2025-03-01T14:00")
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -8,7 +8,6 @@ The builder edits the draft with ``update_sequence`` like ``PATCH /v1/sequences/
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -29,7 +28,7 @@ from libs.common.followups.sequences import Sequence, SequenceCreate, SequenceUp
 from libs.common.platform import contacts, numbers
 from services.api.dashboard import charts, diff
 from services.api.dashboard.base import paged, project_of, query_uuid, see_other
-from services.api.dashboard.forms import Form, FormErrors, error_of, key_values, validation_error
+from services.api.dashboard.forms import Form, FormErrors, anchor_time, error_of, key_values, validation_error
 from services.api.dashboard.queries import project_header
 from services.api.dashboard.render import page
 from services.api.dashboard.step_form import (
@@ -429,7 +428,7 @@ class SequencesController(Controller):
                     preview_errors.add("preview_contact", "choose one of the project's contacts")
                     contact = None
                 variables = key_values(variables_text, "preview_variables", preview_errors)
-                anchor = _anchor(anchor_text, preview_errors)
+                anchor = anchor_time(anchor_text, preview_errors, "preview_anchor")
                 if contact is not None and not preview_errors:
                     result = preview(
                         step,
@@ -529,18 +528,6 @@ def _int(raw: str | None, default: int | None) -> int | None:
         return int(raw) if raw else default
     except ValueError:
         return default
-
-
-def _anchor(raw: str, errors: FormErrors) -> datetime | None:
-    """A preview's anchor time, typed as ``YYYY-MM-DDTHH:MM`` in UTC (a datetime-local input)."""
-    if not raw.strip():
-        return None
-    try:
-        moment = datetime.fromisoformat(raw.strip())
-    except ValueError:
-        errors.add("preview_anchor", "the anchor is a date and time such as 2025-03-01T14:00")
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _options_of(definition: Definition) -> dict[str, Any]:
