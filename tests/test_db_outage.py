@@ -136,6 +136,11 @@ def test_during_an_outage_requests_are_prompt_503s_and_serving_resumes_once_post
     response, seconds = timed(api.post, "/v1/contacts", json={"phone": "+14155550100"})
     assert_unavailable(response)
     assert seconds < PROMPT
+    # a reply too: its fail-closed stop is not tried against a database known to be unreachable
+    reply = {"type": "message.inbound", "phone": "+14155550100", "provider_message_id": "outage-1"}
+    response, seconds = timed(api.post, "/v1/events", json=reply)
+    assert_unavailable(response)
+    assert seconds < PROMPT
 
     proxy.up()
     back = time.monotonic()

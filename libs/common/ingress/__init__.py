@@ -59,7 +59,7 @@ from libs.common.contracts.platform_events import (
 )
 from libs.common.core import validation
 from libs.common.core.db import map_errors
-from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.core.errors import DatabaseUnavailable, InvalidInput, NotFound
 from libs.common.followups import campaigns
 from libs.common.followups import erasure as followups_erasure
 from libs.common.followups.enrollments import resume_waiting_for_a_number
@@ -112,14 +112,17 @@ def handle_event(
 
     ``check_project``: 404 for an unknown project (events over the broker carry no API key that proved it).
 
-    Replies fail closed: a reply of a known contact that cannot be applied, for whatever reason, still
-    stops the contact's follow-ups (:func:`stop_after_unapplied_reply`) before the error goes on.
+    Replies fail closed: a reply of a known contact that cannot be applied, for whatever reason but an
+    unreachable database (then nothing can be written, and the event's retry comes back), still stops the
+    contact's follow-ups (:func:`stop_after_unapplied_reply`) before the error goes on.
     """
     try:
         with map_errors(), pool.connection() as conn:
             if check_project:
                 require_project(conn, project_id)
             result = apply_event(conn, project_id, event, now=now)
+    except DatabaseUnavailable:
+        raise  # the stop could not be written either: the client's (or the broker's) retry brings it
     except Exception as exc:
         if isinstance(event, InboundMessage):
             stop_after_unapplied_reply(pool, project_id, event, exc, now=now)
