@@ -1109,48 +1109,29 @@ def test_pause_resume_archive(signed_in, runtime) -> None:
 def test_sequence_options_and_rename(signed_in, runtime) -> None:
     client, token = signed_in
     sequence_id = make_sequence_via_form(client, token, "S")
-    response = client.post(
-        f"/app/sequences/{sequence_id}/options",
-        data={
+
+    def options(end: str = "12:00", days: Any = ("mon", "tue"), **more: str) -> Any:
+        """POST the options form: re-entry never, stop on reply, a send window 08:00 to ``end``."""
+        fields = {
             "_csrf": token,
             "definition.reentry": "never",
             "definition.stop_on.reply": "on",
             "window": "on",
             "definition.send_window.start": "08:00",
-            "definition.send_window.end": "08:00",
-            "definition.send_window.days": "mon",
-        },
-    )
+            "definition.send_window.end": end,
+            "definition.send_window.days": list(days) if not isinstance(days, str) else days,
+        }
+        return client.post(
+            f"/app/sequences/{sequence_id}/options", data=fields | more, follow_redirects=False
+        )
+
+    response = options(end="08:00", days="mon")
     assert response.status_code == 422
     assert "start and end must differ" in response.text
-    response = client.post(
-        f"/app/sequences/{sequence_id}/options",
-        data={
-            "_csrf": token,
-            "definition.reentry": "never",
-            "definition.stop_on.reply": "on",
-            "window": "on",
-            "definition.send_window.start": "08:00",
-            "definition.send_window.end": "12:00",
-            "definition.send_window.days": ["mon", "tue"],
-            "definition.number_id": str(uuid.uuid4()),
-        },
-    )
+    response = options(**{"definition.number_id": str(uuid.uuid4())})
     assert response.status_code == 404
     assert field_error(response.text, "definition.number_id") == "number not found"
-    response = client.post(
-        f"/app/sequences/{sequence_id}/options",
-        data={
-            "_csrf": token,
-            "definition.reentry": "never",
-            "definition.stop_on.reply": "on",
-            "window": "on",
-            "definition.send_window.start": "08:00",
-            "definition.send_window.end": "12:00",
-            "definition.send_window.days": ["mon", "tue"],
-        },
-        follow_redirects=False,
-    )
+    response = options()
     assert response.status_code == 303
     draft = draft_of(runtime, sequence_id)
     assert draft["reentry"] == "never"
