@@ -18,8 +18,10 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from psycopg import Connection
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -53,6 +55,12 @@ class StepDue:
     enrollment_id: uuid.UUID
     step_index: int
     fence: int
+
+
+def month_tokens(conn: Connection[Any], project_id: uuid.UUID, now: datetime) -> int:
+    """The tokens the project's AI steps used this calendar month (UTC), against its monthly budget."""
+    row = conn.execute(QUERIES["month_tokens"], {"project_id": project_id, "now": now}).fetchone()
+    return int(row[0]) if row else 0
 
 
 def build_prompt(
@@ -98,9 +106,7 @@ def run_step(
         step = version_definition(conn, context["version_id"]).steps[due.step_index]
         assert isinstance(step, AiStep)
         budget = project_settings.get_settings(conn, due.project_id).ai_monthly_token_budget
-        used = conn.execute(
-            QUERIES["month_tokens"], {"project_id": due.project_id, "now": clock.now()}
-        ).fetchone()
+        used = month_tokens(conn, due.project_id, clock.now())
         history = (
             cur.execute(
                 QUERIES["history"],
@@ -116,7 +122,7 @@ def run_step(
     called: ModelAnswer | None = None
     if client is None:
         draft = AiDraft(fallback_reason="ai_unavailable")
-    elif budget is not None and used is not None and used[0] >= budget:
+    elif budget is not None and used >= budget:
         draft = AiDraft(fallback_reason="ai_budget_exhausted")
     else:
         called = client.complete(build_prompt(step, context, history))

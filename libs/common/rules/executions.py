@@ -466,3 +466,12 @@ def cancel_execution(
         extra={"project_id": str(project_id), "rule_id": str(rule_id), "execution_id": str(execution_id)},
     )
     return cancelled
+
+
+def pending_for_contact(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, limit: int = 100
+) -> list[dict[str, Any]]:
+    """A contact's executions still to come (pending, or being run), soonest first, with ``rule_name``."""
+    params = {"project_id": project_id, "contact_id": contact_id, "limit": limit}
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(QUERIES["pending_for_contact"], params).fetchall()

@@ -107,3 +107,15 @@ RETURNING e.id, e.rule_id, e.conversation_id, e.contact_id, e.episode_key, e.due
 -- name: execution_exists
 -- Whether the rule of the project has this execution (told apart from one that is no longer pending).
 SELECT 1 FROM rule_pending_executions WHERE project_id = %(project_id)s AND rule_id = %(rule_id)s AND id = %(id)s
+
+-- name: pending_for_contact
+-- A contact's delayed rule executions still to come (pending, or being run), soonest first, with their
+-- rule's name.
+SELECT e.id, e.rule_id, r.name AS rule_name, e.conversation_id, e.due_at, e.status, e.episode_key
+FROM rule_pending_executions e
+JOIN rules r ON r.id = e.rule_id
+WHERE e.project_id = %(project_id)s AND e.contact_id = %(contact_id)s
+  AND e.status IN ('pending', 'processing', 'executing')
+ORDER BY e.due_at, e.id
+LIMIT %(limit)s
+

@@ -15,9 +15,10 @@ from libs.common.followups import enrollments
 from libs.common.ingress import contact_changes
 from libs.common.platform import contacts
 from libs.common.platform.contacts import ContactCreate
+from libs.common.rules import executions
 from services.api.dashboard.base import paged, project_of, query_uuid, see_other
 from services.api.dashboard.forms import Form, FormErrors, comma_list, error_of, validation_error
-from services.api.dashboard.queries import pending_executions_for_contact, sequence_names
+from services.api.dashboard.queries import sequence_names
 from services.api.dashboard.render import page
 from services.api.deps import nudge_triggers, runtime_of, transaction
 from services.api.problems import STATUS_OF
@@ -91,7 +92,7 @@ class ContactsController(Controller):
         with transaction(runtime_of(request)) as conn:
             contact = contacts.get_contact(conn, project_id, contact_id)
             found = enrollments.list_enrollments(conn, project_id, limit=100, contact_id=contact_id)
-            pending = pending_executions_for_contact(conn, project_id, contact_id)
+            pending = executions.pending_for_contact(conn, project_id, contact_id)
             names = sequence_names(conn, project_id, [e.sequence_id for e in found if e.sequence_id])
         live = [e for e in found if e.status in ("active", "paused")]
         finished = [e for e in found if e.status not in ("active", "paused")]

@@ -1,16 +1,14 @@
 """Reads only the dashboard makes (presentation, not domain): a project's name for the header, the names
-of a list's contacts and sequences in one query instead of one a row, a contact's pending rule executions,
-the month's AI tokens. Every query filters on the signed-in project."""
+of a list's contacts and sequences in one query instead of one a row. Every query filters on the signed-in
+project."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from psycopg import Connection
-from psycopg.rows import dict_row
 
 from libs.common.core.sql import load_queries
 
@@ -41,17 +39,3 @@ def sequence_names(
 ) -> dict[uuid.UUID, str]:
     rows = conn.execute(QUERIES["sequence_names"], {"project_id": project_id, "ids": list(set(ids))})
     return {row[0]: row[1] for row in rows}
-
-
-def pending_executions_for_contact(
-    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID
-) -> list[dict[str, Any]]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            QUERIES["pending_executions_for_contact"], {"project_id": project_id, "contact_id": contact_id}
-        ).fetchall()
-
-
-def month_ai_tokens(conn: Connection[Any], project_id: uuid.UUID, now: datetime) -> int:
-    row = conn.execute(QUERIES["month_ai_tokens"], {"project_id": project_id, "now": now}).fetchone()
-    return int(row[0]) if row else 0

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, get, post
 
+from libs.common.ai.step import month_tokens
 from libs.common.core.errors import FollowupsError
 from libs.common.followups import project_settings
 from libs.common.followups.project_settings import ProjectSettings
@@ -16,7 +17,6 @@ from libs.common.followups.send_window import WEEKDAYS
 from libs.common.platform import numbers
 from services.api.dashboard.base import project_of, see_other
 from services.api.dashboard.forms import Form, FormErrors, error_of, validation_error, whole_number
-from services.api.dashboard.queries import month_ai_tokens
 from services.api.dashboard.render import page
 from services.api.deps import runtime_of, transaction
 from services.api.problems import STATUS_OF
@@ -112,7 +112,7 @@ class SettingsController(Controller):
         project_id = project_of(request)
         with transaction(runtime) as conn:
             found = numbers.list_numbers(conn, project_id, limit=200)
-            tokens = month_ai_tokens(conn, project_id, runtime.clock.now())
+            tokens = month_tokens(conn, project_id, runtime.clock.now())
         ai = runtime.settings.ai
         return page(
             request,
