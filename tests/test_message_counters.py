@@ -138,8 +138,8 @@ def test_concurrent_writers_keep_counters_exact(runtime: Runtime, project: Proje
         for _ in range(40):
             with pool.connection() as conn:
                 claimed = claim_messages(conn, project.id, ClaimRequest(limit=4), now=T0)
-            with pool.connection() as conn:
-                for message in claimed:
+            for message in claimed:  # each report in a transaction of its own, as events are applied
+                with pool.connection() as conn:
                     report_status(
                         conn, project.id, StatusReport(status="SENT", message_id=message.id), now=T0
                     )
