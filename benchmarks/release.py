@@ -43,7 +43,7 @@ import msgspec
 import psycopg
 
 from benchmarks.common import bench_database, percentile
-from benchmarks.seed import seed_due_enrollments, seed_project, with_numbers
+from benchmarks.seed import seed_due_enrollments, seed_history, seed_project, with_numbers
 from libs.common.core import outbox
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
@@ -79,6 +79,7 @@ def _seed(url: str, count: int, settings: dict[str, Any] | None = None) -> None:
     with psycopg.connect(url) as conn:
         project_id, sequence_id = seed_project(conn)
         seed_due_enrollments(conn, project_id, sequence_id, count, due_at=datetime.now(UTC))
+        seed_history(conn, project_id, before=datetime.now(UTC))
         if settings is not None:
             with_numbers(conn, project_id, NUMBERS)
             put_settings(conn, project_id, msgspec.convert(settings, ProjectSettings), now=datetime.now(UTC))
@@ -320,19 +321,41 @@ def pgbench_script() -> str:
 
 def run_ceiling(url: str, count: int, clients: int) -> float:
     """pgbench over the same statements: transactions per second."""
+    return _pgbench(url, count, clients, pgbench_script())[0]
+
+
+def statement_costs(url: str, count: int, clients: int) -> list[tuple[float, str]]:
+    """The release transaction's statements one at a time (no pipeline), each with its mean latency (ms)
+    as pgbench reports it: where the step's time in PostgreSQL goes."""
+    script = pgbench_script().replace("\\startpipeline\n", "").replace("\\endpipeline\n", "")
+    report = _pgbench(url, count, clients, script, per_statement=True)[1]
+    costs = []
+    for line in report.splitlines():
+        match = re.match(r"\s+([\d.]+)\s+\d+\s+(\S.*)$", line) or re.match(r"\s+([\d.]+)\s+(\S.*)$", line)
+        if match and not match.group(2).startswith("\\"):
+            costs.append((float(match.group(1)), match.group(2)))
+    return costs
+
+
+def _pgbench(
+    url: str, count: int, clients: int, script_text: str, *, per_statement: bool = False
+) -> tuple[float, str]:
+    """pgbench runs ``script_text`` ``count`` times over ``clients`` over a fresh seed of ``count``
+    enrollments: (tps, pgbench's report)."""
     pgbench = shutil.which("pgbench")
     if pgbench is None:
         raise SystemExit("pgbench is needed for the ceiling (Debian: postgresql-client)")
     _reset(url)
     _seed(url, count)
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
-        script.write(pgbench_script())
+        script.write(script_text)
     parts = urlsplit(url)
     env = os.environ | {"PGPASSWORD": parts.password or ""}
     result = subprocess.run(
         [
             pgbench,
             "-n",
+            *(["-r"] if per_statement else []),
             "-M",
             "prepared",
             "-c",
@@ -360,7 +383,7 @@ def run_ceiling(url: str, count: int, clients: int) -> float:
     match = re.search(r"tps = ([\d.]+)", result.stdout)
     if result.returncode != 0 or match is None or "failed transactions: 0 " not in result.stdout:
         raise SystemExit(f"pgbench failed:\n{result.stdout}\n{result.stderr}")
-    return float(match.group(1))
+    return float(match.group(1)), result.stdout
 
 
 # --- the claim at scale ---------------------------------------------------------------------------------
@@ -424,7 +447,30 @@ def main() -> None:
     parser.add_argument(
         "--no-next-due", action="store_true", help="the loops back off when idle (the design before)"
     )
+    parser.add_argument("--backlog-small", type=int, default=5_000, help="the small backlog (due at once)")
+    parser.add_argument("--backlog-large", type=int, default=100_000, help="the large backlog (due at once)")
+    parser.add_argument(
+        "--backlog-only", action="store_true", help="steps/s draining the small and the large backlog only"
+    )
+    parser.add_argument(
+        "--statements", action="store_true", help="the cost of each statement of the step (pgbench -r) only"
+    )
     args = parser.parse_args()
+
+    if args.statements:
+        with bench_database(BENCH_DATABASE) as url:
+            costs = statement_costs(url, args.enrollments, args.workers)
+        for latency, statement in costs:
+            print(f"  {latency:8.3f} ms  {statement[:110]}")
+        total = sum(latency for latency, _ in costs)
+        print(f"release: statements={len(costs)} statement_ms_total={total:.3f}")
+        return
+
+    if args.backlog_only:
+        with bench_database(BENCH_DATABASE) as url:
+            small, large, ratio = run_backlogs(url, args.backlog_small, args.backlog_large, args.workers)
+        print(f"release: {_backlog_keys(args.backlog_small, args.backlog_large, small, large, ratio)}")
+        return
 
     if args.steady_only:
         with bench_database(BENCH_DATABASE) as url:
@@ -462,6 +508,7 @@ def main() -> None:
         )
         steady = run_steady(url, args.steady_rate, args.steady_seconds, args.workers)
         print(f"  steady {args.steady_rate}/s for {args.steady_seconds} s: lag p99 {steady:.0f} ms")
+        small, large, ratio = run_backlogs(url, args.backlog_small, args.backlog_large, args.workers)
     print(
         f"  claim median: {small:.3f} ms with {args.claim_small} not due,"
         f" {large:.3f} ms with {args.claim_large}"
@@ -471,7 +518,25 @@ def main() -> None:
         f"lag_p99_ms={lag_p99:.0f} claim_ratio_1m_10k={large / small:.2f} "
         f"constrained_steps_per_s={constrained:.0f} constrained_ratio={constrained_ratio:.2f} "
         f"paced_steps_per_s={paced:.1f} paced_ceiling={paced_ceiling:.0f} "
-        f"paced_ratio={paced / paced_ceiling:.2f} lag_p99_ms_steady={steady:.0f}"
+        f"paced_ratio={paced / paced_ceiling:.2f} lag_p99_ms_steady={steady:.0f} "
+        f"{_backlog_keys(args.backlog_small, args.backlog_large, small, large, ratio)}"
+    )
+
+
+def run_backlogs(url: str, small: int, large: int, workers: int) -> tuple[float, float, float]:
+    """Steps/s draining ``small`` then ``large`` enrollments due at once: (small, large, large / small)."""
+    small_rate = run_release(url, small, workers)[0]
+    print(f"  backlog of {small}: {small_rate:.0f} steps/s")
+    large_rate = run_release(url, large, workers)[0]
+    print(f"  backlog of {large}: {large_rate:.0f} steps/s")
+    return small_rate, large_rate, large_rate / small_rate
+
+
+def _backlog_keys(small: int, large: int, small_rate: float, large_rate: float, ratio: float) -> str:
+    names = f"{large // 1000}k_{small // 1000}k"
+    return (
+        f"steps_per_s_{small // 1000}k={small_rate:.0f} steps_per_s_{large // 1000}k={large_rate:.0f} "
+        f"backlog_ratio_{names}={ratio:.2f}"
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg import Connection
@@ -64,6 +64,30 @@ def seed_due_enrollments(
         """,
         params,
     )
+
+
+def seed_history(conn: Connection[Any], project_id: uuid.UUID, *, before: datetime) -> None:
+    """Each contact of the project wrote once and was answered once, in its conversation, two days
+    ``before``: the messages table holds a running system's history (and its statistics say so), not
+    nothing."""
+    params = {"project_id": project_id, "at": before - timedelta(days=2)}
+    conn.execute("ANALYZE contacts, conversations")  # the join below is planned on the rows just seeded
+    conn.execute(
+        """
+        INSERT INTO messages (project_id, contact_id, conversation_id, direction, status, source, body,
+                              provider_message_id, created_at, status_changed_at)
+        SELECT c.project_id, c.id, v.id, d.direction, d.status, d.source, 'earlier',
+               d.direction || '-' || c.id, %(at)s + d.later, %(at)s + d.later
+        FROM contacts c
+        LEFT JOIN conversations v ON v.project_id = c.project_id AND v.contact_id = c.id
+        CROSS JOIN (VALUES ('inbound', 'RECEIVED', 'contact', interval '0'),
+                           ('outbound', 'READ', 'human', interval '1 minute'))
+                   AS d(direction, status, source, later)
+        WHERE c.project_id = %(project_id)s
+        """,
+        params,
+    )
+    conn.execute("UPDATE contacts SET last_inbound_at = %(at)s WHERE project_id = %(project_id)s", params)
 
 
 def with_numbers(conn: Connection[Any], project_id: uuid.UUID, count: int) -> None:

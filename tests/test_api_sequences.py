@@ -20,6 +20,8 @@ from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
 from services.release.release import release_batch
 from tests.conftest import Project
+from tests.factories import record_reply
+from tests.helpers import rows
 
 PROBLEM_JSON = "application/problem+json"
 _phones = itertools.count()
@@ -99,14 +101,8 @@ def release(runtime: Runtime) -> int:
 
 def reply(pool: ConnectionPool, contact_id: str, at: datetime, body: str = "a reply") -> None:
     """An inbound message from the contact at ``at`` (as the messaging platform would record it)."""
-    with pool.connection() as conn:
-        conn.execute(
-            "INSERT INTO messages (project_id, contact_id, direction, status, source, body, created_at,"
-            " status_changed_at)"
-            " SELECT project_id, id, 'inbound', 'RECEIVED', 'contact', %s, %s, %s"
-            " FROM contacts WHERE id = %s",
-            (body, at, at, contact_id),
-        )
+    [(project_id,)] = rows(pool, "SELECT project_id FROM contacts WHERE id = %s", contact_id)
+    record_reply(pool, project_id, uuid.UUID(contact_id), at, body)
 
 
 def one(pool: ConnectionPool, sql: str, *params: Any) -> dict[str, Any] | None:

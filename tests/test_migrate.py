@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -76,3 +77,68 @@ def test_claim_and_stop_indexes_are_partial_on_live_status(db_url: str) -> None:
     assert "(contact_id)" in defs["followup_enrollments_live_contact_idx"]
     assert "'active'::text, 'paused'::text" in defs["followup_enrollments_live_contact_idx"]
     assert "(sequence_id, contact_id)" in defs["followup_enrollments_one_live_idx"]
+
+
+def test_a_contacts_last_inbound_time_is_backfilled_from_its_messages(server_url: str) -> None:
+    """Migration 0012 moves when a contact last wrote onto the contact: a database migrated before it gets
+    each contact's latest inbound message time (outbound messages do not count; no message: NULL)."""
+    name = "followups_backfill_migrate"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = with_database(server_url, name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            for migration in available_migrations():
+                if migration.version >= 12:
+                    break
+                with conn.transaction():
+                    conn.execute(migration.sql)
+                    conn.execute(
+                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
+                        (migration.version, migration.name),
+                    )
+            [(project,)] = conn.execute("INSERT INTO projects (name) VALUES ('p') RETURNING id").fetchall()
+            wrote, silent = (
+                conn.execute(
+                    "INSERT INTO contacts (project_id, phone) VALUES (%s, %s) RETURNING id", (project, phone)
+                ).fetchall()[0][0]
+                for phone in ("+15550000001", "+15550000002")
+            )
+            for contact, direction, at in (
+                (wrote, "inbound", "2030-01-01T09:00Z"),
+                (wrote, "inbound", "2030-01-02T09:00Z"),
+                (wrote, "outbound", "2030-01-03T09:00Z"),
+                (silent, "outbound", "2030-01-03T09:00Z"),
+            ):
+                conn.execute(
+                    "INSERT INTO messages (project_id, contact_id, direction, status, source, created_at)"
+                    " VALUES (%s, %s, %s, 'SENT', 'contact', %s)",
+                    (project, contact, direction, at),
+                )
+        assert [m.version for m in migrate(url)] == [m.version for m in available_migrations()][11:]
+        with psycopg.connect(url) as conn:
+            found: dict[object, object] = dict(
+                conn.execute("SELECT id, last_inbound_at FROM contacts").fetchall()
+            )
+        assert found == {wrote: datetime(2030, 1, 2, 9, tzinfo=UTC), silent: None}
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_the_release_paths_hot_tables_are_vacuumed_early(db_url: str) -> None:
+    """An enrollment row is rewritten at every step: its table (and the outbox) is vacuumed after 1-2 % of
+    its rows changed, not PostgreSQL's default fifth, so dead claim index entries never pile up."""
+    with psycopg.connect(db_url) as conn:
+        options: dict[str, list[str]] = dict(
+            conn.execute(
+                "SELECT relname, reloptions FROM pg_class WHERE relname IN ('followup_enrollments', 'outbox')"
+            ).fetchall()
+        )
+    assert "autovacuum_vacuum_scale_factor=0.01" in options["followup_enrollments"]
+    assert "autovacuum_vacuum_scale_factor=0.02" in options["outbox"]

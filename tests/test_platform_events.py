@@ -755,6 +755,8 @@ def test_an_erased_contact_leaves_nothing_that_identifies_the_person(
         201,
     )["conversation_id"]
     post_event(client, {"type": "lead.created", "contact_id": str(contact)}, 201)
+    # the reply's time is on the contact (the release path reads it there) until the erasure
+    assert one(pool, "SELECT last_inbound_at FROM contacts WHERE id = %s", contact) == runtime.clock.now()
     before = stopped_total("contact_erased")
 
     result = post_event(client, {"type": "contact.erased", "contact_id": str(contact)}, 200)
@@ -762,9 +764,12 @@ def test_an_erased_contact_leaves_nothing_that_identifies_the_person(
     assert result["stopped_enrollment_ids"] == [str(enrollment)]
     assert stopped_total("contact_erased") - before == 1
     row = one(
-        pool, "SELECT phone, name, timezone, attributes, tags, erased_at FROM contacts WHERE id = %s", contact
+        pool,
+        "SELECT phone, name, timezone, attributes, tags, last_inbound_at, erased_at FROM contacts"
+        " WHERE id = %s",
+        contact,
     )
-    assert row[:5] == (None, None, None, {}, []) and row[5] is not None
+    assert row[:6] == (None, None, None, {}, [], None) and row[6] is not None
     assert rows(pool, "SELECT id FROM messages WHERE contact_id = %s", contact) == []
     assert rows(pool, "SELECT id FROM activities WHERE contact_id = %s", contact) == []
     assert one(

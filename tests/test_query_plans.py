@@ -22,7 +22,7 @@ from libs.common.core.clock import ManualClock
 from libs.common.core.db import create_pool
 from libs.common.core.settings import DatabaseSettings, FollowupSettings
 from libs.common.core.sql import load_queries
-from libs.common.followups import stops
+from libs.common.followups import release_step, stops
 from libs.common.followups.definition import MessageStep
 from libs.common.platform import send_lane
 from libs.common.platform.projects import create_project
@@ -253,3 +253,27 @@ def test_the_send_lane_claim_is_never_a_prepared_statement(pool: ConnectionPool,
             assert len(send_lane.claim_messages(conn, seeded.project_id, request, now=NOW)) == 1
         prepared = conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
         assert not [s for (s,) in prepared if "message.claimed" in s]
+
+
+def test_the_release_state_reads_no_message_history(pool: ConnectionPool, seeded: Seeded) -> None:
+    """The step's state reads the contact's last inbound time from the contact row: of the messages table
+    it reads only the previous step's message, by key, and the contact's follow-ups of the last 24 hours
+    (only when that cap is set), so its cost does not grow with the contact's history."""
+    query = release_step.QUERIES["release_state"]
+    params = {
+        "contact_id": seeded.contact,
+        "sequence_id": None,
+        "enrolled_at": NOW,
+        "last_message_id": None,
+        "number_id": None,
+        "fixed_number_id": None,
+        "now": NOW,
+    }
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        for nodes in (explain(conn, query, params), explain_generic(conn, query)):
+            on_messages = [n for n in nodes if n.get("Relation Name") == "messages"]
+            assert on_messages, nodes
+            assert {n.get("Index Name", n["Node Type"]) for n in on_messages} <= {
+                "messages_contact_idx",
+                "messages_pkey",
+            }, on_messages

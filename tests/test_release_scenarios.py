@@ -40,7 +40,7 @@ from libs.common.followups.sequences import (
 )
 from services.release.release import release_batch, release_one
 from tests.conftest import Project
-from tests.factories import make_contact, make_enrollment
+from tests.factories import make_contact, make_enrollment, record_reply
 from tests.helpers import rows
 
 SETTINGS = FollowupSettings()
@@ -91,13 +91,8 @@ def release_without_waiting(
 
 
 def reply(pool: ConnectionPool, project_id: uuid.UUID, contact_id: uuid.UUID, at: datetime) -> None:
-    """The contact writes in."""
-    with pool.connection() as conn:
-        conn.execute(
-            "INSERT INTO messages (project_id, contact_id, direction, status, source, body, created_at)"
-            " VALUES (%s, %s, 'inbound', 'RECEIVED', 'contact', 'hi', %s)",
-            (project_id, contact_id, at),
-        )
+    """The contact writes in (recorded, without the ingress's stop path)."""
+    record_reply(pool, project_id, contact_id, at, "hi")
 
 
 def messages(pool: ConnectionPool, enrollment_id: uuid.UUID) -> list[tuple[Any, ...]]:
@@ -134,9 +129,12 @@ def state(pool: ConnectionPool, enrollment_id: uuid.UUID) -> tuple[Any, ...]:
 
 
 def events(pool: ConnectionPool, enrollment_id: uuid.UUID | None = None) -> list[str]:
-    """Outbox event types in order (of one enrollment and its messages, when given)."""
+    """Outbox event types in order (of one enrollment and its messages, when given); the contact's replies'
+    own ``message.received`` left out."""
     if enrollment_id is None:
-        return [r[0] for r in rows(pool, "SELECT type FROM outbox ORDER BY id")]
+        return [
+            r[0] for r in rows(pool, "SELECT type FROM outbox WHERE type <> 'message.received' ORDER BY id")
+        ]
     return [
         r[0]
         for r in rows(

@@ -180,11 +180,13 @@ def release_claimed(
     (:func:`release_drafted`, with the ``draft``) re-runs every check and constraint and queues the draft or
     the fallback. Without a model configured, an AI step takes its fallback at once."""
     definition = version_definition(conn, row.version_id)
+    step = definition.steps[row.step_index]
     params = {
         "contact_id": row.contact_id,
         "sequence_id": row.sequence_id,
         "enrolled_at": row.enrolled_at,
-        "last_message_id": row.last_message_id,
+        # the previous message's status is read only for the step that asks whether it was read
+        "last_message_id": row.last_message_id if "previous_not_read" in step.only_if else None,
         "number_id": row.number_id,
         "fixed_number_id": definition.number_id,
         "now": now,

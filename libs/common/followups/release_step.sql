@@ -5,21 +5,20 @@
 -- FOR NO KEY UPDATE), so the foreign key checks of the rows a queued step inserts never wait for it, and
 -- the hot row is spared a lock per step. The counts behind the caps are read only when the cap is set:
 -- the in-flight and backlog counts from message_counters (kept by a trigger), the per-contact count stops
--- at the cap. The number to send from: the enrollment's, the sequence's fixed one, the contact's
--- last conversation's, the project's default, then any connected one.
+-- at the cap. When the contact last wrote is the contact's own column (the reply sets it), so the step
+-- never reads the messages table for it. The number to send from: the enrollment's, the sequence's fixed
+-- one, the contact's last conversation's, the project's default, then any connected one.
 SELECT c.opted_out_at IS NOT NULL AS opted_out,
        c.erased_at IS NOT NULL AS erased,
        c.name, c.phone, c.attributes, c.timezone, c.consent,
        p.timezone AS project_timezone,
        p.plan_active,
        s.status AS sequence_status,
-       (SELECT max(m.created_at) FROM messages m
-        WHERE m.contact_id = c.id AND m.direction = 'inbound'
-          AND m.created_at > %(enrolled_at)s) AS replied_at,
-       (SELECT m.status FROM messages m WHERE m.id = %(last_message_id)s) AS last_message_status,
-       CASE WHEN fs.service_window = 'enforced' THEN
-           (SELECT max(m.created_at) FROM messages m WHERE m.contact_id = c.id AND m.direction = 'inbound')
-       END AS last_inbound_at,
+       CASE WHEN c.last_inbound_at > %(enrolled_at)s THEN c.last_inbound_at END AS replied_at,
+       CASE WHEN %(last_message_id)s::uuid IS NOT NULL THEN
+           (SELECT m.status FROM messages m WHERE m.id = %(last_message_id)s)
+       END AS last_message_status,
+       c.last_inbound_at,
        EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = c.project_id) AS has_numbers,
        num.id AS number_id,
        CASE WHEN fs.max_in_flight_per_number IS NOT NULL AND num.id IS NOT NULL THEN

@@ -124,5 +124,5 @@ WITH deleted_messages AS (
 )
 UPDATE contacts
 SET phone = NULL, name = NULL, timezone = NULL, attributes = '{}'::jsonb, tags = '{}', opted_out_at = %(now)s,
-    consent = 'revoked', erased_at = %(now)s, updated_at = %(now)s
+    consent = 'revoked', last_inbound_at = NULL, erased_at = %(now)s, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s

@@ -54,7 +54,9 @@ SELECT id, conversation_id FROM messages
 WHERE project_id = %(project_id)s AND provider_message_id = %(provider_message_id)s
 
 -- name: insert_inbound_message
--- A contact's message: the message row (RECEIVED), and the conversation now waits for an answer.
+-- A contact's message: the message row (RECEIVED), the conversation now waits for an answer, and the
+-- contact's last inbound time moves on (what the release step reads for the reply backstop, the "no reply"
+-- conditions and the service window; the caller holds the contact's lock).
 WITH message AS (
     INSERT INTO messages (project_id, contact_id, conversation_id, direction, status, source, body, media_url,
                           media_kind, provider_message_id, created_at, status_changed_at)
@@ -66,6 +68,9 @@ WITH message AS (
     SET last_incoming_message_id = (SELECT id FROM message), last_incoming_at = %(now)s,
         waiting_since = coalesce(waiting_since, %(now)s), updated_at = %(now)s
     WHERE project_id = %(project_id)s AND id = %(conversation_id)s
+), contact AS (
+    UPDATE contacts SET last_inbound_at = greatest(last_inbound_at, %(now)s)
+    WHERE project_id = %(project_id)s AND id = %(contact_id)s
 )
 SELECT id FROM message
 
