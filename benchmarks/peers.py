@@ -502,6 +502,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8, help="the Dramatiq worker's threads")
     parser.add_argument("--samples", type=int, default=100, help="cancellations timed")
     parser.add_argument("--quick", action="store_true", help="small sizes, one round: a smoke test")
+    parser.add_argument(
+        "--throughput-only", action="store_true", help="ours against PgQueuer only (and its line's keys)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.rounds, args.pending, args.samples = 500, 1, 2_000, 20
@@ -534,6 +537,9 @@ def main() -> None:
             f" ({statistics.median(wall for _, wall in pgq_runs):.0f} from the start signal to the last exit)"
         )
         print(f"  runs in turn (ours/PgQueuer): {in_turn}")
+        if args.throughput_only:
+            print(f"peers: ours_steps_per_s={ours:.0f} pgqueuer_jobs_per_s={pgq:.0f} ratio={ratio:.2f}")
+            return
 
         print(f"Dramatiq, {args.pending:,} delayed messages on RabbitMQ:")
         peer = run_dramatiq(url, args.pending, args.delay_hours, args.threads, args.samples)

@@ -58,7 +58,7 @@ BENCH_DATABASE = "followups_bench"
 
 #: Tables a fresh seed empties.
 _SEEDED = (
-    "projects, contacts, conversations, messages, followup_enrollments, outbox, usage, activities, numbers,"
+    "projects, contacts, conversations, messages, followup_enrollments, outbox, activities, numbers,"
     " followup_settings, followup_instance_pacing, usage_counters"
 )
 

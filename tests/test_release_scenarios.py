@@ -859,7 +859,7 @@ def test_media_and_the_enrollments_number_go_on_the_message(
     assert rows(pool, "SELECT status, message_id IS NOT NULL FROM message_status_events") == [
         ("QUEUED", True)
     ]
-    assert rows(pool, "SELECT kind, quantity FROM usage") == [("message", 1)]
+    assert rows(pool, "SELECT sum(messages) FROM usage_counters") == [(1,)]
     assert rows(pool, "SELECT kind, contact_id FROM activities") == [("followup_sent", contact)]
 
 

@@ -4,6 +4,6 @@ its own. Projects and API keys, contacts (opt-out, consent, erasure, activities)
 status reports, leads and deals.
 
 Owns: ``projects``, ``api_keys``, ``numbers``, ``contacts``, ``activities``, ``conversations``,
-``messages``, ``message_status_events``, ``usage``, ``leads``, ``deals``.
+``messages``, ``message_status_events``, ``usage_counters``, ``leads``, ``deals``.
 May import: ``core``, ``contracts``. Knows nothing of follow-ups: stop paths run above it (``ingress``).
 """

@@ -64,8 +64,9 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
     """Queue a message for the send lane, in the caller's transaction.
 
     Threads it into the contact's open conversation (locked SKIP LOCKED: busy raises
-    :class:`ConversationBusy`) or a new one; writes the message row (QUEUED), its status event and a
-    usage row. The ``message.queued`` event is returned for the caller to write with its own events.
+    :class:`ConversationBusy`) or a new one; writes the message row (QUEUED), its status event and counts
+    it in the project's monthly usage. The ``message.queued`` event is returned for the caller to write
+    with its own events.
     """
     params: dict[str, Any] = {
         "project_id": message.project_id,

@@ -19,8 +19,8 @@ WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND status <> 
 LIMIT 1
 
 -- name: insert_queued_message
--- The message (QUEUED), its status event, usage row and monthly count, and the conversation's last
--- outgoing message: one statement.
+-- The message (QUEUED), its status event, the project's usage (its monthly count, on one of 8 shards), and
+-- the conversation's last outgoing message: one statement.
 WITH message AS (
     INSERT INTO messages (
         id, project_id, contact_id, conversation_id, number_id, direction, status, source, priority, body,
@@ -36,9 +36,6 @@ WITH message AS (
 ), status_event AS (
     INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
     SELECT project_id, id, 'QUEUED', %(now)s FROM message
-), usage_row AS (
-    INSERT INTO usage (project_id, kind, quantity, message_id, occurred_at)
-    SELECT project_id, 'message', 1, id, %(now)s FROM message
 ), usage_count AS (
     INSERT INTO usage_counters (project_id, month, shard, messages)
     SELECT project_id, %(month)s, %(shard)s, 1 FROM message

@@ -12,14 +12,20 @@ FROM (SELECT contact_id, max(created_at) AS last_inbound_at FROM messages
       WHERE direction = 'inbound' GROUP BY contact_id) m
 WHERE c.id = m.contact_id;
 
--- 2. Autovacuum per table. PostgreSQL's defaults vacuum a table once a fifth of it is dead. An enrollment
+-- 2. The per-message usage ledger goes. Nothing read it and nothing ever purged it, and every queued
+--    message paid a row, two index entries and a foreign key check for it. A project's usage is its monthly
+--    count in usage_counters (what the quota reads, kept in the same statement); each message's own record
+--    is its message row.
+DROP TABLE usage;
+
+-- 3. Autovacuum per table. PostgreSQL's defaults vacuum a table once a fifth of it is dead. An enrollment
 --    row is rewritten at every step, an outbox row when it is published, a conversation when a follow-up
 --    is queued into it: with a large table, a fifth is hundreds of thousands of dead rows and dead claim
 --    index entries before the first vacuum. These tables are vacuumed (and analysed, so the plans follow
 --    a backlog as it grows) after 1-5 % of their rows changed, and without the default cost pauses. The
 --    counter rows (a handful of rows updated by every step) are vacuumed after a few hundred updates.
 --
--- 3. Fill factor: rows updated in place without touching an indexed column (a conversation's last
+-- 4. Fill factor: rows updated in place without touching an indexed column (a conversation's last
 --    outgoing message, a contact's last inbound time, a counter, a pacing slot, an enrollment's lease)
 --    stay on their page as heap-only tuples when the page has room, so no index gets a new entry. The
 --    setting applies to pages written from now on.
