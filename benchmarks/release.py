@@ -326,7 +326,8 @@ def run_ceiling(url: str, count: int, clients: int) -> float:
 
 def statement_costs(url: str, count: int, clients: int) -> list[tuple[float, str]]:
     """The release transaction's statements one at a time (no pipeline), each with its mean latency (ms)
-    as pgbench reports it: where the step's time in PostgreSQL goes."""
+    as pgbench reports it: where the step's time in PostgreSQL goes (with one client: each statement's own
+    cost and a round trip, no waiting on another transaction)."""
     script = pgbench_script().replace("\\startpipeline\n", "").replace("\\endpipeline\n", "")
     report = _pgbench(url, count, clients, script, per_statement=True)[1]
     costs = []
@@ -459,7 +460,7 @@ def main() -> None:
 
     if args.statements:
         with bench_database(BENCH_DATABASE) as url:
-            costs = statement_costs(url, args.enrollments, args.workers)
+            costs = statement_costs(url, args.enrollments, 1)
         for latency, statement in costs:
             print(f"  {latency:8.3f} ms  {statement[:110]}")
         total = sum(latency for latency, _ in costs)
