@@ -3,7 +3,7 @@
 -- 1. When a contact last wrote is kept on the contact, set in the reply's own transaction (the contact is
 --    locked there already). The release step reads it with the contact row it share-locks anyway, for the
 --    reply backstop, the "no reply" conditions and the WhatsApp service window, instead of a max() over
---    the contact's messages per step: the step no longer reads the messages table at all, so its cost
+--    the contact's messages per step: the step no longer reads a contact's message history, so its cost
 --    does not depend on how many messages there are or on how fresh their statistics are.
 ALTER TABLE contacts ADD COLUMN last_inbound_at timestamptz;
 
