@@ -465,10 +465,11 @@ def main() -> None:
     parser.add_argument(
         "--statements", action="store_true", help="the cost of each statement of the step (pgbench -r) only"
     )
+    parser.add_argument("--database", default=BENCH_DATABASE, help="the benchmark's own database (dropped)")
     args = parser.parse_args()
 
     if args.statements:
-        with bench_database(BENCH_DATABASE) as url:
+        with bench_database(args.database) as url:
             costs = statement_costs(url, args.enrollments, 1)
         for latency, statement in costs:
             print(f"  {latency:8.3f} ms  {statement[:110]}")
@@ -477,13 +478,13 @@ def main() -> None:
         return
 
     if args.backlog_only:
-        with bench_database(BENCH_DATABASE) as url:
+        with bench_database(args.database) as url:
             backlog = run_backlogs(url, args.backlog_small, args.backlog_large, args.workers)
         print(f"release: {_backlog_keys(args.backlog_small, args.backlog_large, *backlog)}")
         return
 
     if args.steady_only:
-        with bench_database(BENCH_DATABASE) as url:
+        with bench_database(args.database) as url:
             steady = run_steady(
                 url, args.steady_rate, args.steady_seconds, args.workers, next_due=not args.no_next_due
             )
@@ -492,7 +493,7 @@ def main() -> None:
         return
 
     print(f"release benchmark: {args.enrollments} enrollments, {args.workers} worker processes")
-    with bench_database(BENCH_DATABASE) as url:
+    with bench_database(args.database) as url:
         # the unconstrained and the constrained runs alternate, so that a slow spell of the machine falls
         # on both alike; each figure is the median of its runs, the ratio the median of the pairs' ratios
         plain: list[tuple[float, float, float]] = []
