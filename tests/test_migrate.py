@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import threading
+import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import psycopg
@@ -29,18 +31,26 @@ def test_migrating_a_migrated_database_is_a_no_op(db_url: str) -> None:
     assert versions == [m.version for m in available_migrations()]
 
 
-def test_concurrent_migrations_apply_each_file_once(server_url: str) -> None:
-    name = "followups_concurrent_migrate"
+@pytest.fixture
+def empty_url(server_url: str) -> Iterator[str]:
+    """A database of its own with nothing in it (not the migrated template), dropped afterwards."""
+    name = f"followups_empty_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
-    url = with_database(server_url, name)
+    try:
+        yield with_database(server_url, name)
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_concurrent_migrations_apply_each_file_once(empty_url: str) -> None:
     results: list[int] = []
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            results.append(len(migrate(url)))
+            results.append(len(migrate(empty_url)))
         except BaseException as exc:  # collected and asserted below
             errors.append(exc)
 
@@ -49,12 +59,8 @@ def test_concurrent_migrations_apply_each_file_once(server_url: str) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    try:
-        assert errors == []
-        assert sorted(results) == [0, 0, len(available_migrations())]
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    assert errors == []
+    assert sorted(results) == [0, 0, len(available_migrations())]
 
 
 @pytest.mark.parametrize(("index", "kind"), sorted(HOT_INDEXES.items()))
@@ -79,56 +85,35 @@ def test_claim_and_stop_indexes_are_partial_on_live_status(db_url: str) -> None:
     assert "(sequence_id, contact_id)" in defs["followup_enrollments_one_live_idx"]
 
 
-def test_a_contacts_last_inbound_time_is_backfilled_from_its_messages(server_url: str) -> None:
+def test_a_contacts_last_inbound_time_is_backfilled_from_its_messages(empty_url: str) -> None:
     """Migration 0012 moves when a contact last wrote onto the contact: a database migrated before it gets
     each contact's latest inbound message time (outbound messages do not count; no message: NULL)."""
-    name = "followups_backfill_migrate"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = with_database(server_url, name)
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
+    assert [m.version for m in migrate(empty_url, through=11)] == list(range(1, 12))
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        [(project,)] = conn.execute("INSERT INTO projects (name) VALUES ('p') RETURNING id").fetchall()
+        wrote, silent = (
             conn.execute(
-                "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
+                "INSERT INTO contacts (project_id, phone) VALUES (%s, %s) RETURNING id", (project, phone)
+            ).fetchall()[0][0]
+            for phone in ("+15550000001", "+15550000002")
+        )
+        for contact, direction, at in (
+            (wrote, "inbound", "2030-01-01T09:00Z"),
+            (wrote, "inbound", "2030-01-02T09:00Z"),
+            (wrote, "outbound", "2030-01-03T09:00Z"),
+            (silent, "outbound", "2030-01-03T09:00Z"),
+        ):
+            conn.execute(
+                "INSERT INTO messages (project_id, contact_id, direction, status, source, created_at)"
+                " VALUES (%s, %s, %s, 'SENT', 'contact', %s)",
+                (project, contact, direction, at),
             )
-            for migration in available_migrations():
-                if migration.version >= 12:
-                    break
-                with conn.transaction():
-                    conn.execute(migration.sql)
-                    conn.execute(
-                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
-                        (migration.version, migration.name),
-                    )
-            [(project,)] = conn.execute("INSERT INTO projects (name) VALUES ('p') RETURNING id").fetchall()
-            wrote, silent = (
-                conn.execute(
-                    "INSERT INTO contacts (project_id, phone) VALUES (%s, %s) RETURNING id", (project, phone)
-                ).fetchall()[0][0]
-                for phone in ("+15550000001", "+15550000002")
-            )
-            for contact, direction, at in (
-                (wrote, "inbound", "2030-01-01T09:00Z"),
-                (wrote, "inbound", "2030-01-02T09:00Z"),
-                (wrote, "outbound", "2030-01-03T09:00Z"),
-                (silent, "outbound", "2030-01-03T09:00Z"),
-            ):
-                conn.execute(
-                    "INSERT INTO messages (project_id, contact_id, direction, status, source, created_at)"
-                    " VALUES (%s, %s, %s, 'SENT', 'contact', %s)",
-                    (project, contact, direction, at),
-                )
-        assert [m.version for m in migrate(url)] == [m.version for m in available_migrations()][11:]
-        with psycopg.connect(url) as conn:
-            found: dict[object, object] = dict(
-                conn.execute("SELECT id, last_inbound_at FROM contacts").fetchall()
-            )
-        assert found == {wrote: datetime(2030, 1, 2, 9, tzinfo=UTC), silent: None}
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    assert [m.version for m in migrate(empty_url)] == [m.version for m in available_migrations()][11:]
+    with psycopg.connect(empty_url) as conn:
+        found: dict[object, object] = dict(
+            conn.execute("SELECT id, last_inbound_at FROM contacts").fetchall()
+        )
+    assert found == {wrote: datetime(2030, 1, 2, 9, tzinfo=UTC), silent: None}
 
 
 def test_the_release_paths_hot_tables_are_vacuumed_early(db_url: str) -> None:

@@ -37,8 +37,9 @@ def available_migrations() -> list[Migration]:
     return found
 
 
-def migrate(url: str) -> list[Migration]:
-    """Apply the migrations the database lacks; returns the ones applied."""
+def migrate(url: str, *, through: int | None = None) -> list[Migration]:
+    """Apply the migrations the database lacks (up to version ``through``, when given); returns the ones
+    applied."""
     applied: list[Migration] = []
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
@@ -52,6 +53,8 @@ def migrate(url: str) -> list[Migration]:
             for migration in available_migrations():
                 if migration.version in done:
                     continue
+                if through is not None and migration.version > through:
+                    break
                 with conn.transaction():
                     conn.execute(migration.sql)
                     conn.execute(
