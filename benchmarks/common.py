@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from multiprocessing.process import BaseProcess
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -30,6 +32,16 @@ def bench_database(name: str) -> Iterator[str]:
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def start_all(processes: Iterable[BaseProcess], ready: Any) -> None:
+    """Start each process and wait until each has released ``ready`` (a semaphore: connected, waiting for
+    the signal to go)."""
+    started = list(processes)
+    for process in started:
+        process.start()
+    for _ in started:
+        ready.acquire()
 
 
 def percentile(values: list[float], pct: float) -> float:

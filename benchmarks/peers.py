@@ -63,7 +63,7 @@ from dramatiq.common import dq_name, xq_name
 from dramatiq.worker import DELAY_QUEUE_PREFETCH
 
 from benchmarks import release as release_bench
-from benchmarks.common import bench_database
+from benchmarks.common import bench_database, start_all
 from benchmarks.seed import seed_due_enrollments, seed_project
 from libs.common.followups.stops import stop_followups_for_contact
 
@@ -177,10 +177,7 @@ def run_pgqueuer(
         context.Process(target=_pgq_consumer, args=(url, batch_size, max_concurrent, ready, go))
         for _ in range(consumers)
     ]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        ready.acquire()
+    start_all(processes, ready)
     time.sleep(1.0)  # each has connected and is waiting on the signal
     started = time.perf_counter()
     go.set()

@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 import msgspec
 import psycopg
 
-from benchmarks.common import bench_database, percentile
+from benchmarks.common import bench_database, percentile, start_all
 from benchmarks.seed import seed_due_enrollments, seed_history, seed_project, with_numbers
 from libs.common.core import outbox
 from libs.common.core.clock import SYSTEM_CLOCK
@@ -122,10 +122,7 @@ def run_release(
     context = multiprocessing.get_context("spawn")
     ready, go = context.Semaphore(0), context.Event()
     processes = [context.Process(target=_worker, args=(url, ready, go)) for _ in range(workers)]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        ready.acquire()
+    start_all(processes, ready)
     started = time.perf_counter()
     go.set()
     for process in processes:
@@ -181,10 +178,7 @@ def run_steady(url: str, rate: int, seconds: int, workers: int, *, next_due: boo
     processes = [
         context.Process(target=_steady_worker, args=(url, ready, go, stop, next_due)) for _ in range(workers)
     ]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        ready.acquire()
+    start_all(processes, ready)
     go.set()
     # the stream starts once the workers run: each enrollment falls due at its own time from a second on
     with psycopg.connect(url) as conn:

@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.common import bench_database
+from benchmarks.common import bench_database, start_all
 from benchmarks.release import _worker as release_worker
 from benchmarks.seed import seed_due_enrollments, seed_project
 from libs.common.core.clock import SYSTEM_CLOCK
@@ -172,10 +172,7 @@ def run_release_beside(url: str, count: int, workers: int, *, delete: bool) -> R
     context = multiprocessing.get_context("spawn")
     ready, go = context.Semaphore(0), context.Event()
     processes = [context.Process(target=release_worker, args=(url, ready, go)) for _ in range(workers)]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        ready.acquire()
+    start_all(processes, ready)
     deleter = None
     results = context.Queue()
     if delete:

@@ -37,7 +37,7 @@ import msgspec
 import psycopg
 from psycopg import Connection
 
-from benchmarks.common import bench_database, percentile
+from benchmarks.common import bench_database, percentile, start_all
 from libs.common.core.db import create_pool
 from libs.common.core.settings import DatabaseSettings
 from libs.common.platform.projects import create_project
@@ -187,10 +187,7 @@ class _Sweepers:
             )
             for _ in range(workers)
         ]
-        for process in self.processes:
-            process.start()
-        for _ in self.processes:
-            ready.acquire()
+        start_all(self.processes, ready)
 
     def start(self) -> float:
         self.go.set()

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import psycopg
 
-from benchmarks.common import bench_database, percentile
+from benchmarks.common import bench_database, percentile, start_all
 from libs.common.contracts.platform_events import ConversationUpdated, InboundMessage, LeadCreated
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
@@ -259,10 +259,7 @@ def _run_workers(
         context.Process(target=_worker, args=(url, ready, go, stop, results, idle_exit))
         for _ in range(workers)
     ]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        ready.acquire()
+    start_all(processes, ready)
     started = time.perf_counter()
     go.set()
     if during is not None:
