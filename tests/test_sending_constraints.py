@@ -279,6 +279,35 @@ def test_outside_the_service_window_a_step_goes_as_its_approved_template_or_is_s
     assert (claimed[free_form]["body"], claimed[free_form]["template_name"]) == ("Hello", None)
 
 
+def test_the_service_window_closes_24_hours_after_the_contacts_last_message(
+    client: TestClient[Any], runtime: Runtime, clock: ManualClock
+) -> None:
+    """When the contact last wrote is the contact's own column, set by each reply: a second message moves
+    the window on, and 24 hours after the last one it is closed."""
+    put_settings(client, service_window="enforced")
+    plain = sequence(client, {"kind": "message", "text": "Hello"})
+    wrote = contact(client)
+    for provider_id in ("in-1", "in-2"):
+        ok(
+            client.post(
+                "/v1/events",
+                json={"type": "message.inbound", "contact_id": wrote, "provider_message_id": provider_id},
+            ),
+            201,
+        )
+        clock.advance(timedelta(hours=20))
+    # 20 h after the second message (40 h after the first): still open
+    inside = enroll(client, plain, wrote)
+    release(runtime, clock)
+    assert [r["outcome"] for r in enrollment(client, inside)["step_runs"]] == ["queued"]
+    clock.advance(timedelta(hours=4, minutes=1))
+    outside = enroll(client, sequence(client, {"kind": "message", "text": "Later"}), wrote)
+    release(runtime, clock)
+    assert [(r["outcome"], r["reason"]) for r in enrollment(client, outside)["step_runs"]] == [
+        ("skipped", "outside_service_window")
+    ]
+
+
 # --- number choice ----------------------------------------------------------------------------------------
 
 
