@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev test check alerts lint format typecheck imports unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers clean
+.PHONY: help install dev test check schema alerts lint format typecheck imports unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ alerts: ## the alert rules and their unit tests (promtool, when installed: Debia
 	else echo "promtool not installed: alert rules not checked (apt-get install prometheus)"; fi
 
 check: lint typecheck imports alerts ## every static check
+
+schema: $(STAMP) ## write libs/common/core/schema.sql anew from the migrations (after adding one)
+	$(BIN)/python -m followups.schema
 
 #: pytest-xdist workers (the suite is safe in parallel: a database per test)
 PYTEST_WORKERS ?= auto

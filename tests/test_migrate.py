@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 
+from followups.schema import HEADER, SCHEMA_PATH, tidy
 from libs.common.core.migrate import available_migrations, migrate
 from tests.conftest import with_database
 
@@ -127,3 +128,65 @@ def test_the_release_paths_hot_tables_are_vacuumed_early(db_url: str) -> None:
         )
     assert "autovacuum_vacuum_scale_factor=0.01" in options["followup_enrollments"]
     assert "autovacuum_vacuum_scale_factor=0.02" in options["outbox"]
+
+
+#: The catalog of the public schema, one sorted list of lines per kind of object: what the canonical
+#: schema and the migrations must agree on (names, types, defaults, constraints, indexes, triggers,
+#: functions, storage options), whatever the order or spelling of the statements that made them.
+CATALOG: dict[str, str] = {
+    "columns": """
+        SELECT c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+               || CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END
+               || coalesce(' DEFAULT ' || pg_get_expr(d.adbin, d.adrelid), '')
+               || CASE WHEN a.attidentity <> '' THEN ' IDENTITY ' || a.attidentity::text ELSE '' END
+        FROM pg_attribute a
+        JOIN pg_class c ON c.oid = a.attrelid AND c.relkind IN ('r', 'p', 'v', 'm')
+        JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
+        LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE a.attnum > 0 AND NOT a.attisdropped""",
+    "constraints": """
+        SELECT conrelid::regclass || ' ' || conname || ' ' || pg_get_constraintdef(oid)
+        FROM pg_constraint WHERE connamespace = 'public'::regnamespace""",
+    "indexes": "SELECT indexdef FROM pg_indexes WHERE schemaname = 'public'",
+    "triggers": """
+        SELECT pg_get_triggerdef(t.oid) FROM pg_trigger t
+        JOIN pg_class c ON c.oid = t.tgrelid AND c.relnamespace = 'public'::regnamespace
+        WHERE NOT t.tgisinternal""",
+    "functions": """
+        SELECT pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace""",
+    "views": """
+        SELECT viewname || ' ' || definition FROM pg_views WHERE schemaname = 'public'""",
+    "relations": """
+        SELECT relname || ' ' || relkind::text || ' ' || coalesce(array_to_string(reloptions, ','), '')
+        FROM pg_class WHERE relnamespace = 'public'::regnamespace""",
+    "types": """
+        SELECT t.typname || ' ' || t.typtype::text FROM pg_type t
+        WHERE t.typnamespace = 'public'::regnamespace AND t.typtype IN ('e', 'd', 'c')
+          AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.reltype = t.oid)""",
+}
+
+
+def catalog(url: str) -> dict[str, list[str]]:
+    with psycopg.connect(url) as conn:
+        return {kind: sorted(row[0] for row in conn.execute(query)) for kind, query in CATALOG.items()}
+
+
+def test_the_canonical_schema_is_what_the_migrations_make(db_url: str, empty_url: str) -> None:
+    """``libs/common/core/schema.sql`` (every table in one file, for readers) describes exactly the schema
+    the migrations leave: applied to an empty database, it gives the same catalog as all migrations.
+    When this fails after a new migration, ``make schema`` writes the file anew."""
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        conn.execute(SCHEMA_PATH.read_text(encoding="utf-8"))
+    migrated, canonical = catalog(db_url), catalog(empty_url)
+    for kind in CATALOG:
+        assert canonical[kind] == migrated[kind], f"schema.sql is out of date ({kind}): run `make schema`"
+    assert sum(len(lines) for lines in migrated.values()) > 100  # the catalog did read the schema
+
+
+def test_the_canonical_schema_is_tidy() -> None:
+    """The file holds the schema, not the dump's session settings or version banner."""
+    text = SCHEMA_PATH.read_text(encoding="utf-8")
+    assert text.startswith(HEADER)
+    assert tidy(text) == text
+    assert "CREATE TABLE public.followup_enrollments (" in text
+    assert not any(line.startswith(("SET ", "-- Dumped")) for line in text.splitlines())
