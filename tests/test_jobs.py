@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from litestar.testing import TestClient
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
@@ -31,7 +32,11 @@ from libs.common.core.jobs import (
     run_batch,
     savepoint,
 )
+from libs.common.core.runtime import Runtime
+from libs.common.rules import triggers
+from tests.factories import new_phone
 from tests.helpers import rows
+from tests.rule_helpers import add_tag, create_rule
 
 #: The tiny queue's retry: 10 s, doubling, at most 40 s; given up after the third attempt.
 RETRY = Retry(max_attempts=3, backoff=Backoff(first=timedelta(seconds=10), most=timedelta(seconds=40)))
@@ -253,3 +258,42 @@ def test_the_retry_policy_gives_up_after_max_attempts_or_at_once_without_a_backo
     ]
     once = Retry(max_attempts=1).failure(ValueError("bad data"), 1)
     assert (once.given_up, once.delay, once.retry_at(datetime(2030, 1, 1))) == (True, None, None)
+
+
+def test_a_statement_error_outside_a_triggers_rules_backs_off_that_trigger_only(
+    client: TestClient[Any], runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two contact.created triggers; the first one's attempt hits a statement error after its rule ran
+    create_rule(client, "contact.created", [add_tag("seen")])
+    contacts = []
+    for _ in range(2):
+        response = client.post("/v1/contacts", json={"phone": new_phone()})
+        assert response.status_code == 201, response.text
+        contacts.append(response.json()["id"])
+    [(broken,)] = rows(runtime.pool, "SELECT min(id) FROM followup_triggers")
+    run = triggers._run
+
+    def failing(conn: Connection[Any], trigger: Any, *args: Any) -> Failed | None:
+        failed = run(conn, trigger, *args)
+        if trigger.id == broken:
+            conn.execute("SELECT 1 / 0")
+        return failed
+
+    monkeypatch.setattr(triggers, "_run", failing)
+    now = runtime.clock.now()
+
+    # When the batch runs
+    processed = triggers.process_triggers(runtime.pool, runtime.clock)
+
+    # Then that trigger is rolled back and retried after the backoff; the other one is processed
+    assert processed.triggers == 2
+    found = rows(
+        runtime.pool,
+        "SELECT id, attempts, outcome, next_attempt_at, last_error FROM followup_triggers ORDER BY id",
+    )
+    (first, attempts, outcome, due_at, error), (_, *second) = found
+    assert (first, attempts, outcome, due_at) == (broken, 1, None, now + triggers.BACKOFF_MIN)
+    assert "DivisionByZero" in error
+    assert second[:2] == [0, "processed"]
+    assert processed.outcomes[("contact.created", "retry")] == 1
+    assert rows(runtime.pool, "SELECT count(*) FROM rule_runs WHERE trigger_id = %s", broken) == [(0,)]
