@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.events import Event, StepQueued, StepSkipped
 from libs.common.contracts.limits import MAX_MESSAGE_LENGTH
+from libs.common.core.jobs import Backoff
 from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
 from libs.common.core.outbox import write_events
 from libs.common.core.settings import FollowupSettings
@@ -492,8 +493,8 @@ def _category(reason: str) -> str:
 
 def backoff(failures: int, settings: FollowupSettings) -> timedelta:
     """Exponential backoff after the n-th consecutive failure: min, 2*min, ... capped at max."""
-    seconds = settings.backoff_min_seconds * 2 ** max(0, failures - 1)
-    return timedelta(seconds=min(seconds, settings.backoff_max_seconds))
+    most = timedelta(seconds=settings.backoff_max_seconds)
+    return Backoff(first=timedelta(seconds=settings.backoff_min_seconds), most=most).delay(failures)
 
 
 class _Finishing(msgspec.Struct, frozen=True):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -36,6 +37,7 @@ from libs.common.contracts.events import BulkJobCompleted, BulkJobProgress
 from libs.common.core import validation
 from libs.common.core.clock import Clock
 from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
+from libs.common.core.jobs import Failed, Failure, Fairness, Queue, Retry, run_batch, savepoint
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import load_queries
 from libs.common.followups.enrollments import EnrollmentRejected, EnrollRequest, enroll
@@ -259,7 +261,8 @@ def _one_chunk(pool: ConnectionPool, clock: Clock, chunk: int) -> tuple[int, boo
 def _enroll_chunk(
     conn: Connection[Any], job: dict[str, Any], items: list[tuple[Any, ...]], now: datetime
 ) -> list[dict[str, Any]]:
-    """Enroll the chunk's contacts, each in a savepoint; returns each one's outcome."""
+    """Enroll the chunk's contacts, each in a savepoint (the job runner's); returns each one's outcome, in
+    order."""
     project_id = job["project_id"]
     phones: dict[str, str | None] = {}
     for _, _, phone in items:
@@ -283,68 +286,113 @@ def _enroll_chunk(
     if key:
         ids = [c for _, c, _ in items if c is not None] + list(by_phone.values())
         anchors = dict(conn.execute(QUERIES["anchors"], {"project_id": project_id, "key": key, "ids": ids}))
-    outcomes: list[dict[str, Any]] = []
-    _enroll_each(conn, job, items, phones, by_phone, anchors, key, outcomes, now)
-    return outcomes
+    contacts = _Contacts(conn, job, items, phones, by_phone, anchors, key, now)
+    run_batch(contacts, limit=len(items))
+    return sorted(contacts.outcomes, key=lambda outcome: int(outcome["position"]))
 
 
-def _enroll_each(
-    conn: Connection[Any],
-    job: dict[str, Any],
-    items: list[tuple[Any, ...]],
-    phones: dict[str, str | None],
-    by_phone: dict[str, uuid.UUID],
-    anchors: dict[uuid.UUID, Any],
-    key: str,
-    outcomes: list[dict[str, Any]],
-    now: datetime,
-) -> None:
-    project_id = job["project_id"]
-    for position, contact_id, phone in items:
-        if phone is not None:
-            normalized = phones[phone]
-            if normalized is None:
-                outcomes.append({"position": position, "outcome": "skipped", "reason": "invalid_phone"})
+#: A contact of the chunk to enroll: its position, its id and its anchor.
+_ToEnroll = tuple[int, uuid.UUID, datetime | None]
+
+
+class _Contacts(Queue[_ToEnroll, Connection[Any]]):
+    """A chunk's contacts as a queue: each enrolled in a savepoint of the chunk's transaction. A refusal is
+    an outcome (``skipped`` with its reason); an error of the contact's own data (a due time out of range,
+    ...) skips it ``error`` at once (no retry), so it does not wedge the job; any other error rolls the chunk
+    back to be redone."""
+
+    retry = Retry(max_attempts=1)
+    refusals = (FollowupsError,)
+    item_errors = (OverflowError, ValueError, psycopg.DataError)
+
+    def __init__(
+        self,
+        conn: Connection[Any],
+        job: dict[str, Any],
+        items: list[tuple[Any, ...]],
+        phones: dict[str, str | None],
+        by_phone: dict[str, uuid.UUID],
+        anchors: dict[uuid.UUID, Any],
+        key: str,
+        now: datetime,
+    ) -> None:
+        self.conn = conn
+        self.job = job
+        self.items = items
+        self.phones = phones
+        self.by_phone = by_phone
+        self.anchors = anchors
+        self.key = key
+        self.now = now
+        #: Each contact's outcome in the chunk.
+        self.outcomes: list[dict[str, Any]] = []
+
+    def claim(self, limit: int, fairness: Fairness) -> list[_ToEnroll]:
+        """The chunk's contacts to enroll; those that cannot be (a malformed phone, an unknown contact, a
+        missing anchor) are skipped with the reason here."""
+        chosen: list[_ToEnroll] = []
+        for position, contact_id, phone in self.items[:limit]:
+            if phone is not None:
+                normalized = self.phones[phone]
+                if normalized is None:
+                    self._skip(position, "invalid_phone")
+                    continue
+                contact_id = self.by_phone.get(normalized)
+            if contact_id is None:
+                self._skip(position, "unknown_contact")
                 continue
-            contact_id = by_phone.get(normalized)
-        if contact_id is None:
-            outcomes.append({"position": position, "outcome": "skipped", "reason": "unknown_contact"})
-            continue
-        anchor_at = job["anchor_at"]
-        if key:
-            anchor_at = _anchor(anchors.get(contact_id))
-            if anchor_at is None:
-                outcomes.append({"position": position, "outcome": "skipped", "reason": "missing_anchor"})
-                continue
+            anchor_at = self.job["anchor_at"]
+            if self.key:
+                anchor_at = _anchor(self.anchors.get(contact_id))
+                if anchor_at is None:
+                    self._skip(position, "missing_anchor")
+                    continue
+            chosen.append((position, contact_id, anchor_at))
+        return chosen
+
+    def isolate(self) -> AbstractContextManager[Connection[Any]]:
+        return savepoint(self.conn)
+
+    def outside(self) -> AbstractContextManager[Connection[Any]]:
+        return nullcontext(self.conn)  # an outcome is kept in memory, written with the chunk
+
+    def run(self, ctx: Connection[Any], item: _ToEnroll) -> Failed | None:
+        position, contact_id, anchor_at = item
         request = EnrollRequest(
             contact_id=contact_id,
-            sequence_id=job["sequence_id"],
-            variables=job["variables"],
+            sequence_id=self.job["sequence_id"],
+            variables=self.job["variables"],
             anchor_at=anchor_at,
         )
-        try:
-            with conn.transaction():
-                enroll(conn, project_id, request, now=now, source="bulk")
-        except EnrollmentRejected as rejection:
-            outcomes.append(
-                {"position": position, "outcome": "skipped", "reason": rejection.code or "rejected"}
-            )
-            continue
-        except NotFound:  # the contact was deleted since the job was created
-            outcomes.append({"position": position, "outcome": "skipped", "reason": "unknown_contact"})
-            continue
-        except FollowupsError as refusal:
-            outcomes.append({"position": position, "outcome": "skipped", "reason": refusal.code or "invalid"})
-            continue
-        except (OverflowError, ValueError, psycopg.DataError) as exc:  # this contact's data (a due time
-            # out of range, ...) must not wedge the job; anything else rolls the chunk back to be retried
-            log.warning(
-                "bulk job contact failed",
-                extra={"job_id": str(job["id"]), "contact_id": str(contact_id), "error": repr(exc)},
-            )
-            outcomes.append({"position": position, "outcome": "skipped", "reason": "error"})
-            continue
-        outcomes.append({"position": position, "outcome": "enrolled", "reason": None})
+        enroll(ctx, self.job["project_id"], request, now=self.now, source="bulk")
+        self.outcomes.append({"position": position, "outcome": "enrolled", "reason": None})
+        return None
+
+    def refused(self, ctx: Connection[Any], item: _ToEnroll, refusal: Exception) -> None:
+        if isinstance(refusal, EnrollmentRejected):
+            reason = refusal.code or "rejected"
+        elif isinstance(refusal, NotFound):  # the contact was deleted since the job was created
+            reason = "unknown_contact"
+        else:
+            reason = getattr(refusal, "code", None) or "invalid"
+        self._skip(item[0], reason)
+
+    def attempt(self, item: _ToEnroll) -> int:
+        return 1
+
+    def record(self, ctx: Connection[Any], item: _ToEnroll, failure: Failure) -> bool:
+        log.warning(
+            "bulk job contact failed",
+            extra={"job_id": str(self.job["id"]), "contact_id": str(item[1]), "error": repr(failure.error)},
+        )
+        self._skip(item[0], "error")
+        return True
+
+    def describe(self, item: _ToEnroll) -> dict[str, Any]:
+        return {"job_id": str(self.job["id"]), "contact_id": str(item[1])}
+
+    def _skip(self, position: int, reason: str) -> None:
+        self.outcomes.append({"position": position, "outcome": "skipped", "reason": reason})
 
 
 def _anchor(raw: Any) -> datetime | None:

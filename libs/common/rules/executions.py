@@ -45,6 +45,7 @@ from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
 from libs.common.core.errors import Conflict, NotFound
+from libs.common.core.jobs import STANDARD_BACKOFF, Failure, Fairness, OwnTransactions, Retry, run_batch
 from libs.common.core.metrics import RULE_EXECUTION_LAG, RULE_EXECUTIONS, RULE_PENDING_EXECUTIONS
 from libs.common.core.sql import load_queries
 from libs.common.followups.project_settings import get_settings
@@ -60,10 +61,10 @@ QUERIES = load_queries("libs.common.rules", "executions.sql")
 
 #: How long a claimed execution is kept from other sweepers while it runs.
 LEASE = timedelta(minutes=2)
+#: An execution whose actions keep failing: retried after 30 s, doubling, at most an hour; skipped ``failed``.
+RETRY = Retry(max_attempts=5, backoff=STANDARD_BACKOFF)
 #: Attempts before an execution whose actions keep failing is skipped ``failed``.
-MAX_ATTEMPTS = 5
-BACKOFF_MIN = timedelta(seconds=30)
-BACKOFF_MAX = timedelta(hours=1)
+MAX_ATTEMPTS = RETRY.max_attempts
 #: How often a process recounts the pending gauge.
 GAUGE_EVERY_SECONDS = 15.0
 
@@ -218,32 +219,64 @@ _last_gauge = [0.0]
 
 def sweep(pool: ConnectionPool, clock: Clock, *, stale_after: timedelta, limit: int = 100) -> Swept:
     """Run the delayed rules that fell due: claim a batch (and re-check the rules' current conditions for
-    all of it in one query per rule), then each in a transaction of its own."""
-    now = clock.now()
-    until = now + LEASE
+    all of it in one query per rule), then each in a transaction of its own (the job runner's)."""
     swept = Swept()
-    with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        claimed = cur.execute(QUERIES["claim_due"], {"now": now, "until": until, "limit": limit}).fetchall()
-        holds = _conditions(conn, claimed)
-    swept.claimed = len(claimed)
-    for item in claimed:
-        try:
-            with pool.connection() as conn:
-                _execute(
-                    conn, item["id"], until, holds.get(item["id"], False), stale_after, swept, clock.now()
-                )
-        except Exception as exc:  # outside the actions (the lock, a lost connection): retried after a backoff
-            with pool.connection() as conn:
-                _failed(conn, item["id"], until, exc, swept, clock.now())
+    ran = run_batch(_Sweep(pool, clock, stale_after, swept), limit=limit)
+    swept.claimed = ran.claimed
     for (outcome, reason), count in swept.outcomes.items():
         RULE_EXECUTIONS.labels(outcome, reason).inc(count)
     for stopped in swept.done.stopped:
         count_stopped(stopped)
-    if time.monotonic() - _last_gauge[0] >= GAUGE_EVERY_SECONDS or (claimed and len(claimed) < limit):
+    if time.monotonic() - _last_gauge[0] >= GAUGE_EVERY_SECONDS or (ran.claimed and ran.claimed < limit):
         _last_gauge[0] = time.monotonic()
         with pool.connection() as conn:
             RULE_PENDING_EXECUTIONS.set(conn.execute(QUERIES["count_pending"]).fetchone()[0])  # type: ignore[index]
     return swept
+
+
+@dataclass
+class _Sweep(OwnTransactions[dict[str, Any]]):
+    """The delayed executions queue: a leased batch, each execution in a transaction of its own."""
+
+    retry = RETRY
+    refusals = BUSINESS_ERRORS
+    pool: ConnectionPool
+    clock: Clock
+    stale_after: timedelta
+    swept: Swept
+    until: datetime = datetime.min
+    holds: dict[uuid.UUID, bool] = field(default_factory=dict)
+
+    def claim(self, limit: int, fairness: Fairness) -> list[dict[str, Any]]:
+        now = self.clock.now()
+        self.until = now + LEASE
+        with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            params = {"now": now, "until": self.until, "limit": limit}
+            claimed = cur.execute(QUERIES["claim_due"], params).fetchall()
+            self.holds = _conditions(conn, claimed)
+        return claimed
+
+    def run(self, ctx: Connection[Any], item: dict[str, Any]) -> None:
+        holds = self.holds.get(item["id"], False)
+        _execute(ctx, item["id"], self.until, holds, self.stale_after, self.swept, self.clock.now())
+        return None
+
+    def refused(self, ctx: Connection[Any], item: dict[str, Any], refusal: Exception) -> None:
+        row = _relock(ctx, item["id"], self.until)
+        if row is not None:
+            code = getattr(refusal, "code", None)
+            _finish(ctx, row, "skipped", code or "rejected", None, self.swept, self.clock.now())
+            context = _context(row) | {"lease_until": self.until.isoformat()}
+            log.info("delayed rule refused", extra=context | {"reason": code})
+
+    def attempt(self, item: dict[str, Any]) -> int:
+        return int(item["attempts"]) + 1
+
+    def record(self, ctx: Connection[Any], item: dict[str, Any], failure: Failure) -> bool:
+        return _failed(ctx, item["id"], self.until, failure, self.swept, self.clock.now())
+
+    def describe(self, item: dict[str, Any]) -> dict[str, Any]:
+        return {"execution_id": str(item["id"])} | {k: str(item[k]) for k in ("rule_id", "project_id")}
 
 
 def _conditions(conn: Connection[Any], claimed: list[dict[str, Any]]) -> dict[uuid.UUID, bool]:
@@ -274,7 +307,7 @@ def _execute(
     now: datetime,
 ) -> None:
     """One execution under this sweeper's lease: the guard chain, then the actions and the status in one
-    transaction. A refusal or an error rolls the actions back and records the outcome instead."""
+    transaction. A refusal or an error raises: the job runner rolls it back and records the outcome."""
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(QUERIES["lock_leased"], {"id": execution_id, "until": until}).fetchone()
     if row is None:
@@ -296,18 +329,7 @@ def _execute(
         payload=row["payload"],
         occurred_at=row["occurred_at"],
     )
-    try:
-        done = run_actions(conn, rule.id, rule.actions, subject, now=now)
-    except BUSINESS_ERRORS as refusal:
-        conn.rollback()
-        if _relock(conn, execution_id, until) is not None:
-            _finish(conn, row, "skipped", refusal.code or "rejected", None, swept, now)
-            log.info("delayed rule refused", extra=context | {"reason": refusal.code})
-        return
-    except Exception as exc:
-        conn.rollback()
-        _failed(conn, execution_id, until, exc, swept, now)
-        return
+    done = run_actions(conn, rule.id, rule.actions, subject, now=now)
     _finish(conn, row, "executed", None, done.message_ids[0] if done.message_ids else None, swept, now)
     swept.done.enrollments += done.enrollments
     swept.done.webhook_delivery_ids += done.webhook_delivery_ids
@@ -334,21 +356,20 @@ def _failed(
     conn: Connection[Any],
     execution_id: uuid.UUID,
     until: datetime,
-    exc: Exception,
+    failure: Failure,
     swept: Swept,
     now: datetime,
-) -> None:
-    """An unexpected error: the execution is retried after a backoff, or skipped ``failed`` after its last
-    attempt."""
+) -> bool:
+    """A failed attempt: the execution is retried after the backoff, or skipped ``failed`` after its last
+    attempt; False when it is no longer under this sweeper's lease."""
     row = _relock(conn, execution_id, until)
     if row is None:
-        return
-    backoff = min(BACKOFF_MAX, BACKOFF_MIN * 2 ** row["attempts"])
+        return False
     params = {
         "id": execution_id,
-        "error": repr(exc)[:1000],
-        "retry_at": now + backoff,
-        "max_attempts": MAX_ATTEMPTS,
+        "error": repr(failure.error)[:1000],
+        "retry_at": failure.retry_at(now),
+        "given_up": failure.given_up,
         "now": now,
     }
     status = conn.execute(QUERIES["failed"], params).fetchone()
@@ -357,9 +378,10 @@ def _failed(
     log.log(
         logging.ERROR if given_up else logging.WARNING,
         "delayed rule failed; given up" if given_up else "delayed rule failed; retried later",
-        extra=_context(row) | {"attempts": row["attempts"] + 1, "error": repr(exc)},
-        exc_info=exc,
+        extra=_context(row) | {"attempts": row["attempts"] + 1, "error": repr(failure.error)},
+        exc_info=failure.error if isinstance(failure.error, BaseException) else None,
     )
+    return True
 
 
 def _guard(

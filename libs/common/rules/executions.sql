@@ -37,7 +37,7 @@ WITH due AS (
 )
 UPDATE rule_pending_executions e SET locked_until = %(until)s
 FROM due WHERE e.id = due.id
-RETURNING e.id, e.project_id, e.rule_id, e.trigger_id
+RETURNING e.id, e.project_id, e.rule_id, e.trigger_id, e.attempts
 
 -- name: lock_leased
 -- One execution under this sweeper's lease, with what the guard chain needs: the rule as it is now, the
@@ -64,13 +64,13 @@ SET status = %(status)s, skip_reason = %(skip_reason)s, message_id = %(message_i
 WHERE id = %(id)s
 
 -- name: failed
--- An execution whose actions failed unexpectedly: retried after a backoff, or skipped `failed` after its
--- last attempt.
+-- An execution whose attempt failed unexpectedly: retried after a backoff, or skipped `failed` after its
+-- last attempt (the job runner's verdict).
 UPDATE rule_pending_executions
 SET attempts = attempts + 1, last_error = %(error)s, locked_until = %(retry_at)s, updated_at = %(now)s,
-    status = CASE WHEN attempts + 1 >= %(max_attempts)s THEN 'skipped' ELSE status END,
-    skip_reason = CASE WHEN attempts + 1 >= %(max_attempts)s THEN 'failed' END,
-    executed_at = CASE WHEN attempts + 1 >= %(max_attempts)s THEN %(now)s::timestamptz END
+    status = CASE WHEN %(given_up)s::boolean THEN 'skipped' ELSE status END,
+    skip_reason = CASE WHEN %(given_up)s::boolean THEN 'failed' END,
+    executed_at = CASE WHEN %(given_up)s::boolean THEN %(now)s::timestamptz END
 WHERE id = %(id)s AND status = 'pending'
 RETURNING status
 

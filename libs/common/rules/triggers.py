@@ -32,6 +32,15 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
+from libs.common.core.jobs import (
+    STANDARD_BACKOFF,
+    Failed,
+    Failure,
+    Fairness,
+    OwnTransactions,
+    Retry,
+    run_batch,
+)
 from libs.common.core.metrics import FOLLOWUP_TRIGGERS
 from libs.common.core.sql import load_queries
 from libs.common.followups.stops import count_stopped
@@ -44,13 +53,15 @@ log = logging.getLogger(__name__)
 
 QUERIES = load_queries("libs.common.rules", "triggers.sql")
 
+#: How a trigger whose rule keeps failing is retried: 30 s, doubling, at most an hour; given up after the
+#: fifth attempt.
+RETRY = Retry(max_attempts=5, backoff=STANDARD_BACKOFF)
 #: Attempts before a trigger whose rule keeps failing is given up.
-MAX_ATTEMPTS = 5
+MAX_ATTEMPTS = RETRY.max_attempts
+#: The first backoff of a failed trigger.
+BACKOFF_MIN = STANDARD_BACKOFF.first
 #: How long a claimed trigger is kept from other workers while its rules run.
 LEASE = timedelta(minutes=2)
-#: Backoff of a failed trigger: 30 s, doubling, at most an hour.
-BACKOFF_MIN = timedelta(seconds=30)
-BACKOFF_MAX = timedelta(hours=1)
 
 
 def record_trigger(
@@ -109,17 +120,76 @@ def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) ->
 
     One short transaction claims the batch, evaluates the conditions of every candidate rule for all of it,
     marks the triggers no rule matched as processed and leases the others (:data:`LEASE`); then each of
-    those runs its rules in a transaction of its own, so the locks its actions take (a contact, a
-    conversation) are held for that trigger only and two workers never deadlock on each other's batch.
+    those runs its rules in a transaction of its own (the job runner's), so the locks its actions take (a
+    contact, a conversation) are held for that trigger only and two workers never deadlock on each other's
+    batch.
     """
-    now = clock.now()
     processed = Processed()
+    batch = _Batch(pool, clock.now(), processed)
+    run_batch(batch, limit=limit)
+    if not batch.ids:
+        return processed
+    processed.triggers = len(batch.ids)
+    processed.trigger_ids = batch.ids
+    for (kind, outcome), count in processed.outcomes.items():
+        FOLLOWUP_TRIGGERS.labels(kind, outcome).inc(count)
+    for stopped in processed.done.stopped:
+        count_stopped(stopped)
+    return processed
+
+
+#: A leased trigger and the rules it runs.
+_ToRun = tuple[_Claimed, list[ActiveRule]]
+
+
+class _Batch(OwnTransactions[_ToRun]):
+    """The triggers queue: a claimed batch, each leased trigger then run in a transaction of its own."""
+
+    retry = RETRY
+
+    def __init__(self, pool: ConnectionPool, now: datetime, processed: Processed) -> None:
+        self.pool = pool
+        self.now = now
+        self.processed = processed
+        self.until = now + LEASE
+        #: Every trigger the claim took (matched or not).
+        self.ids: list[int] = []
+
+    def claim(self, limit: int, fairness: Fairness) -> list[_ToRun]:
+        return _claim(self.pool, self.now, self.until, limit, self.processed, self.ids)
+
+    def run(self, ctx: Connection[Any], item: _ToRun) -> Failed | None:
+        trigger, rules = item
+        return _run(ctx, trigger, rules, self.until, self.processed, self.now)
+
+    def attempt(self, item: _ToRun) -> int:
+        return item[0].attempts + 1
+
+    def record(self, ctx: Connection[Any], item: _ToRun, failure: Failure) -> bool:
+        return _failed(ctx, item[0], self.until, failure, self.processed, self.now)
+
+    def describe(self, item: _ToRun) -> dict[str, Any]:
+        trigger = item[0]
+        return {"trigger_id": trigger.id, "project_id": str(trigger.project_id), "event_type": trigger.type}
+
+
+def _claim(
+    pool: ConnectionPool,
+    now: datetime,
+    until: datetime,
+    limit: int,
+    processed: Processed,
+    ids: list[int],
+) -> list[_ToRun]:
+    """Claim a batch of due triggers in one transaction: the ones no rule matched (or whose delayed rules
+    only schedule) are processed at once, the others leased until ``until``; returns those, with the rules
+    each runs. ``ids`` receives every trigger claimed."""
     with pool.connection() as conn:
         with conn.cursor(row_factory=class_row(_Claimed)) as cur:
             claimed = cur.execute(QUERIES["claim_triggers"], {"now": now, "limit": limit}).fetchall()
         if not claimed:
-            return processed
-        ids = [t.id for t in claimed]
+            return []
+        ids += [t.id for t in claimed]
         already = {(t, r) for t, r in conn.execute(QUERIES["already_run"], {"ids": ids}).fetchall()}
         candidates: dict[tuple[uuid.UUID, str], list[ActiveRule]] = {}
         for trigger in claimed:
@@ -127,7 +197,7 @@ def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) ->
             if key not in candidates:
                 candidates[key] = RULES.rules(conn, trigger.project_id, trigger.type)
         matched = _match(conn, claimed, candidates)
-        to_run: list[tuple[_Claimed, list[ActiveRule]]] = []
+        to_run: list[_ToRun] = []
         delayed: list[ToSchedule] = []
         for trigger in claimed:
             rules = _to_run(
@@ -152,19 +222,9 @@ def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) ->
         conn.execute(
             QUERIES["mark_processed"], {"ids": [i for i in ids if i not in set(running)], "now": now}
         )
-        until = now + LEASE
         if running:
             conn.execute(QUERIES["lease"], {"ids": running, "until": until})
-    for trigger, rules in to_run:
-        with pool.connection() as conn:
-            _run(conn, trigger, rules, until, processed, now)
-    processed.triggers = len(claimed)
-    processed.trigger_ids = ids
-    for (kind, outcome), count in processed.outcomes.items():
-        FOLLOWUP_TRIGGERS.labels(kind, outcome).inc(count)
-    for stopped in processed.done.stopped:
-        count_stopped(stopped)
-    return processed
+    return to_run
 
 
 def _match(
@@ -236,16 +296,17 @@ def _run(
     until: datetime,
     processed: Processed,
     now: datetime,
-) -> None:
-    """Run the rules' actions for one leased trigger, each rule in a savepoint, then mark it processed (or
-    failed: retried later, the rules that ran are not run again)."""
+) -> Failed | None:
+    """Run the rules' actions for one leased trigger, each rule in a savepoint, then mark it processed; a
+    rule that fails unexpectedly ends the attempt (:class:`Failed`): the rules that ran are kept and not run
+    again when it is retried."""
     lease = {"id": trigger.id, "until": until, "attempts": trigger.attempts}
     if conn.execute(QUERIES["lock_leased"], lease).fetchone() is None:
-        return  # processed meanwhile, or taken over by another worker after the lease ran out
+        return None  # processed meanwhile, or taken over by another worker after the lease ran out
     context = {"trigger_id": trigger.id, "project_id": str(trigger.project_id), "event_type": trigger.type}
     subject = _subject(trigger)
     runs: list[dict[str, Any]] = []
-    failed = False
+    failed: Failed | None = None
     for rule in rules:
         run = {"trigger_id": trigger.id, "rule_id": str(rule.id), "project_id": str(trigger.project_id)}
         try:
@@ -257,8 +318,7 @@ def _run(
             log.info("rule rejected", extra=context | {"rule_id": str(rule.id), "reason": refusal.code})
             continue
         except Exception as exc:
-            _failed(conn, trigger, rule, exc, processed, now)
-            failed = True
+            failed = Failed(exc, about=rule)
             break
         runs.append(run | {"outcome": "executed", "detail": None})
         processed.outcomes[(trigger.type, "executed")] += 1
@@ -269,30 +329,37 @@ def _run(
         log.info("rule executed", extra=context | {"rule_id": str(rule.id)})
     if runs:
         conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})
-    if not failed:
+    if failed is None:
         conn.execute(QUERIES["mark_processed"], {"ids": [trigger.id], "now": now})
+    return failed
 
 
 def _failed(
     conn: Connection[Any],
     trigger: _Claimed,
-    rule: ActiveRule,
-    exc: Exception,
+    until: datetime,
+    failure: Failure,
     processed: Processed,
     now: datetime,
-) -> None:
-    backoff = min(BACKOFF_MAX, BACKOFF_MIN * 2**trigger.attempts)
+) -> bool:
+    """A failed attempt at a leased trigger (of the rule ``failure.about``, or outside the rules): retried
+    after the backoff, or given up ``failed``; False when the lease was lost meanwhile."""
+    lease = {"id": trigger.id, "until": until, "attempts": trigger.attempts}
+    if conn.execute(QUERIES["lock_leased"], lease).fetchone() is None:
+        return False
+    rule: ActiveRule | None = failure.about
+    error = f"rule {rule.id}: {failure.error!r}" if rule is not None else repr(failure.error)
     params = {
         "id": trigger.id,
-        "error": f"rule {rule.id}: {exc!r}"[:1000],
-        "next_attempt_at": now + backoff,
-        "max_attempts": MAX_ATTEMPTS,
+        "error": error[:1000],
+        "next_attempt_at": failure.retry_at(now),
+        "given_up": failure.given_up,
         "now": now,
     }
     row = conn.execute(QUERIES["mark_failed"], params).fetchone()
     assert row is not None
-    attempts, outcome = row
-    given_up = outcome == "failed"
+    attempts, _ = row
+    given_up = failure.given_up
     processed.outcomes[(trigger.type, "failed" if given_up else "retry")] += 1
     log.log(
         logging.ERROR if given_up else logging.WARNING,
@@ -301,10 +368,11 @@ def _failed(
             "trigger_id": trigger.id,
             "project_id": str(trigger.project_id),
             "contact_id": str(trigger.contact_id),
-            "rule_id": str(rule.id),
+            "rule_id": str(rule.id) if rule is not None else None,
             "event_type": trigger.type,
             "attempts": attempts,
-            "error": repr(exc),
+            "error": repr(failure.error),
         },
-        exc_info=exc,
+        exc_info=failure.error if isinstance(failure.error, BaseException) else None,
     )
+    return True

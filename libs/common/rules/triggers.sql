@@ -53,12 +53,13 @@ UPDATE followup_triggers SET processed_at = %(now)s, outcome = 'processed', last
 WHERE id = ANY(%(ids)s)
 
 -- name: mark_failed
--- A trigger whose rule failed unexpectedly: retried after a backoff, or given up after its last attempt.
+-- A trigger whose attempt failed unexpectedly: retried after a backoff, or given up after its last attempt
+-- (the job runner's verdict).
 UPDATE followup_triggers
 SET attempts = attempts + 1,
     last_error = %(error)s,
     next_attempt_at = %(next_attempt_at)s,
-    processed_at = CASE WHEN attempts + 1 >= %(max_attempts)s THEN %(now)s::timestamptz END,
-    outcome = CASE WHEN attempts + 1 >= %(max_attempts)s THEN 'failed' END
+    processed_at = CASE WHEN %(given_up)s::boolean THEN %(now)s::timestamptz END,
+    outcome = CASE WHEN %(given_up)s::boolean THEN 'failed' END
 WHERE id = %(id)s
 RETURNING attempts, outcome

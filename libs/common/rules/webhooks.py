@@ -37,6 +37,8 @@ import ssl
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
@@ -49,6 +51,16 @@ from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
 from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.core.jobs import (
+    STANDARD_BACKOFF,
+    Failed,
+    Failure,
+    Fairness,
+    Queue,
+    Retry,
+    run_batch,
+    run_item,
+)
 from libs.common.core.metrics import WEBHOOK_DELIVERIES
 from libs.common.core.sql import load_queries
 
@@ -56,11 +68,11 @@ log = logging.getLogger(__name__)
 
 QUERIES = load_queries("libs.common.rules", "webhooks.sql")
 
+#: How a delivery that failed is retried: 30 s, doubling with each failed attempt, at most an hour; given up
+#: (``failed``) after the eighth attempt.
+RETRY: Final = Retry(max_attempts=8, backoff=STANDARD_BACKOFF)
 #: Attempts before a delivery is given up (``failed``).
-MAX_ATTEMPTS: Final = 8
-#: Wait before the first retry; it doubles with each failed attempt, up to :data:`MAX_BACKOFF`.
-FIRST_BACKOFF: Final = timedelta(seconds=30)
-MAX_BACKOFF: Final = timedelta(hours=1)
+MAX_ATTEMPTS: Final = RETRY.max_attempts
 #: How long past the call's timeout a claimed delivery stays leased to its worker.
 LEASE_SLACK: Final = timedelta(seconds=30)
 #: Longest ``last_error`` kept.
@@ -156,72 +168,123 @@ def deliver(
 ) -> DeliveryState | None:
     """Make one attempt at a due pending delivery; its state after, or None when it was not attempted
     (not pending, not due, or busy: claimed by another worker)."""
-    lease_until = now + timedelta(seconds=timeout_s) + LEASE_SLACK
-    with pool.connection() as conn, conn.cursor(row_factory=class_row(_Claimed)) as cur:
-        claimed = cur.execute(
-            QUERIES["claim_delivery"], {"id": delivery_id, "now": now, "lease_until": lease_until}
-        ).fetchone()
-    if claimed is None:
-        return None
-    # the claim is committed: the call runs with no transaction and no lock held
-    result = _post(claimed, now=now, timeout_s=timeout_s)
-    outcome: Outcome
-    if result.ok:
-        outcome = "delivered"
-    elif claimed.attempts >= MAX_ATTEMPTS:
-        outcome = "failed"
-    else:
-        outcome = "retry"
-    params = {
-        "id": claimed.id,
-        "attempts": claimed.attempts,
-        "status": "pending" if outcome == "retry" else outcome,
-        "next_attempt_at": now + backoff(claimed.attempts) if outcome == "retry" else None,
-        "status_code": result.status_code,
-        "error": result.error,
-        "delivered_at": now if outcome == "delivered" else None,
-        "now": now,
-    }
-    with pool.connection() as conn, conn.cursor(row_factory=class_row(DeliveryState)) as cur:
-        state = cur.execute(QUERIES["record_attempt"], params).fetchone()
-        recorded = state is not None
-        if state is None:
-            state = cur.execute(QUERIES["delivery_state"], {"id": claimed.id}).fetchone()
-    WEBHOOK_DELIVERIES.labels(outcome).inc()
-    extra = {
-        "delivery_id": str(claimed.id),
-        "project_id": str(claimed.project_id),
-        "rule_id": str(claimed.rule_id) if claimed.rule_id else None,
-        "url_host": urlsplit(claimed.url).hostname,
-        "status_code": result.status_code,
-        "outcome": outcome,
-        "attempt": claimed.attempts,
-        "error": result.error,
-    }
-    if not recorded:
-        log.warning("webhook attempt not recorded: its lease ran out and it was claimed again", extra=extra)
-    elif outcome == "delivered":
-        log.info("webhook attempt", extra=extra)
-    else:
-        log.warning("webhook attempt", extra=extra)
-    return state
+    deliveries = _Deliveries(pool, lambda: now, timeout_s)
+    run_item(deliveries, delivery_id)
+    return deliveries.states.get(delivery_id)
 
 
 def deliver_due(pool: ConnectionPool, clock: Clock, limit: int = 50) -> int:
     """Attempt up to ``limit`` pending deliveries due by now, the longest due first, one after the other;
     returns how many were attempted (a polling loop's tick)."""
-    params = {"now": clock.now(), "limit": limit}
-    with pool.connection() as conn:
-        ids = [row[0] for row in conn.execute(QUERIES["due_deliveries"], params)]
-    return sum(deliver(pool, delivery_id, now=clock.now()) is not None for delivery_id in ids)
+    deliveries = _Deliveries(pool, clock.now, 10.0)
+    run_batch(deliveries, limit=limit)
+    return len(deliveries.states)
 
 
 def backoff(attempts: int) -> timedelta:
     """The wait after the ``attempts``-th failed attempt: 30 s, 1 min, 2 min, 4 min ... capped at 1 h."""
-    if attempts < 1:
-        return FIRST_BACKOFF
-    doublings: int = min(attempts - 1, 16)
-    return min(FIRST_BACKOFF * (1 << doublings), MAX_BACKOFF)
+    return STANDARD_BACKOFF.delay(attempts)
+
+
+#: What a failed attempt hands its writer: the claimed delivery, the call's result, the attempt's time.
+_Attempted = tuple[_Claimed, _Result, datetime]
+
+
+class _Deliveries(Queue[uuid.UUID, ConnectionPool]):
+    """The webhook deliveries queue: the due deliveries, each attempt claimed (and counted) in a transaction
+    of its own, the call made with no transaction open, the result recorded in a second transaction."""
+
+    retry = RETRY
+
+    def __init__(self, pool: ConnectionPool, now: Callable[[], datetime], timeout_s: float) -> None:
+        self.pool = pool
+        self.now = now
+        self.timeout_s = timeout_s
+        #: The state of each delivery attempted, after its attempt.
+        self.states: dict[uuid.UUID, DeliveryState] = {}
+
+    def claim(self, limit: int, fairness: Fairness) -> list[uuid.UUID]:
+        params = {"now": self.now(), "limit": limit}
+        with self.pool.connection() as conn:
+            return [row[0] for row in conn.execute(QUERIES["due_deliveries"], params)]
+
+    def isolate(self) -> AbstractContextManager[ConnectionPool]:
+        return nullcontext(self.pool)  # each step holds a transaction of its own, none during the call
+
+    def run(self, ctx: ConnectionPool, item: uuid.UUID) -> Failed | None:
+        now = self.now()
+        lease_until = now + timedelta(seconds=self.timeout_s) + LEASE_SLACK
+        with ctx.connection() as conn, conn.cursor(row_factory=class_row(_Claimed)) as cur:
+            claimed = cur.execute(
+                QUERIES["claim_delivery"], {"id": item, "now": now, "lease_until": lease_until}
+            ).fetchone()
+        if claimed is None:
+            return None
+        # the claim is committed: the call runs with no transaction and no lock held
+        result = _post(claimed, now=now, timeout_s=self.timeout_s)
+        if result.ok:
+            self._write(ctx, claimed, result, "delivered", None, now)
+            return None
+        attempted: _Attempted = (claimed, result, now)
+        return Failed(result.error or "failed", attempt=claimed.attempts, about=attempted)
+
+    def record(self, ctx: ConnectionPool, item: uuid.UUID, failure: Failure) -> bool:
+        claimed, result, now = failure.about
+        outcome: Outcome = "failed" if failure.given_up else "retry"
+        retry_at = None if failure.given_up else failure.retry_at(now)
+        return self._write(ctx, claimed, result, outcome, retry_at, now)
+
+    def describe(self, item: uuid.UUID) -> dict[str, Any]:
+        return {"delivery_id": str(item)}
+
+    def _write(
+        self,
+        pool: ConnectionPool,
+        claimed: _Claimed,
+        result: _Result,
+        outcome: Outcome,
+        retry_at: datetime | None,
+        now: datetime,
+    ) -> bool:
+        """Record an attempt's result (unless its lease ran out and it was claimed again), count and log it;
+        returns whether it was recorded."""
+        params = {
+            "id": claimed.id,
+            "attempts": claimed.attempts,
+            "status": "pending" if outcome == "retry" else outcome,
+            "next_attempt_at": retry_at,
+            "status_code": result.status_code,
+            "error": result.error,
+            "delivered_at": now if outcome == "delivered" else None,
+            "now": now,
+        }
+        with pool.connection() as conn, conn.cursor(row_factory=class_row(DeliveryState)) as cur:
+            state = cur.execute(QUERIES["record_attempt"], params).fetchone()
+            recorded = state is not None
+            if state is None:
+                state = cur.execute(QUERIES["delivery_state"], {"id": claimed.id}).fetchone()
+        if state is not None:
+            self.states[claimed.id] = state
+        WEBHOOK_DELIVERIES.labels(outcome).inc()
+        extra = {
+            "delivery_id": str(claimed.id),
+            "project_id": str(claimed.project_id),
+            "rule_id": str(claimed.rule_id) if claimed.rule_id else None,
+            "url_host": urlsplit(claimed.url).hostname,
+            "status_code": result.status_code,
+            "outcome": outcome,
+            "attempt": claimed.attempts,
+            "error": result.error,
+        }
+        if not recorded:
+            log.warning(
+                "webhook attempt not recorded: its lease ran out and it was claimed again", extra=extra
+            )
+        elif outcome == "delivered":
+            log.info("webhook attempt", extra=extra)
+        else:
+            log.warning("webhook attempt", extra=extra)
+        return recorded
 
 
 def get_delivery(conn: Connection[Any], project_id: uuid.UUID, delivery_id: uuid.UUID) -> Delivery:
