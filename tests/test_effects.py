@@ -21,9 +21,12 @@ from psycopg_pool import ConnectionPool
 from libs.common.contracts import actors
 from libs.common.core import effects
 from libs.common.core.db import create_pool
-from libs.common.core.effects import NudgeRelease, NudgeTriggers
+from libs.common.core.effects import Invalidate, NudgeRelease, NudgeTriggers
 from libs.common.core.runtime import Runtime
 from libs.common.core.settings import Settings
+from libs.common.rules import bulk, rules
+from libs.common.rules.bulk import BulkCreate
+from libs.common.rules.rules import RuleCreate
 from tests.conftest import Project
 from tests.test_api_sequences import message_step, new_contact, published
 
@@ -238,4 +241,23 @@ def test_a_recorded_trigger_nudges_the_triggers_service_and_none_without_a_rule(
     }
     assert client.post("/v1/rules", json=rule).status_code == 201, "rule"
     new_contact(client)
+    assert sent(runtime, actors.TRIGGERS_NUDGE) == [{"project_id": str(project.id)}]
+
+
+def test_a_rule_change_registers_the_rules_invalidation_and_a_bulk_job_the_triggers_nudge(
+    runtime: Runtime, client: TestClient[Any], project: Project
+) -> None:
+    data = {"name": "r", "event": "contact.created", "actions": [{"type": "add_contact_tag", "tags": ["x"]}]}
+    sequence_id = published(client, message_step("Hello"))
+    contact_id = new_contact(client)
+    with effects.transaction(runtime) as conn:
+        rule = rules.create_rule(conn, project.id, msgspec.convert(data, RuleCreate), now=runtime.clock.now())
+        rules.delete_rule(conn, project.id, rule.id)
+        job = msgspec.convert({"sequence_id": sequence_id, "contact_ids": [contact_id]}, BulkCreate)
+        bulk.create_job(conn, project.id, job, now=runtime.clock.now())
+        # one invalidation for the project's rules (created, then deleted), one nudge for the bulk job
+        assert effects.pending(conn) == [
+            Invalidate(rules.INVALIDATION_KIND, project.id),
+            NudgeTriggers(project.id),
+        ]
     assert sent(runtime, actors.TRIGGERS_NUDGE) == [{"project_id": str(project.id)}]
