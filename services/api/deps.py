@@ -13,8 +13,7 @@ from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 from psycopg import Connection
 
-from libs.common.contracts import actors
-from libs.common.core import broker
+from libs.common.core import effects
 from libs.common.core.db import map_errors
 from libs.common.core.errors import Unauthorized
 from libs.common.core.runtime import Runtime
@@ -30,8 +29,10 @@ def runtime_of(request: Request[Any, Any, Any]) -> Runtime:
 
 @contextmanager
 def transaction(runtime: Runtime) -> Iterator[Connection[Any]]:
-    """One database transaction: committed when the block ends, rolled back on an error."""
-    with map_errors(), runtime.pool.connection() as conn:
+    """One database transaction: committed when the block ends, rolled back on an error; the effects the
+    domain functions registered (nudges, cache invalidations) run after the commit
+    (:mod:`libs.common.core.effects`)."""
+    with map_errors(), effects.transaction(runtime) as conn:
         yield conn
 
 
@@ -49,22 +50,6 @@ def project_id(request: Request[Any, Any, Any]) -> uuid.UUID:
         raise Unauthorized()
     with transaction(runtime_of(request)) as conn:
         return authenticate(conn, key.strip())
-
-
-def nudge_release(runtime: Runtime, project: uuid.UUID, enrollment_id: uuid.UUID) -> None:
-    """Wake a release worker now, without waiting on RabbitMQ: the nudge is queued for this process's
-    sender thread, or dropped and counted (a lost nudge only costs latency: the loops poll)."""
-    broker.nudge(
-        runtime.broker,
-        actors.RELEASE_NUDGE,
-        actors.ReleaseNudge(project_id=project, enrollment_id=enrollment_id),
-    )
-
-
-def nudge_triggers(runtime: Runtime, project: uuid.UUID) -> None:
-    """Wake the triggers service now (rules may have triggers to act on), without waiting on RabbitMQ; a
-    lost nudge costs latency only."""
-    broker.nudge(runtime.broker, actors.TRIGGERS_NUDGE, actors.TriggersNudge(project_id=project))
 
 
 class _HasId(Protocol):

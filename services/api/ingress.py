@@ -23,7 +23,6 @@ from libs.common.core.errors import DatabaseUnavailable, FollowupsError
 from libs.common.core.runtime import Runtime, Service
 from libs.common.ingress import handle_event
 from libs.common.platform.send_lane import ClaimRequest, claim_messages
-from services.api.deps import nudge_triggers
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +46,8 @@ def build(runtime: Runtime) -> Service:
         message = _decode(actors.PLATFORM_EVENT, payload)
         context = {"project_id": str(message.project_id), "event_type": _event_type(message.event)}
         try:
-            result = handle_event(
-                runtime.pool, message.project_id, message.event, now=runtime.clock.now(), check_project=True
+            handle_event(
+                runtime, message.project_id, message.event, now=runtime.clock.now(), check_project=True
             )
         except DatabaseUnavailable:
             log.warning("ingress event deferred: database unavailable", extra=context)
@@ -59,8 +58,6 @@ def build(runtime: Runtime) -> Service:
         except Exception as exc:  # a constraint or a bug: retrying would fail the same way
             log.exception("ingress event failed", extra=context | {"reason": str(exc), "field": None})
             raise Rejected(str(exc)) from exc
-        if result.trigger_ids:
-            nudge_triggers(runtime, message.project_id)
 
     def claim(payload: dict[str, Any]) -> None:
         message = _decode(actors.CLAIM_MESSAGES, payload)

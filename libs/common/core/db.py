@@ -26,6 +26,7 @@ from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from libs.common.core import effects
 from libs.common.core.errors import DatabaseUnavailable, FollowupsError, InvalidInput
 from libs.common.core.settings import DatabaseSettings
 
@@ -72,12 +73,14 @@ def create_pool(settings: DatabaseSettings, *, name: str = "followups", open_: b
 
 
 def check_connection(conn: psycopg.Connection[Any]) -> None:
-    """The pool's check of a connection it hands out: raises if the server has closed it.
+    """The pool's check of a connection it hands out: raises if the server has closed it. The after-commit
+    effects an earlier user registered and did not run are dropped (:mod:`libs.common.core.effects`).
 
     An idle connection has nothing to read unless the server said goodbye (a restart's "terminating
     connection", an idle timeout, the end of a stream a network outage cut): only then is it checked with
     psycopg's empty query. A poll of the socket costs ~20 us; the query, a round trip (~0.4 ms) per
     checkout."""
+    effects.discard(conn)
     if conn.closed or _has_input(conn.pgconn.socket):
         ConnectionPool.check_connection(conn)
 

@@ -14,7 +14,7 @@ from psycopg import Connection
 from psycopg.rows import class_row
 
 from libs.common.contracts.limits import Name
-from libs.common.core import validation
+from libs.common.core import effects, validation
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.sql import load_queries
 from libs.common.followups.enrollments import EnrollmentRejected, EnrollRequest, enroll
@@ -90,7 +90,7 @@ def release_recipient(
         variables={"campaign_id": str(campaign_id)},
     )
     try:
-        with conn.transaction():
+        with effects.savepoint(conn):
             enrollment, created = enroll(conn, project_id, request, now=now, source="campaign")
     except EnrollmentRejected as refusal:
         return None, refusal.code or "rejected"

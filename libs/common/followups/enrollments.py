@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 
 from libs.common.core import validation
 from libs.common.core.db import map_errors
+from libs.common.core.effects import NudgeRelease, after_commit
 from libs.common.core.errors import Conflict, InvalidInput, NotFound
 from libs.common.core.metrics import FOLLOWUP_ENROLLMENTS
 from libs.common.core.sql import load_queries
@@ -152,6 +153,8 @@ def enroll(
             "source": source,
         },
     )
+    if created:
+        _nudge_if_due(conn, project_id, enrollment, now)
     return enrollment, created
 
 
@@ -393,7 +396,9 @@ def resume_enrollment(
 ) -> Enrollment:
     """Reactivate a paused enrollment; a step that fell due while paused is due now."""
     resumed = transitions.resume(conn, project_id, [enrollment_id], now=now)
-    return _changed(conn, project_id, enrollment_id, resumed)
+    enrollment = _changed(conn, project_id, enrollment_id, resumed)
+    _nudge_if_due(conn, project_id, enrollment, now)
+    return enrollment
 
 
 def stop_enrollment(
@@ -465,6 +470,7 @@ def update_enrollment(
         now=now,
     )
     assert updated is not None  # locked and live
+    _nudge_if_due(conn, project_id, updated, now)
     return updated
 
 
@@ -480,4 +486,14 @@ def resume_waiting_for_a_number(
             "enrollments resumed: a number connected",
             extra={"project_id": str(project_id), "enrollment_ids": [str(e.id) for e in resumed]},
         )
+    for enrollment in resumed:
+        _nudge_if_due(conn, project_id, enrollment, now)
     return [e.id for e in resumed]
+
+
+def _nudge_if_due(
+    conn: Connection[Any], project_id: uuid.UUID, enrollment: Enrollment, now: datetime
+) -> None:
+    """An active enrollment due now: the release service is nudged once the change has committed."""
+    if enrollment.status == "active" and enrollment.next_run_at <= now:
+        after_commit(conn, NudgeRelease(project_id, enrollment.id))

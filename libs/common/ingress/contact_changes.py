@@ -11,7 +11,7 @@ from typing import Any
 from psycopg import Connection
 
 from libs.common.core import validation
-from libs.common.ingress import record
+from libs.common.ingress.apply import record
 from libs.common.platform import contacts
 from libs.common.platform.contacts import Contact, ContactCreate, ContactFields, ContactUpdate
 

@@ -36,6 +36,7 @@ from psycopg_pool import ConnectionPool
 from libs.common.contracts.events import BulkJobCompleted, BulkJobProgress
 from libs.common.core import validation
 from libs.common.core.clock import Clock
+from libs.common.core.effects import NudgeTriggers, after_commit
 from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
 from libs.common.core.jobs import Failed, Failure, Fairness, Queue, Retry, run_batch, savepoint
 from libs.common.core.outbox import write_events
@@ -183,6 +184,7 @@ def create_job(
     log.info(
         "bulk job created", extra={"project_id": str(project_id), "job_id": str(job_id), "total": job.total}
     )
+    after_commit(conn, NudgeTriggers(project_id))  # the triggers service's bulk loop takes it at once
     return job, True
 
 
@@ -206,6 +208,7 @@ def list_jobs(
 def cancel_job(conn: Connection[Any], project_id: uuid.UUID, job_id: uuid.UUID, *, now: datetime) -> BulkJob:
     """Ask the job to stop at its next chunk (a finished job is returned as it is)."""
     conn.execute(QUERIES["request_cancel"], {"project_id": project_id, "id": job_id, "now": now})
+    after_commit(conn, NudgeTriggers(project_id))
     return get_job(conn, project_id, job_id)
 
 

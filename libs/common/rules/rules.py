@@ -6,9 +6,10 @@ A rule: ``name``, ``event``, ``conditions`` (a tree, see :mod:`libs.common.rules
 (see :mod:`libs.common.rules.actions`), ``execution_delay_minutes`` (None: at once; 1 to 43,200) and
 ``active``. Rules run in ``position`` order, then creation order.
 
-The cache keeps each project's active rules for at most :data:`CACHE_TTL_SECONDS`; whoever commits a change
-made here publishes :data:`INVALIDATION_KIND` (:mod:`libs.common.core.invalidation`): this process forgets the
-project's rules at once, every other process within a second.
+The cache keeps each project's active rules for at most :data:`CACHE_TTL_SECONDS`; a change made here
+registers the publication of :data:`INVALIDATION_KIND` (:mod:`libs.common.core.invalidation`) to run after
+its commit (:mod:`libs.common.core.effects`): this process forgets the project's rules at once, every other
+process within a second.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from psycopg.types.json import Jsonb
 
 from libs.common.contracts.limits import Name
 from libs.common.core import validation
+from libs.common.core.effects import Invalidate, after_commit
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.invalidation import on_invalidation
 from libs.common.core.sql import load_queries
@@ -165,6 +167,7 @@ def create_rule(conn: Connection[Any], project_id: uuid.UUID, data: RuleCreate, 
     }
     rule = _row(conn, "insert_rule", params)
     assert rule is not None
+    _changed(conn, project_id)
     return rule
 
 
@@ -230,12 +233,19 @@ def update_rule(
     }
     rule = _row(conn, "update_rule", params)
     assert rule is not None
+    _changed(conn, project_id)
     return rule
 
 
 def delete_rule(conn: Connection[Any], project_id: uuid.UUID, rule_id: uuid.UUID) -> None:
     if conn.execute(QUERIES["delete_rule"], {"project_id": project_id, "id": rule_id}).fetchone() is None:
         raise NotFound("rule not found", field="rule_id")
+    _changed(conn, project_id)
+
+
+def _changed(conn: Connection[Any], project_id: uuid.UUID) -> None:
+    """Once the change committed, every process forgets the project's cached rules (this one at once)."""
+    after_commit(conn, Invalidate(INVALIDATION_KIND, project_id))
 
 
 def rule_runs(

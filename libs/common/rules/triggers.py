@@ -32,6 +32,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
+from libs.common.core.effects import NudgeTriggers, after_commit
 from libs.common.core.jobs import (
     STANDARD_BACKOFF,
     Failed,
@@ -89,6 +90,7 @@ def record_trigger(
     row = conn.execute(QUERIES["insert_trigger"], params).fetchone()
     assert row is not None
     trigger_id: int = row[0]
+    after_commit(conn, NudgeTriggers(project_id))  # the triggers service acts on it once it committed
     return trigger_id
 
 

@@ -25,7 +25,7 @@ from services.api.dashboard.base import paged, project_of, query_uuid, see_other
 from services.api.dashboard.forms import Form, FormErrors, error_of, key_values, validation_error
 from services.api.dashboard.queries import sequence_names
 from services.api.dashboard.render import SECURITY_HEADERS, page
-from services.api.deps import nudge_triggers, runtime_of, transaction
+from services.api.deps import runtime_of, transaction
 from services.api.problems import STATUS_OF
 
 #: The job's fields named as the upload form's inputs.
@@ -117,7 +117,6 @@ class BulkController(Controller):
         except FollowupsError as exc:
             status = next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
             return self._form(request, values, error_of(exc).renamed(BULK_FIELDS), status=status)
-        nudge_triggers(runtime, project_id)
         return see_other(f"/app/bulk/{job.id}", notice="created")
 
     def _form(
@@ -172,7 +171,6 @@ class BulkController(Controller):
         except FollowupsError as exc:
             if isinstance(exc, NotFound):
                 raise
-        nudge_triggers(runtime, project_id)
         return see_other(f"/app/bulk/{job_id}")
 
     @get("/{job_id:uuid}/skipped.csv", sync_to_thread=True)

@@ -20,7 +20,7 @@ from services.api.dashboard.base import paged, project_of, query_uuid, see_other
 from services.api.dashboard.forms import Form, FormErrors, comma_list, error_of, validation_error
 from services.api.dashboard.queries import sequence_names
 from services.api.dashboard.render import page
-from services.api.deps import nudge_triggers, runtime_of, transaction
+from services.api.deps import runtime_of, transaction
 from services.api.problems import STATUS_OF
 
 
@@ -83,7 +83,6 @@ class ContactsController(Controller):
             return self._list(request, validation_error(exc), values, 422)
         except FollowupsError as exc:
             return self._list(request, error_of(exc), values, _status_of(exc))
-        nudge_triggers(runtime, project_id)
         return see_other(f"/app/contacts/{contact.id}", notice="created")
 
     @get("/{contact_id:uuid}", sync_to_thread=True)

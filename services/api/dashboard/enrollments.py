@@ -31,7 +31,7 @@ from services.api.dashboard.forms import (
 from services.api.dashboard.queries import contact_labels, sequence_names
 from services.api.dashboard.render import page
 from services.api.dashboard.step_form import describe
-from services.api.deps import nudge_release, runtime_of, transaction
+from services.api.deps import runtime_of, transaction
 from services.api.problems import STATUS_OF
 
 STATUSES = ("active", "paused", "completed", "stopped", "failed")
@@ -192,13 +192,11 @@ class EnrollmentsController(Controller):
                     },
                     EnrollRequest,
                 )
-                enrollment, created = enrollments.enroll(conn, project_id, data, now=now, source="api")
+                enrollment, _ = enrollments.enroll(conn, project_id, data, now=now, source="api")
         except msgspec.ValidationError as exc:
             return self._form(request, values, validation_error(exc).renamed(ENROLL_FIELDS), status=422)
         except FollowupsError as exc:
             return self._form(request, values, error_of(exc).renamed(ENROLL_FIELDS), status=_status_of(exc))
-        if created and enrollment.next_run_at <= now:
-            nudge_release(runtime, project_id, enrollment.id)
         return see_other(f"/app/enrollments/{enrollment.id}", notice="enrolled")
 
     def _form(
@@ -284,11 +282,9 @@ class EnrollmentsController(Controller):
         now = runtime.clock.now()
         try:
             with transaction(runtime) as conn:
-                enrollment = enrollments.resume_enrollment(conn, project_id, enrollment_id, now=now)
+                enrollments.resume_enrollment(conn, project_id, enrollment_id, now=now)
         except FollowupsError as exc:
             return self._refused(request, enrollment_id, exc)
-        if enrollment.next_run_at <= now:
-            nudge_release(runtime, project_id, enrollment.id)
         return see_other(_back(request, enrollment_id), notice="resumed")
 
     @post("/{enrollment_id:uuid}/stop", sync_to_thread=True)

@@ -12,7 +12,6 @@ from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
 
 from libs.common.core.errors import Conflict, FollowupsError
-from libs.common.core.runtime import Runtime
 from libs.common.followups import sequences
 from libs.common.rules import executions, rules
 from libs.common.rules.rules import RuleCreate, RuleUpdate
@@ -36,11 +35,6 @@ from services.api.deps import runtime_of, transaction
 from services.api.problems import STATUS_OF
 
 EXECUTION_STATUSES = ("pending", "executed", "skipped")
-
-
-def _changed(runtime: Runtime, project_id: uuid.UUID) -> None:
-    """After the commit: every process forgets the project's cached rules (as the REST routes do)."""
-    runtime.invalidator.publish(rules.INVALIDATION_KIND, project_id)
 
 
 def _status_of(exc: FollowupsError) -> int:
@@ -137,7 +131,6 @@ class RulesController(Controller):
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
             rules.delete_rule(conn, project_id, rule_id)
-        _changed(runtime, project_id)
         return see_other("/app/rules", notice="deleted")
 
     def _switch(self, request: Request[Any, Any, Any], rule_id: uuid.UUID, *, active: bool) -> Response[str]:
@@ -145,7 +138,6 @@ class RulesController(Controller):
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
             rules.update_rule(conn, project_id, rule_id, RuleUpdate(active=active), now=runtime.clock.now())
-        _changed(runtime, project_id)
         return see_other("/app/rules", notice="enabled" if active else "disabled")
 
     def _submit(self, request: Request[Any, Any, Any], *, rule_id: uuid.UUID | None) -> Response[str]:
@@ -173,7 +165,6 @@ class RulesController(Controller):
             return self._form(request, rule_form, validation_error(exc), rule_id=rule_id, status=422)
         except FollowupsError as exc:
             return self._form(request, rule_form, error_of(exc), rule_id=rule_id, status=_status_of(exc))
-        _changed(runtime, project_id)
         return see_other(f"/app/rules/{rule.id}", notice="saved" if rule_id else "created")
 
     def _form(

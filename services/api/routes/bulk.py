@@ -19,7 +19,7 @@ from libs.common.followups.campaigns import Campaign, CampaignPut
 from libs.common.rules import bulk
 from libs.common.rules.bulk import BulkCreate, BulkJob
 from services.api.body import MAX_BULK_BODY_BYTES
-from services.api.deps import PageLimit, ProjectId, nudge_triggers, page, runtime_of, transaction
+from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 from services.api.openapi import conflict, not_found
 from services.api.routes import Page, as_page
 
@@ -53,8 +53,6 @@ class BulkEnrollmentsController(Controller):
             job, created = bulk.create_job(
                 conn, project_id, data, idempotency_key=key, now=runtime.clock.now()
             )
-        if created:
-            nudge_triggers(runtime, project_id)
         return Response(job, status_code=202 if created else 200)
 
     @get("/", sync_to_thread=True)
@@ -86,7 +84,6 @@ class BulkEnrollmentsController(Controller):
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
             job = bulk.cancel_job(conn, project_id, job_id, now=runtime.clock.now())
-        nudge_triggers(runtime, project_id)
         return job
 
     @get("/{job_id:uuid}/skipped", sync_to_thread=True, media_type="text/csv")

@@ -14,7 +14,7 @@ from libs.common.core import validation
 from libs.common.ingress import contact_changes
 from libs.common.platform import contacts
 from libs.common.platform.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
-from services.api.deps import PageLimit, ProjectId, nudge_triggers, page, runtime_of, transaction
+from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 from services.api.openapi import conflict
 from services.api.routes import Page, as_page
 
@@ -31,7 +31,6 @@ class ContactsController(Controller):
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
             contact = contact_changes.create_contact(conn, project_id, data, now=runtime.clock.now())
-        nudge_triggers(runtime, project_id)
         return contact
 
     @put(
@@ -52,7 +51,6 @@ class ContactsController(Controller):
             contact, created = contact_changes.upsert_contact(
                 conn, project_id, phone, data, now=runtime.clock.now()
             )
-        nudge_triggers(runtime, project_id)
         return Response(contact, status_code=201 if created else 200)
 
     @get("/", sync_to_thread=True)
@@ -93,7 +91,6 @@ class ContactsController(Controller):
             contact = contact_changes.update_contact(
                 conn, project_id, contact_id, data, now=runtime.clock.now()
             )
-        nudge_triggers(runtime, project_id)
         return contact
 
     @post("/{contact_id:uuid}/tags", sync_to_thread=True, status_code=200)
@@ -109,7 +106,6 @@ class ContactsController(Controller):
             contact = contact_changes.change_tags(
                 conn, project_id, contact_id, add=data.tags, now=runtime.clock.now()
             )
-        nudge_triggers(runtime, project_id)
         return contact
 
     # a ``path`` parameter, so that a tag with a slash (sent as %2F, which ASGI decodes) is matched too
@@ -127,5 +123,4 @@ class ContactsController(Controller):
             contact = contact_changes.change_tags(
                 conn, project_id, contact_id, remove=[tag], now=runtime.clock.now()
             )
-        nudge_triggers(runtime, project_id)
         return contact

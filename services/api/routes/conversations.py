@@ -15,7 +15,7 @@ from libs.common.platform import conversations
 from libs.common.platform.conversations import Conversation
 from libs.common.rules import executions
 from libs.common.rules.executions import Execution, ExecutionStatus
-from services.api.deps import PageLimit, ProjectId, nudge_release, page, runtime_of, transaction
+from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 from services.api.openapi import conflict
 from services.api.routes import Page, as_page
 
@@ -68,6 +68,4 @@ class ConversationsController(Controller):
         now = runtime.clock.now()
         with transaction(runtime) as conn:
             enrollment, created = follow_up(conn, project_id, conversation_id, data, now=now)
-        if created and enrollment.next_run_at <= now:
-            nudge_release(runtime, project_id, enrollment.id)
         return Response(enrollment, status_code=201 if created else 200)

@@ -13,7 +13,7 @@ from libs.common.followups import enrollments
 from libs.common.followups.enrollments import EnrollmentDetail, EnrollmentUpdate, EnrollRequest, StopRequest
 from libs.common.followups.stops import count_stopped
 from libs.common.followups.transitions import Enrollment, EnrollmentStatus
-from services.api.deps import PageLimit, ProjectId, nudge_release, page, runtime_of, transaction
+from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 from services.api.openapi import conflict, not_found
 from services.api.routes import Page, as_page
 
@@ -45,8 +45,6 @@ class EnrollmentsController(Controller):
         now = runtime.clock.now()
         with transaction(runtime) as conn:
             enrollment, created = enrollments.enroll(conn, project_id, data, now=now)
-        if created and enrollment.next_run_at <= now:
-            nudge_release(runtime, project_id, enrollment.id)
         return Response(enrollment, status_code=201 if created else 200)
 
     @get("/", sync_to_thread=True)
@@ -93,8 +91,6 @@ class EnrollmentsController(Controller):
         now = runtime.clock.now()
         with transaction(runtime) as conn:
             enrollment = enrollments.update_enrollment(conn, project_id, enrollment_id, data, now=now)
-        if enrollment.status == "active" and enrollment.next_run_at <= now:
-            nudge_release(runtime, project_id, enrollment.id)
         return enrollment
 
     @post("/{enrollment_id:uuid}/pause", sync_to_thread=True, status_code=200, responses=_NOT_LIVE)
@@ -113,8 +109,6 @@ class EnrollmentsController(Controller):
         now = runtime.clock.now()
         with transaction(runtime) as conn:
             enrollment = enrollments.resume_enrollment(conn, project_id, enrollment_id, now=now)
-        if enrollment.next_run_at <= now:
-            nudge_release(runtime, project_id, enrollment.id)
         return enrollment
 
     @post("/{enrollment_id:uuid}/stop", sync_to_thread=True, status_code=200, responses=_NOT_LIVE)

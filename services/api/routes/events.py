@@ -10,7 +10,7 @@ from litestar.params import JSONBody
 
 from libs.common.contracts.platform_events import PlatformEvent
 from libs.common.ingress import EventResult, handle_event
-from services.api.deps import ProjectId, nudge_triggers, runtime_of
+from services.api.deps import ProjectId, runtime_of
 from services.api.openapi import conflict, not_found
 
 #: Events that create something: 201 the first time, 200 when repeated.
@@ -39,8 +39,6 @@ class EventsController(Controller):
     ) -> Response[EventResult]:
         """Apply one platform event (a reply, an opt-out, a status report, ...) and its stop paths."""
         runtime = runtime_of(request)
-        result = handle_event(runtime.pool, project_id, data, now=runtime.clock.now())
-        if result.trigger_ids:
-            nudge_triggers(runtime, project_id)
+        result = handle_event(runtime, project_id, data, now=runtime.clock.now())
         created = result.applied and result.type in _CREATING
         return Response(result, status_code=201 if created else 200)

@@ -9,7 +9,6 @@ from typing import Any, Literal
 from litestar import Controller, Request, delete, get, patch, post
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from libs.common.core.runtime import Runtime
 from libs.common.rules import executions, rules, webhooks
 from libs.common.rules.executions import Execution, ExecutionStatus
 from libs.common.rules.rules import Event, Rule, RuleCreate, RuleRun, RuleUpdate
@@ -20,11 +19,6 @@ from services.api.routes import Items, Page, as_items, as_page
 
 #: A sequence an ``enroll_in_sequence`` action names that is not one of the project's.
 _UNKNOWN_SEQUENCE = not_found("A sequence an action names is not one of the project's.")
-
-
-def _changed(runtime: Runtime, project_id: uuid.UUID) -> None:
-    """After the commit: every process forgets the project's cached rules (this one at once)."""
-    runtime.invalidator.publish(rules.INVALIDATION_KIND, project_id)
 
 
 class RulesController(Controller):
@@ -40,7 +34,6 @@ class RulesController(Controller):
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
             rule = rules.create_rule(conn, project_id, data, now=runtime.clock.now())
-        _changed(runtime, project_id)
         return rule
 
     @get("/", sync_to_thread=True)
@@ -96,7 +89,6 @@ class RulesController(Controller):
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
             rule = rules.update_rule(conn, project_id, rule_id, data, now=runtime.clock.now())
-        _changed(runtime, project_id)
         return rule
 
     @delete("/{rule_id:uuid}", sync_to_thread=True)
@@ -107,7 +99,6 @@ class RulesController(Controller):
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
             rules.delete_rule(conn, project_id, rule_id)
-        _changed(runtime, project_id)
 
     @get("/{rule_id:uuid}/executions", sync_to_thread=True)
     def executions(

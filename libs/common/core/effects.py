@@ -1,0 +1,190 @@
+"""After-commit effects: what a change asks for once its transaction has committed (wake the release
+service, wake the triggers service, make every process forget a cached value, count something), registered
+by the domain function that makes the change, on the connection it was given, and run by the transaction
+that owns the connection, once, after COMMIT succeeded (Django's ``transaction.on_commit``)::
+
+    with effects.transaction(runtime) as conn:  # the API's and the ingress's transactions
+        enroll(conn, project_id, request, now=now)  # registers NudgeRelease(project_id, enrollment_id)
+    # committed: the release service is nudged now
+
+- **Never before the commit, never after a rollback.** An exception out of the block, or a COMMIT that
+  fails, drops what was registered; a savepoint opened with :func:`savepoint` that rolls back drops what
+  was registered inside it, and only that (a plain ``conn.transaction()`` does not know of effects: a
+  savepoint whose block may register one is opened with :func:`savepoint`).
+- **Once per transaction.** Effects with the same :attr:`Effect.key` run once: a nudge wakes a loop, so
+  a bulk that makes 500 enrollments due sends one release nudge for the project, not 500.
+- **Never an error.** An effect that fails is logged (``after-commit effect failed``); the change stays
+  committed and the request that made it succeeds.
+- **Nested use** is one transaction per connection: a block opened inside another takes a connection of
+  its own and runs its effects after its own commit.
+- **A connection used without** :func:`transaction` (a worker's own ``pool.connection()``): what is
+  registered on it is never run, and is dropped when the pool hands the connection out again (the pool's
+  check, :func:`libs.common.core.db.check_connection`, calls :func:`discard`), so it never leaks into
+  another transaction. Such a worker acts on the result its domain function returns, as the triggers
+  service nudges the release service for the enrollments its rules made (``Done.enrollments``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from psycopg import Connection
+
+from libs.common.contracts import actors
+from libs.common.core import broker
+
+if TYPE_CHECKING:
+    from libs.common.core.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+#: The connection attribute that holds its pending effects (by key, in the order they were registered).
+_PENDING = "_followups_after_commit"
+
+
+class Effect(Protocol):
+    """Something to do once the transaction that asked for it has committed."""
+
+    @property
+    def key(self) -> Hashable:
+        """Effects with equal keys registered in one transaction run once (the first one registered)."""
+        ...
+
+    def run(self, runtime: Runtime) -> None: ...
+
+
+@dataclass(frozen=True)
+class NudgeRelease:
+    """An enrollment became due now: wake a release worker instead of waiting for its next poll.
+
+    One per project and transaction: the nudge wakes the release loop, which releases every due enrollment
+    (the first enrollment registered is the one the message names)."""
+
+    project_id: uuid.UUID
+    enrollment_id: uuid.UUID
+
+    @property
+    def key(self) -> Hashable:
+        return ("release", self.project_id)
+
+    def run(self, runtime: Runtime) -> None:
+        message = actors.ReleaseNudge(project_id=self.project_id, enrollment_id=self.enrollment_id)
+        broker.nudge(runtime.broker, actors.RELEASE_NUDGE, message)
+
+
+@dataclass(frozen=True)
+class NudgeTriggers:
+    """Triggers were recorded (or a bulk job queued or cancelled): wake the triggers service's loops."""
+
+    project_id: uuid.UUID
+
+    @property
+    def key(self) -> Hashable:
+        return ("triggers", self.project_id)
+
+    def run(self, runtime: Runtime) -> None:
+        broker.nudge(runtime.broker, actors.TRIGGERS_NUDGE, actors.TriggersNudge(project_id=self.project_id))
+
+
+@dataclass(frozen=True)
+class Invalidate:
+    """A cached value of the project changed: every process forgets it (this one at once), see
+    :mod:`libs.common.core.invalidation`."""
+
+    #: What the cache holds (``rules.INVALIDATION_KIND``, ...).
+    kind: str
+    project_id: uuid.UUID
+
+    @property
+    def key(self) -> Hashable:
+        return ("invalidate", self.kind, self.project_id)
+
+    def run(self, runtime: Runtime) -> None:
+        runtime.invalidator.publish(self.kind, self.project_id)
+
+
+@dataclass(frozen=True, eq=False)
+class Observe:
+    """Count (or log) what the transaction did, once it committed: ``observe()`` is called then. Never
+    deduplicated: each registration counts."""
+
+    #: What it counts, for the log line of a failure.
+    what: str
+    observe: Callable[[], None] = field(repr=False)
+
+    @property
+    def key(self) -> Hashable:
+        return self
+
+    def run(self, runtime: Runtime) -> None:
+        self.observe()
+
+
+def after_commit(conn: Connection[Any], effect: Effect) -> None:
+    """Run ``effect`` once the transaction ``conn`` is in has committed (dropped if it rolls back)."""
+    _pending(conn).setdefault(effect.key, effect)
+
+
+def pending(conn: Connection[Any]) -> list[Effect]:
+    """The effects registered on ``conn`` and not yet run or dropped, in the order they were registered."""
+    return list(getattr(conn, _PENDING, {}).values())
+
+
+def discard(conn: Connection[Any]) -> None:
+    """Drop what was registered on ``conn`` (its transaction rolled back, or nobody runs it)."""
+    registered: dict[Hashable, Effect] | None = getattr(conn, _PENDING, None)
+    if registered:
+        registered.clear()
+
+
+@contextmanager
+def savepoint(conn: Connection[Any]) -> Iterator[None]:
+    """A savepoint (``conn.transaction()``) whose rollback also drops the effects registered inside it;
+    those registered before it are kept, and those registered again inside it too."""
+    registered = _pending(conn)
+    mark = len(registered)
+    with conn.transaction():
+        try:
+            yield
+        except BaseException:  # psycopg's Rollback included: the savepoint is rolled back either way
+            for key in list(registered)[mark:]:
+                del registered[key]
+            raise
+
+
+@contextmanager
+def transaction(runtime: Runtime) -> Iterator[Connection[Any]]:
+    """A transaction on a connection of ``runtime``'s pool: committed when the block ends (rolled back on
+    an error), then the effects registered on it run, once, with ``runtime``'s broker and invalidator."""
+    with runtime.pool.connection() as conn:
+        discard(conn)
+        try:
+            yield conn
+        except BaseException:
+            discard(conn)
+            raise
+        effects = pending(conn)
+        discard(conn)
+    run(runtime, effects)  # reached only once COMMIT succeeded
+
+
+def run(runtime: Runtime, effects: list[Effect]) -> None:
+    """Run committed effects in the order they were registered; a failure is logged, never raised."""
+    for effect in effects:
+        try:
+            effect.run(runtime)
+        except Exception:
+            log.exception("after-commit effect failed", extra={"effect": repr(effect)})
+
+
+def _pending(conn: Connection[Any]) -> dict[Hashable, Effect]:
+    registered: dict[Hashable, Effect] | None = getattr(conn, _PENDING, None)
+    if registered is None:
+        registered = {}
+        setattr(conn, _PENDING, registered)
+    return registered
