@@ -14,3 +14,20 @@ Owns: ``followup_sequences``, ``followup_sequence_versions``, ``followup_enrollm
 ``followup_instance_pacing``, ``followup_settings``.
 May import: ``platform``, ``core``, ``contracts``.
 """
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The tables this context owns: it alone writes them (``tests/test_table_ownership.py`` checks it).
+OWNS: Final = frozenset(
+    {
+        "followup_sequences",
+        "followup_sequence_versions",
+        "followup_enrollments",
+        "followup_step_runs",
+        "followup_campaigns",
+        "followup_instance_pacing",
+        "followup_settings",
+    }
+)

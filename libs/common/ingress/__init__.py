@@ -57,7 +57,7 @@ from libs.common.contracts.platform_events import (
     NumberDisconnected,
     PlatformEvent,
 )
-from libs.common.core import validation
+from libs.common.core import outbox, validation
 from libs.common.core.db import map_errors
 from libs.common.core.errors import DatabaseUnavailable, InvalidInput, NotFound
 from libs.common.followups import campaigns
@@ -71,6 +71,9 @@ from libs.common.platform.projects import require_project
 from libs.common.platform.send_lane import StatusReport, report_status
 from libs.common.rules import erasure as rules_erasure
 from libs.common.rules.triggers import record_trigger
+
+#: The tables this context owns: none (it calls each context's functions; ``tests/test_table_ownership.py``).
+OWNS: frozenset[str] = frozenset()
 
 log = logging.getLogger(__name__)
 
@@ -440,6 +443,7 @@ def _erased(conn: Connection[Any], project_id: uuid.UUID, event: ContactErased, 
     )
     followups_erasure.erase_contact(conn, project_id, event.contact_id, now=now)
     rules_erasure.erase_contact(conn, project_id, event.contact_id)
+    outbox.erase_contact(conn, project_id, event.contact_id)
     contacts.erase_contact(conn, project_id, event.contact_id, now=now)
     return result
 

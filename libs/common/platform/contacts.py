@@ -254,7 +254,7 @@ def erase_contact(
     conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, now: datetime
 ) -> None:
     """Privacy erasure, the platform's part (the caller locked the contact for erasure): messages and
-    activities deleted, the contact anonymised, conversations cleared, ``message.claimed`` events
-    removed, and a ``contact.erased`` event."""
+    activities deleted, the contact anonymised, conversations cleared, and a ``contact.erased`` event (the
+    ``message.claimed`` events are the outbox's part: :func:`libs.common.core.outbox.erase_contact`)."""
     conn.execute(QUERIES["erase_contact"], {"project_id": project_id, "id": contact_id, "now": now})
     write_events(conn, project_id, [ContactErased(contact_id=contact_id)], occurred_at=now)
