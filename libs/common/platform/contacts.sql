@@ -123,3 +123,8 @@ UPDATE contacts
 SET phone = NULL, name = NULL, timezone = NULL, attributes = '{}'::jsonb, tags = '{}', opted_out_at = %(now)s,
     consent = 'revoked', last_inbound_at = NULL, erased_at = %(now)s, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: contact_names
+-- Name and phone of some of the project's contacts (an erased one has neither): the rows of a list.
+SELECT id, name, phone FROM contacts
+WHERE project_id = %(project_id)s AND id = ANY(%(ids)s::uuid[])
