@@ -394,6 +394,24 @@ def test_contexts_write_only_their_tables_and_read_others_through_their_function
     assert sorted(ALLOWED_READS.keys() - used) == [], "allow-list entries nothing needs any more"
 
 
+#: The one writer of enrollments (CONTRIBUTING): ``enroll()`` inserts them, ``transitions`` changes, purges.
+ENROLLMENT_WRITERS = (
+    "libs/common/followups/enrollments.sql::insert_enrollment",
+    "libs/common/followups/transitions.sql",
+)
+
+
+def test_enrollments_are_written_only_by_enroll_and_transitions() -> None:
+    known = schema_tables()
+    writers = {
+        statement.where
+        for statement in [*sql_statements(), *py_statements()]
+        if "followup_enrollments" in parse_tables(statement.text, known).written
+    }
+    assert writers, "the walk found the writers"
+    assert sorted(w for w in writers if not w.startswith(ENROLLMENT_WRITERS)) == []
+
+
 _PLANTED = """
 -- name: purge_outbox
 -- A planted violation: retention deletes another context's rows in a CTE.

@@ -2,7 +2,8 @@
 :data:`BATCH` rows per transaction: short locks), resting between batches (the release path keeps most of
 the machine), until nothing is left, and counts what it deleted in
 ``whatstig_retention_rows_deleted_total{table}``. Retention owns no table: the deletes are the owners'
-(:mod:`~libs.common.followups.purge`, :mod:`~libs.common.rules.purge`, :mod:`~libs.common.core.outbox`).
+(:mod:`~libs.common.followups.transitions`, :mod:`~libs.common.rules.purge`,
+:mod:`~libs.common.core.outbox`).
 
     followup_enrollments     finished, older than the project's retention_days (default 90; step runs go too)
     followup_triggers        processed, older than 7 days (rule runs go too), unless a pending delayed
@@ -30,7 +31,7 @@ from psycopg_pool import ConnectionPool
 from libs.common.core import outbox
 from libs.common.core.metrics import RETENTION_DELETED
 from libs.common.core.sql import load_queries
-from libs.common.followups import purge as followups_purge
+from libs.common.followups import transitions
 from libs.common.rules import purge as rules_purge
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Purge(Protocol):
 
 #: The steps, in order: (the table counted, its owner's batched delete, the rows per transaction).
 STEPS: Final[tuple[tuple[str, Purge, int], ...]] = (
-    ("followup_enrollments", followups_purge.purge_finished_enrollments, BATCH),
+    ("followup_enrollments", transitions.purge_finished, BATCH),
     ("followup_triggers", rules_purge.purge_processed_triggers, BATCH),
     ("rule_pending_executions", rules_purge.purge_rule_executions, BATCH),
     ("followup_bulk_jobs", rules_purge.purge_bulk_jobs, 1),  # a job takes its (up to 100,000) contacts

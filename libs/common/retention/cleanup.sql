@@ -1,4 +1,4 @@
--- The retention job's own statements: its lock (the deletes are the owners': followups/purge.sql,
+-- The retention job's own statements: its lock (the deletes are the owners': followups/transitions.sql,
 -- rules/purge.sql, core/outbox.sql).
 
 -- name: try_lock
