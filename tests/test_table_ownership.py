@@ -165,7 +165,9 @@ class Tables:
     read: frozenset[str]
 
 
+#: A word (a name, maybe schema-qualified) or one other character.
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*(?:\.[A-Za-z_][A-Za-z0-9_$]*)?|\S")
+#: A line comment and a string literal: neither names a table.
 _COMMENT = re.compile(r"--[^\n]*")
 _STRING = re.compile(r"'(?:[^']|'')*'")
 #: A ``.py`` string is SQL when it holds a keyword written as SQL is (upper case) with a clause after it.
