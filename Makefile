@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev test check schema alerts lint format typecheck imports unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers clean
+.PHONY: help install dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -41,7 +41,10 @@ alerts: ## the alert rules and their unit tests (promtool, when installed: Debia
 		promtool check rules docker/alerts.yml && cd docker && promtool test rules alerts.test.yml; \
 	else echo "promtool not installed: alert rules not checked (apt-get install prometheus)"; fi
 
-check: lint typecheck imports alerts ## every static check
+ownership: $(STAMP) ## each table written only by its owning context, read elsewhere only where allow-listed
+	$(BIN)/pytest -q -p no:randomly tests/test_table_ownership.py
+
+check: lint typecheck imports ownership alerts ## every static check
 
 schema: $(STAMP) ## write libs/common/core/schema.sql anew from the migrations (after adding one)
 	$(BIN)/python -m followups.schema

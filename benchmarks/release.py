@@ -58,7 +58,7 @@ from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
 from libs.common.core.loops import PollingLoop
 from libs.common.core.settings import DatabaseSettings, FollowupSettings, WorkerSettings
-from libs.common.followups import release_step, transitions
+from libs.common.followups import release_claim, release_step, transitions
 from libs.common.followups.project_settings import ProjectSettings, put_settings
 from libs.common.platform import messages as platform_messages
 from services.release import release
@@ -268,7 +268,7 @@ def pgbench_script() -> str:
     sends every write and the COMMIT in one pipeline. The message id the release path makes in Python
     comes from the conversation query here.
     """
-    claim, step, messages = release.QUERIES, release_step.QUERIES, platform_messages.QUERIES
+    claim, step, messages = release_claim.QUERIES, release_step.QUERIES, platform_messages.QUERIES
     enrollment = "NULLIF(:id, '')::uuid"
     message = "NULLIF(:message_id, '')::uuid"
     conversation = messages["lock_open_conversation"].replace(
@@ -289,6 +289,8 @@ def pgbench_script() -> str:
             template_parameters="NULL",
             month="date_trunc('month', now())::date",
             shard="floor(random() * 8)::smallint",
+            activity_kind="'followup_sent'",
+            activity="'{}'",
         ),
         _pgbench_statement(
             step["insert_step_run"],
@@ -296,7 +298,6 @@ def pgbench_script() -> str:
             step_index="0",
             message_id=message,
             due_at="NULLIF(:next_run_at, '')::timestamptz",
-            activity="'{}'",
         ),
         _pgbench_statement(
             transitions.QUERIES["finish"],
@@ -428,7 +429,7 @@ def claim_latency(url: str, not_due: int, samples: int = 300) -> float:
     with psycopg.connect(url) as conn:
         for _ in range(samples):
             started = time.perf_counter()
-            conn.execute(release.QUERIES["claim_due_enrollment"], {"now": now}).fetchone()
+            conn.execute(release_claim.QUERIES["claim_due_enrollment"], {"now": now}).fetchone()
             timings.append((time.perf_counter() - started) * 1000)
             conn.rollback()
     return statistics.median(timings)

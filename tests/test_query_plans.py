@@ -30,7 +30,7 @@ from services.release.release import release_batch
 from tests.conftest import database_from, with_database
 from tests.factories import make_contact, make_enrollment, make_sequence
 
-RELEASE_QUERIES = load_queries("services.release", "claim.sql")
+RELEASE_QUERIES = load_queries("libs.common.followups", "release_claim.sql")
 
 #: Rows of other contacts in the tables, enough that a sequential scan is clearly the worse plan.
 OTHER_CONTACTS = 5000

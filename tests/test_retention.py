@@ -14,6 +14,7 @@ from psycopg_pool import ConnectionPool
 from libs.common.core.clock import ManualClock
 from libs.common.retention import cleanup
 from libs.common.retention.cleanup import run_retention
+from libs.common.rules import purge as rules_purge
 from tests.conftest import Project
 from tests.factories import make_contact, make_sequence
 from tests.helpers import rows
@@ -182,8 +183,8 @@ def test_a_failing_step_fails_the_run_but_the_other_steps_still_run(
 ) -> None:
     now = clock.now()
     ids = seed(pool, project, now)
-    broken = dict(cleanup.QUERIES) | {"processed_triggers": "DELETE FROM no_such_table"}
-    monkeypatch.setattr(cleanup, "QUERIES", broken)
+    broken = dict(rules_purge.QUERIES) | {"processed_triggers": "DELETE FROM no_such_table"}
+    monkeypatch.setattr(rules_purge, "QUERIES", broken)
     assert run_retention(pool, clock.now) is False
     left = {row[0] for row in rows(pool, "SELECT id FROM followup_enrollments")}
     assert ids["old_done"] not in left  # the step before ran

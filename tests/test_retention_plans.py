@@ -10,16 +10,20 @@ from datetime import UTC, datetime
 import pytest
 from psycopg_pool import ConnectionPool
 
+from libs.common.core import outbox
 from libs.common.core.db import create_pool
 from libs.common.core.settings import DatabaseSettings
+from libs.common.followups import transitions
 from libs.common.platform.projects import create_project
-from libs.common.retention.cleanup import QUERIES
+from libs.common.rules import purge as rules_purge
 from tests.conftest import database_from, with_database
 from tests.factories import make_sequence
 from tests.test_query_plans import explain, index_names, seq_scanned
 
 NOW = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
 ROWS = 20_000
+#: The owners' batched deletes the retention job calls.
+QUERIES = transitions.QUERIES | rules_purge.QUERIES | outbox.QUERIES
 
 
 def _seed(pool: ConnectionPool, project_id: uuid.UUID) -> None:

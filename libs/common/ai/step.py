@@ -1,7 +1,8 @@
 """An AI step's model call, between the release's first pass (the step leased, a fence taken) and its
-second pass (every check again, under the lock, fenced; :func:`release_step.release_drafted`).
+second pass (every check again, under the lock, fenced; :func:`release_ai.release_drafted`).
 
-1. Read what the prompt needs, without locks; a step no longer under this fence is dropped at once.
+1. Read what the prompt needs, without locks, through its owners (the leased enrollment, its contact, the
+   conversation's last messages); a step no longer under this fence is dropped at once.
 2. Over the project's monthly token budget: the fallback (``ai_budget_exhausted``) without a call.
 3. Call the model holding no transaction and no lock.
 4. Write the call to the ledger and run the second pass in one transaction: the draft is queued, or the
@@ -22,18 +23,21 @@ from datetime import datetime
 from typing import Any
 
 from psycopg import Connection
-from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from libs.common.ai.client import ModelAnswer, ModelClient
 from libs.common.core.clock import Clock
+from libs.common.core.errors import NotFound
 from libs.common.core.metrics import AI_REQUESTS
 from libs.common.core.settings import FollowupSettings
 from libs.common.core.sql import load_queries
-from libs.common.followups import project_settings, release_step
+from libs.common.followups import project_settings, release, release_ai, release_step
 from libs.common.followups.definition import AiStep
+from libs.common.followups.release_claim import leased_step
 from libs.common.followups.release_step import AiDraft, Released
 from libs.common.followups.sequences import version_definition
+from libs.common.platform.contacts import get_contact
+from libs.common.platform.messages import recent_messages
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +100,8 @@ def run_step(
 ) -> Released | None:
     """One leased AI step from its model call to its second pass; None when the draft was dropped."""
     context_ids = {"enrollment_id": str(due.enrollment_id), "step_index": due.step_index, "fence": due.fence}
-    with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        params = {"id": due.enrollment_id, "step_index": due.step_index, "fence": due.fence}
-        context = cur.execute(QUERIES["context"], params).fetchone()
+    with pool.connection() as conn:
+        context = _context(conn, due)
         if context is None:
             log.info("ai step dropped before its call: fenced out", extra=context_ids)
             AI_REQUESTS.labels("followup", "fenced_out").inc()
@@ -108,14 +111,13 @@ def run_step(
         budget = project_settings.get_settings(conn, due.project_id).ai_monthly_token_budget
         used = month_tokens(conn, due.project_id, clock.now())
         history = (
-            cur.execute(
-                QUERIES["history"],
-                {
-                    "contact_id": context["contact_id"],
-                    "conversation_id": context["conversation_id"],
-                    "limit": step.history_messages,
-                },
-            ).fetchall()
+            recent_messages(
+                conn,
+                context["project_id"],
+                context["contact_id"],
+                context["conversation_id"],
+                step.history_messages,
+            )
             if step.history_messages
             else []
         )
@@ -130,7 +132,7 @@ def run_step(
     now = clock.now()
     try:
         with pool.connection() as conn:
-            released = release_step.release_drafted(
+            released = release_ai.release_drafted(
                 conn, due.enrollment_id, due.step_index, due.fence, draft, settings, now=now
             )
             outcome = "fenced_out" if released is None else (draft.fallback_reason or "drafted")
@@ -153,8 +155,29 @@ def run_step(
     AI_REQUESTS.labels("followup", outcome).inc()
     log.info("ai step done", extra=context_ids | {"outcome": outcome})
     if released is not None:
-        release_step.observe(released)
+        release.observe(released)
     return released
+
+
+def _context(conn: Connection[Any], due: StepDue) -> dict[str, Any] | None:
+    """What the prompt of a leased AI step needs, from its owners: the enrollment (still at the step, under
+    the same fence) and its contact; None when fenced out."""
+    leased = leased_step(conn, due.enrollment_id, due.step_index, due.fence)
+    if leased is None:
+        return None
+    try:
+        contact = get_contact(conn, leased.project_id, leased.contact_id)
+    except NotFound:  # erased: its enrollments were stopped with it
+        return None
+    return {
+        "project_id": leased.project_id,
+        "contact_id": leased.contact_id,
+        "conversation_id": leased.conversation_id,
+        "version_id": leased.version_id,
+        "variables": leased.variables,
+        "contact_name": contact.name,
+        "contact_attributes": contact.attributes,
+    }
 
 
 def _draft(called: ModelAnswer, step: AiStep) -> AiDraft:

@@ -6,3 +6,10 @@
 
 May import: nothing of ``libs.common`` (every context may import it).
 """
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The tables this context owns: none (``tests/test_table_ownership.py`` checks it).
+OWNS: Final[frozenset[str]] = frozenset()

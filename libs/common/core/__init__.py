@@ -4,3 +4,15 @@ schema migrations and the transactional outbox.
 
 Owns: ``schema_migrations``, ``outbox``. May import: ``contracts`` (nothing else of ``libs.common``).
 """
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The tables this context owns: it alone writes them (``tests/test_table_ownership.py`` checks it).
+OWNS: Final = frozenset(
+    {
+        "schema_migrations",
+        "outbox",
+    }
+)

@@ -98,6 +98,18 @@ def write_events(
     conn.execute(QUERIES["insert_events"], params)
 
 
+def purge_published(conn: Connection[Any], *, now: datetime, limit: int) -> int:
+    """Delete at most ``limit`` events published more than 7 days ago; returns how many went (the retention
+    job calls it a batch per transaction)."""
+    return conn.execute(QUERIES["published_outbox"], {"now": now, "limit": limit}).rowcount
+
+
+def erase_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> None:
+    """Privacy erasure, the outbox's part: the contact's ``message.claimed`` events (the phone and the text
+    for the send lane) are deleted, in the caller's transaction."""
+    conn.execute(QUERIES["erase_contact"], {"project_id": project_id, "contact_id": contact_id})
+
+
 class Publisher(Protocol):
     def publish(self, envelopes: list[Envelope]) -> None:
         """Publish every envelope durably, in order, or raise."""

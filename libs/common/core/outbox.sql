@@ -34,3 +34,20 @@ SELECT extract(epoch FROM now() - occurred_at) FROM outbox
 WHERE published_at IS NULL
 ORDER BY id
 LIMIT 1
+
+-- name: published_outbox
+-- Outbox rows published more than 7 days ago, a batch at a time (the retention job): the batch is picked
+-- through the published index and deleted by primary key.
+DELETE FROM outbox
+WHERE id = ANY(ARRAY(
+    SELECT id FROM outbox
+    WHERE published_at IS NOT NULL AND published_at < %(now)s::timestamptz - interval '7 days'
+    ORDER BY published_at
+    LIMIT %(limit)s
+))
+
+-- name: erase_contact
+-- Privacy erasure, the outbox's part: the contact's message.claimed events (they carry the phone and the
+-- text for the send lane) leave the outbox.
+DELETE FROM outbox
+WHERE project_id = %(project_id)s AND type = 'message.claimed' AND data->>'contact_id' = %(contact_id)s::text

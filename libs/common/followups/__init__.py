@@ -4,9 +4,12 @@
     definition     step kinds, timing, stop flags; validation; when a step is due
     sequences      drafts, versions (and the per-process version cache)
     enrollments    enroll(), reads, pause / resume / stop / reschedule by hand
-    transitions    every change to an enrollment after it was created (the one writer of that table)
+    transitions    every change to an enrollment after it was created, and its purge (the one writer)
     stops          the stop paths of platform events
-    release_step   one step, one transaction (the release service claims; the AI step's second pass too)
+    release        the release of one due enrollment: claim, step, commit, count (the release loop's work)
+    release_claim  the claim of the oldest due enrollment, the next due time, the leased AI step's reads
+    release_step   one step, one transaction (for a claimed enrollment; the AI step's second pass too)
+    release_ai     the AI step's second pass: locked again under its fence, released with the draft
     campaigns      a campaign's no-reply sequence, and its released recipients' enrollment
 
 Owns: ``followup_sequences``, ``followup_sequence_versions``, ``followup_enrollments``,
@@ -14,3 +17,20 @@ Owns: ``followup_sequences``, ``followup_sequence_versions``, ``followup_enrollm
 ``followup_instance_pacing``, ``followup_settings``.
 May import: ``platform``, ``core``, ``contracts``.
 """
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The tables this context owns: it alone writes them (``tests/test_table_ownership.py`` checks it).
+OWNS: Final = frozenset(
+    {
+        "followup_sequences",
+        "followup_sequence_versions",
+        "followup_enrollments",
+        "followup_step_runs",
+        "followup_campaigns",
+        "followup_instance_pacing",
+        "followup_settings",
+    }
+)

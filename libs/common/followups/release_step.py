@@ -5,13 +5,15 @@
     timing    rescheduled -> defer; reminder past grace -> skip; only_if not met -> skip
     sending   constraints (send window, consent, number, pacing, quotas, caps): see _sending_constraints
     render    missing vars.* / anchor.* -> skip
-    queue     queue_contact_message -> followup_sent activity -> step run -> followup.step_queued -> advance
+    queue     queue_contact_message (with its followup_sent activity) -> step run -> followup.step_queued
+              -> advance
 
-The release service claims (``FOR UPDATE SKIP LOCKED``) and calls :func:`release_claimed`; the AI step's
-second pass calls it too, under its own lock. Each returns a :class:`Released`, which the caller counts
-with :func:`observe` once its transaction committed. An unexpected error rolls the transaction back;
-:func:`record_failure` then backs the enrollment off exponentially and fails it after
-FOLLOWUP_MAX_FAILURES, so a poison row cannot hot-loop.
+The release (:mod:`~libs.common.followups.release`) claims (``FOR UPDATE SKIP LOCKED``) and calls
+:func:`release_claimed`; the AI step's second pass (:mod:`~libs.common.followups.release_ai`) calls it too,
+under its own lock. Each returns a :class:`Released`, which the caller counts with
+:func:`~libs.common.followups.release.observe` once its transaction committed. An unexpected error rolls
+the transaction back; :func:`record_failure` then backs the enrollment off exponentially and fails it
+after FOLLOWUP_MAX_FAILURES, so a poison row cannot hot-loop.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from psycopg_pool import ConnectionPool
 from libs.common.contracts.events import Event, StepQueued, StepSkipped
 from libs.common.contracts.limits import MAX_MESSAGE_LENGTH
 from libs.common.core.jobs import Backoff
-from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
 from libs.common.core.outbox import write_events
 from libs.common.core.settings import FollowupSettings
 from libs.common.core.sql import load_queries
@@ -45,43 +46,18 @@ from libs.common.followups.definition import (
     WhatsAppTemplate,
     step_due_at,
 )
+from libs.common.followups.release_claim import ClaimedEnrollment
 from libs.common.followups.sequences import version_definition
 from libs.common.followups.templates import RenderContext, render
 from libs.common.followups.transitions import FinalStatus
-from libs.common.platform.messages import ConversationBusy, OutboundMessage, queue_contact_message
+from libs.common.platform.messages import Activity, ConversationBusy, OutboundMessage, queue_contact_message
 
 log = logging.getLogger(__name__)
 
 QUERIES = load_queries("libs.common.followups", "release_step.sql")
 
-_encode = msgspec.json.Encoder().encode
-
 #: What one release transaction did.
 Action = Literal["queue", "skip", "defer", "pause", "stop", "retry", "fail", "lease"]
-
-
-class ClaimedEnrollment(msgspec.Struct, kw_only=True, frozen=True):
-    """The claimed enrollment: what the release step reads of it."""
-
-    id: uuid.UUID
-    project_id: uuid.UUID
-    sequence_id: uuid.UUID | None
-    version_id: uuid.UUID
-    contact_id: uuid.UUID
-    conversation_id: uuid.UUID | None
-    number_id: uuid.UUID | None
-    step_index: int
-    next_run_at: datetime
-    #: When the current step was scheduled (deferrals move next_run_at, not this).
-    step_due_at: datetime | None
-    anchor_at: datetime | None
-    variables: dict[str, Any]
-    enrolled_at: datetime
-    last_step_at: datetime | None
-    last_message_id: uuid.UUID | None
-    stop_on_reply: bool
-    waiting_reason: str | None
-    unavailable_since: datetime | None
 
 
 class ReleaseState(ConstraintState, kw_only=True, frozen=True):
@@ -116,26 +92,6 @@ class Released:
     project_id: uuid.UUID | None = None
     fence: int | None = None
     step_index: int | None = None
-
-
-def observe(released: Released) -> None:
-    """Count a committed release: the one place ``whatstig_followup_steps_total``, the release lag and the
-    finished counter are incremented from the release path."""
-    if released.action in ("retry", "fail"):
-        outcome = "error"
-    elif released.action == "queue":
-        outcome = _category(released.reason) if released.reason else "sent"
-    else:
-        outcome = _category(released.reason or "none")
-    FOLLOWUP_STEPS.labels(released.action, outcome).inc()
-    if released.lag_seconds is not None:
-        FOLLOWUP_RELEASE_LAG.observe(released.lag_seconds)
-    if released.finished == "stopped":
-        FOLLOWUP_FINISHED.labels("stopped", released.reason or "none").inc()
-    elif released.finished is not None:
-        FOLLOWUP_FINISHED.labels(
-            released.finished, "error" if released.finished == "failed" else "none"
-        ).inc()
 
 
 @dataclass(frozen=True)
@@ -354,6 +310,16 @@ def _queue(
 ) -> Released:
     row, now, step = claim.row, claim.now, claim.step
     media = step if isinstance(step, MessageStep) and content.template is None else None
+    message_id = uuid.uuid4()
+    # the step enters the contact's timeline (a followup_sent activity, the event's data) with its message
+    event = StepQueued(
+        enrollment_id=claim.id,
+        sequence_id=row.sequence_id,
+        contact_id=row.contact_id,
+        step_index=row.step_index,
+        message_id=message_id,
+        reason=reason,
+    )
     queued = queue_contact_message(
         conn,
         OutboundMessage(
@@ -370,19 +336,13 @@ def _queue(
             template_name=content.template.name if content.template else None,
             template_language=content.template.language if content.template else None,
             template_parameters=content.parameters,
+            activity=Activity("followup_sent", event),
+            id=message_id,
         ),
         now=now,
     )
     constraints.after_queued(conn, sending, now)
-    event = StepQueued(
-        enrollment_id=claim.id,
-        sequence_id=row.sequence_id,
-        contact_id=row.contact_id,
-        step_index=row.step_index,
-        message_id=queued.message_id,
-        reason=reason,
-    )
-    _insert_step_run(conn, claim, "queued", reason, queued.message_id, activity=event)
+    _insert_step_run(conn, claim, "queued", reason, queued.message_id)
     lag = max(0.0, (now - (row.step_due_at or row.next_run_at)).total_seconds())
     log.info(
         "step queued",
@@ -416,15 +376,9 @@ def _skip(conn: Connection[Any], claim: _Claim, reason: str) -> Released:
 
 
 def _insert_step_run(
-    conn: Connection[Any],
-    claim: _Claim,
-    outcome: str,
-    reason: str | None,
-    message_id: uuid.UUID | None,
-    *,
-    activity: StepQueued | None = None,
+    conn: Connection[Any], claim: _Claim, outcome: str, reason: str | None, message_id: uuid.UUID | None
 ) -> None:
-    """The step run, and for a queued step its ``followup_sent`` activity (the event's data)."""
+    """The step run (its primary key makes a second send of the step impossible)."""
     row = claim.row
     params = {
         "enrollment_id": claim.id,
@@ -435,8 +389,6 @@ def _insert_step_run(
         "message_id": message_id,
         "due_at": row.step_due_at or row.next_run_at,
         "now": claim.now,
-        "contact_id": row.contact_id,
-        "activity": _encode(activity).decode() if activity is not None else None,
     }
     conn.execute(QUERIES["insert_step_run"], params)
 
@@ -486,11 +438,6 @@ def _defer(
     return Released(enrollment_id, "defer", reason)
 
 
-def _category(reason: str) -> str:
-    """A reason's bounded category for metric labels (``missing_variable:vars.x`` -> ``missing_variable``)."""
-    return reason.split(":", 1)[0]
-
-
 def backoff(failures: int, settings: FollowupSettings) -> timedelta:
     """Exponential backoff after the n-th consecutive failure: min, 2*min, ... capped at max."""
     most = timedelta(seconds=settings.backoff_max_seconds)
@@ -502,31 +449,6 @@ class _Finishing(msgspec.Struct, frozen=True):
     project_id: uuid.UUID
     sequence_id: uuid.UUID | None
     contact_id: uuid.UUID
-
-
-def release_drafted(
-    conn: Connection[Any],
-    enrollment_id: uuid.UUID,
-    step_index: int,
-    fence: int,
-    draft: AiDraft,
-    settings: FollowupSettings,
-    *,
-    now: datetime,
-) -> Released | None:
-    """The second pass of an AI step: lock the enrollment, check the fence (still active, same step, same
-    attempts: no other pass took the step over after the lease), then release the step with the draft
-    through every check again. None: fenced out (the draft is dropped)."""
-    with conn.cursor(row_factory=class_row(ClaimedEnrollment)) as cur:
-        params = {"id": enrollment_id, "step_index": step_index, "fence": fence}
-        row = cur.execute(QUERIES["lock_fenced"], params).fetchone()
-    if row is None:
-        log.info(
-            "ai draft dropped: fenced out",
-            extra={"enrollment_id": str(enrollment_id), "step_index": step_index, "fence": fence},
-        )
-        return None
-    return release_claimed(conn, row, settings, now=now, draft=draft)
 
 
 def record_failure(

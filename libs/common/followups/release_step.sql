@@ -78,29 +78,13 @@ UPDATE followup_instance_pacing SET next_release_at = greatest(next_release_at, 
 WHERE number_id = %(number_id)s
 
 -- name: insert_step_run
--- The step run: its primary key (enrollment, step) makes a second send of a step impossible. A queued step
--- also enters the contact's timeline (a followup_sent activity), in the same statement: the release path
--- spends no statement of its own on it.
-WITH step_run AS (
-    INSERT INTO followup_step_runs (enrollment_id, step_index, project_id, outcome, reason, message_id, due_at,
-                                    ran_at)
-    VALUES (%(enrollment_id)s, %(step_index)s, %(project_id)s, %(outcome)s, %(reason)s, %(message_id)s,
-            %(due_at)s, %(now)s)
-)
-INSERT INTO activities (project_id, contact_id, kind, data, occurred_at)
-SELECT %(project_id)s, %(contact_id)s, 'followup_sent', %(activity)s::jsonb, %(now)s
-WHERE %(activity)s::jsonb IS NOT NULL
+-- The step run: its primary key (enrollment, step) makes a second send of a step impossible. (A queued
+-- step's followup_sent activity is written by the platform with its message, in the message's statement.)
+INSERT INTO followup_step_runs (enrollment_id, step_index, project_id, outcome, reason, message_id, due_at,
+                                ran_at)
+VALUES (%(enrollment_id)s, %(step_index)s, %(project_id)s, %(outcome)s, %(reason)s, %(message_id)s,
+        %(due_at)s, %(now)s)
 
 -- name: failing_enrollment
 -- What the followup.failed event of an enrollment that failed for good names.
 SELECT id, project_id, sequence_id, contact_id FROM followup_enrollments WHERE id = %(id)s
-
--- name: lock_fenced
--- The AI step's enrollment for its second pass: still active, at the same step and attempts (the fence),
--- locked (a release holding it is short).
-SELECT id, project_id, sequence_id, version_id, contact_id, conversation_id, number_id, step_index,
-       next_run_at, step_due_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply,
-       waiting_reason, unavailable_since
-FROM followup_enrollments
-WHERE id = %(id)s AND status = 'active' AND step_index = %(step_index)s AND attempts = %(fence)s
-FOR UPDATE

@@ -229,3 +229,11 @@ def change_sequence_status(
         paused = conn.execute(QUERIES["paused_by_sequence"], {"sequence_id": sequence_id}).fetchall()
         transitions.resume(conn, project_id, [row[0] for row in paused], now=now)
     return get_sequence(conn, project_id, sequence_id)
+
+
+def sequence_names(
+    conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID]
+) -> dict[uuid.UUID, str]:
+    """The name of each of the project's sequences in ``ids``, in one query (a list's rows)."""
+    rows = conn.execute(QUERIES["sequence_names"], {"project_id": project_id, "ids": list(set(ids))})
+    return {row[0]: row[1] for row in rows}

@@ -84,3 +84,8 @@ FOR UPDATE
 -- name: version_definition
 -- The frozen definition of a version.
 SELECT definition FROM followup_sequence_versions WHERE id = %(id)s
+
+-- name: sequence_names
+-- Names of some of the project's sequences (the rows of a list).
+SELECT id, name FROM followup_sequences
+WHERE project_id = %(project_id)s AND id = ANY(%(ids)s::uuid[])

@@ -1,6 +1,7 @@
 """The one home of every change to an enrollment after it was created (``followup_enrollments`` is
 updated here and nowhere else): advance, defer, pause, resume, finish, a counted failure, a new schedule,
-and erasure. Finishing writes the ``followup.<status>`` event of each finished enrollment.
+erasure, and the purge of finished enrollments past their retention. Finishing writes the
+``followup.<status>`` event of each finished enrollment.
 
 The caller has locked the enrollments (the release claim, or a ``SELECT ... FOR UPDATE``). Nothing here
 counts metrics: callers count what they did once their transaction committed.
@@ -209,3 +210,10 @@ def update_schedule(
 def anonymise(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, now: datetime) -> None:
     """Privacy erasure: the contact's enrollments keep nothing that could identify the person."""
     conn.execute(QUERIES["anonymise"], {"project_id": project_id, "contact_id": contact_id, "now": now})
+
+
+def purge_finished(conn: Connection[Any], *, now: datetime, limit: int) -> int:
+    """Delete at most ``limit`` finished enrollments older than their project's ``retention_days``
+    (default 90), oldest first, with their step runs; returns how many went (the retention job calls it a
+    batch per transaction)."""
+    return conn.execute(QUERIES["finished_enrollments"], {"now": now, "limit": limit}).rowcount

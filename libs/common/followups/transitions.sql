@@ -75,3 +75,18 @@ RETURNING *
 UPDATE followup_enrollments
 SET variables = '{}'::jsonb, dedupe_key = NULL, note = NULL, last_error = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s
+
+-- name: finished_enrollments
+-- Finished enrollments older than their project's retention_days (default 90), oldest first, a batch (the
+-- retention job): picked through the finished index, deleted by primary key; their step runs go with them
+-- (the messages stay: they keep the enrollment's id without a foreign key).
+DELETE FROM followup_enrollments
+WHERE id = ANY(ARRAY(
+    SELECT e.id FROM followup_enrollments e
+    LEFT JOIN followup_settings s ON s.project_id = e.project_id
+    WHERE e.status IN ('completed', 'stopped', 'failed')
+      AND e.finished_at < %(now)s::timestamptz - interval '1 day'
+      AND e.finished_at < %(now)s::timestamptz - make_interval(days => coalesce(s.retention_days, 90))
+    ORDER BY e.finished_at
+    LIMIT %(limit)s
+))

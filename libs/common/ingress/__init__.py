@@ -79,6 +79,9 @@ __all__ = [
     "stop_after_unapplied_reply",
 ]
 
+#: The tables this context owns: none (it calls each context's functions; ``tests/test_table_ownership.py``).
+OWNS: frozenset[str] = frozenset()
+
 #: A handler: applies one event of its type in the caller's transaction.
 Handler = Callable[[Connection[Any], uuid.UUID, Any, datetime], EventResult]
 

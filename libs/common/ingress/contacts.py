@@ -11,6 +11,7 @@ from typing import Any
 from psycopg import Connection
 
 from libs.common.contracts.platform_events import ContactErased, ContactOptedIn, ContactOptedOut
+from libs.common.core import outbox
 from libs.common.followups import erasure as followups_erasure
 from libs.common.ingress.apply import EventResult, stop
 from libs.common.platform import contacts
@@ -48,5 +49,6 @@ def erased(conn: Connection[Any], project_id: uuid.UUID, event: ContactErased, n
     )
     followups_erasure.erase_contact(conn, project_id, event.contact_id, now=now)
     rules_erasure.erase_contact(conn, project_id, event.contact_id)
+    outbox.erase_contact(conn, project_id, event.contact_id)
     contacts.erase_contact(conn, project_id, event.contact_id, now=now)
     return result

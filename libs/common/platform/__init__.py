@@ -4,6 +4,29 @@ its own. Projects and API keys, contacts (opt-out, consent, erasure, activities)
 status reports, leads and deals.
 
 Owns: ``projects``, ``api_keys``, ``numbers``, ``contacts``, ``activities``, ``conversations``,
-``messages``, ``message_status_events``, ``usage_counters``, ``leads``, ``deals``.
+``messages``, ``message_status_events``, ``message_counters`` (kept by a trigger on ``messages``),
+``usage_counters``, ``leads``, ``deals``.
 May import: ``core``, ``contracts``. Knows nothing of follow-ups: stop paths run above it (``ingress``).
 """
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The tables this context owns: it alone writes them (``tests/test_table_ownership.py`` checks it).
+OWNS: Final = frozenset(
+    {
+        "projects",
+        "api_keys",
+        "numbers",
+        "contacts",
+        "activities",
+        "conversations",
+        "messages",
+        "message_status_events",
+        "message_counters",
+        "usage_counters",
+        "leads",
+        "deals",
+    }
+)

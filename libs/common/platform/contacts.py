@@ -254,7 +254,16 @@ def erase_contact(
     conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, now: datetime
 ) -> None:
     """Privacy erasure, the platform's part (the caller locked the contact for erasure): messages and
-    activities deleted, the contact anonymised, conversations cleared, ``message.claimed`` events
-    removed, and a ``contact.erased`` event."""
+    activities deleted, the contact anonymised, conversations cleared, and a ``contact.erased`` event (the
+    ``message.claimed`` events are the outbox's part: :func:`libs.common.core.outbox.erase_contact`)."""
     conn.execute(QUERIES["erase_contact"], {"project_id": project_id, "id": contact_id, "now": now})
     write_events(conn, project_id, [ContactErased(contact_id=contact_id)], occurred_at=now)
+
+
+def contact_names(
+    conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID]
+) -> list[tuple[uuid.UUID, str | None, str | None]]:
+    """The id, name and phone of each of the project's contacts in ``ids`` (None, None for an erased one),
+    in one query (a list's rows)."""
+    rows = conn.execute(QUERIES["contact_names"], {"project_id": project_id, "ids": list(set(ids))})
+    return [(row[0], row[1], row[2]) for row in rows]

@@ -107,15 +107,12 @@ RETURNING id
 
 -- name: erase_contact
 -- Privacy erasure, the platform's part: the contact's messages and activities are deleted, the contact is
--- anonymised, its conversations keep no provider thread or pointers to the deleted messages, and its
--- message.claimed events (they carry the phone and the text for the send lane) leave the outbox.
+-- anonymised, and its conversations keep no provider thread or pointers to the deleted messages (its
+-- message.claimed events are the outbox's part: core.outbox.erase_contact).
 WITH deleted_messages AS (
     DELETE FROM messages WHERE project_id = %(project_id)s AND contact_id = %(id)s
 ), deleted_activities AS (
     DELETE FROM activities WHERE project_id = %(project_id)s AND contact_id = %(id)s
-), deleted_events AS (
-    DELETE FROM outbox
-    WHERE project_id = %(project_id)s AND type = 'message.claimed' AND data->>'contact_id' = %(id)s::text
 ), conversations AS (
     UPDATE conversations
     SET inbox_thread = NULL, last_incoming_message_id = NULL, last_outgoing_message_id = NULL,
@@ -126,3 +123,8 @@ UPDATE contacts
 SET phone = NULL, name = NULL, timezone = NULL, attributes = '{}'::jsonb, tags = '{}', opted_out_at = %(now)s,
     consent = 'revoked', last_inbound_at = NULL, erased_at = %(now)s, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: contact_names
+-- Name and phone of some of the project's contacts (an erased one has neither): the rows of a list.
+SELECT id, name, phone FROM contacts
+WHERE project_id = %(project_id)s AND id = ANY(%(ids)s::uuid[])

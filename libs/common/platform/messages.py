@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import random
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 from psycopg import Connection
-from psycopg.rows import class_row
+from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import MessageFailed, MessageHuman, MessageQueued, MessageReceived
@@ -27,8 +28,20 @@ FOLLOWUP_PRIORITY = 5
 USAGE_SHARDS = 8
 
 
+_encode = msgspec.json.Encoder().encode
+
+
 class ConversationBusy(Exception):
     """The contact's open conversation is locked by another transaction; retry soon."""
+
+
+@dataclass(frozen=True)
+class Activity:
+    """An entry of the contact's timeline that a queued message brings (a follow-up's ``followup_sent``):
+    its kind and its data (anything msgspec encodes as a JSON object)."""
+
+    kind: str
+    data: Any
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,11 @@ class OutboundMessage:
     template_name: str | None = None
     template_language: str | None = None
     template_parameters: list[str] | None = None
+    #: The sender's activity in the contact's timeline, written with the message in its one statement.
+    activity: Activity | None = None
+    #: The message's id, made here (a sender that names the message in its activity makes it first), so
+    #: nothing waits for the insert's result: under a pipeline the writes that follow travel with it.
+    id: uuid.UUID = field(default_factory=uuid.uuid4)
 
 
 @dataclass(frozen=True)
@@ -64,9 +82,9 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
     """Queue a message for the send lane, in the caller's transaction.
 
     Threads it into the contact's open conversation (locked SKIP LOCKED: busy raises
-    :class:`ConversationBusy`) or a new one; writes the message row (QUEUED), its status event and counts
-    it in the project's monthly usage. The ``message.queued`` event is returned for the caller to write
-    with its own events.
+    :class:`ConversationBusy`) or a new one; writes the message row (QUEUED), its status event, counts it
+    in the project's monthly usage and, when the message brings one, writes its activity. The
+    ``message.queued`` event is returned for the caller to write with its own events.
     """
     params: dict[str, Any] = {
         "project_id": message.project_id,
@@ -84,9 +102,8 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
         row = (created.id, created.number_id)
     conversation_id: uuid.UUID = row[0]
     number_id: uuid.UUID | None = message.number_id or row[1]
-    # the id is made here, so nothing waits for the insert's result: under a pipeline the writes that
-    # follow travel with it in one round trip
-    message_id = uuid.uuid4()
+    message_id = message.id
+    activity = message.activity
     params |= {
         "id": message_id,
         "conversation_id": conversation_id,
@@ -105,6 +122,8 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
         else None,
         "month": now.astimezone(UTC).date().replace(day=1),
         "shard": random.randrange(USAGE_SHARDS),
+        "activity_kind": activity.kind if activity is not None else None,
+        "activity": _encode(activity.data).decode() if activity is not None else None,
     }
     conn.execute(QUERIES["insert_queued_message"], params)
     event = MessageQueued(
@@ -236,3 +255,17 @@ def cancel_queued_messages(
     ]
     write_events(conn, project_id, events, occurred_at=now)
     return [m.id for m in cancelled]
+
+
+def recent_messages(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    conversation_id: uuid.UUID | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """The contact's last ``limit`` messages with a text, newest first (only ``conversation_id``'s when
+    given; cancelled ones left out): ``direction``, ``source``, ``body``, ``created_at`` each."""
+    params = {"project_id": project_id, "contact_id": contact_id, "conversation_id": conversation_id}
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(QUERIES["recent_messages"], params | {"limit": limit}).fetchall()

@@ -19,8 +19,9 @@ WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND status <> 
 LIMIT 1
 
 -- name: insert_queued_message
--- The message (QUEUED), its status event, the project's usage (its monthly count, on one of 8 shards), and
--- the conversation's last outgoing message: one statement.
+-- The message (QUEUED), its status event, the project's usage (its monthly count, on one of 8 shards), the
+-- conversation's last outgoing message, and the sender's activity in the contact's timeline when it names
+-- one (a queued follow-up's followup_sent): one statement.
 WITH message AS (
     INSERT INTO messages (
         id, project_id, contact_id, conversation_id, number_id, direction, status, source, priority, body,
@@ -40,6 +41,10 @@ WITH message AS (
     INSERT INTO usage_counters (project_id, month, shard, messages)
     SELECT project_id, %(month)s, %(shard)s, 1 FROM message
     ON CONFLICT (project_id, month, shard) DO UPDATE SET messages = usage_counters.messages + 1
+), activity AS (
+    INSERT INTO activities (project_id, contact_id, kind, data, occurred_at)
+    SELECT project_id, %(contact_id)s, %(activity_kind)s, %(activity)s::jsonb, %(now)s FROM message
+    WHERE %(activity_kind)s::text IS NOT NULL
 )
 UPDATE conversations
 SET last_outgoing_message_id = %(id)s, last_outgoing_at = %(now)s, updated_at = %(now)s
@@ -104,3 +109,14 @@ WITH cancelled AS (
     SELECT project_id, id, 'CANCELLED', %(detail)s::text, %(now)s FROM cancelled
 )
 SELECT id, contact_id, conversation_id, followup_enrollment_id FROM cancelled ORDER BY id
+
+-- name: recent_messages
+-- A contact's last messages with a text, newest first (in one conversation when one is named; cancelled
+-- ones left out): what an AI step's prompt quotes.
+SELECT m.direction, m.source, m.body, m.created_at
+FROM messages m
+WHERE m.project_id = %(project_id)s AND m.contact_id = %(contact_id)s
+  AND (%(conversation_id)s::uuid IS NULL OR m.conversation_id = %(conversation_id)s::uuid)
+  AND m.body IS NOT NULL AND m.status <> 'CANCELLED'
+ORDER BY m.created_at DESC
+LIMIT %(limit)s

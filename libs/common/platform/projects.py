@@ -64,3 +64,9 @@ def require_project(conn: Connection[Any], project_id: uuid.UUID) -> None:
     """404 for an unknown project (events over the broker name their project without an API key)."""
     if conn.execute(QUERIES["project_exists"], {"project_id": project_id}).fetchone() is None:
         raise NotFound("project not found", field="project_id")
+
+
+def project_name(conn: Connection[Any], project_id: uuid.UUID) -> tuple[str, str] | None:
+    """The project's name and time zone; None for an unknown project."""
+    row = conn.execute(QUERIES["project_name"], {"project_id": project_id}).fetchone()
+    return (row[0], row[1]) if row else None

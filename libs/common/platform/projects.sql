@@ -14,3 +14,7 @@ SELECT project_id FROM api_keys WHERE key_hash = %(key_hash)s AND revoked_at IS 
 -- name: project_exists
 -- Whether the project exists (events over the broker name their project without an API key).
 SELECT 1 FROM projects WHERE id = %(project_id)s
+
+-- name: project_name
+-- A project's name and time zone (what a page header shows).
+SELECT name, timezone FROM projects WHERE id = %(project_id)s

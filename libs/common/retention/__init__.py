@@ -1,5 +1,13 @@
-"""Retention: what is deleted when, in small batches, each walking an index (see ``cleanup.sql``).
+"""Retention: what is deleted when, in small batches, each walking an index (see ``cleanup.py``).
 
-Owns no table: it deletes what the other contexts leave behind once their time is up. May import: followups,
-platform, core and contracts (it touches their tables through its own named queries only).
+Owns no table: a coordinator above the contexts it cleans (a layer with ``ingress``), it calls each
+owner's batched delete (``followups.transitions``, ``rules.purge``, ``core.outbox``) for what they leave
+behind once its time is up. May import: rules, followups, platform, core and contracts.
 """
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The tables this context owns: none (``tests/test_table_ownership.py`` checks it).
+OWNS: Final[frozenset[str]] = frozenset()

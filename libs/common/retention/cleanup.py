@@ -1,6 +1,9 @@
-"""The daily clean-up: each step deletes a batch of at most :data:`BATCH` rows per transaction (short locks),
-resting between batches (the release path keeps most of the machine), until nothing is left, and counts
-what it deleted in ``whatstig_retention_rows_deleted_total{table}``.
+"""The daily clean-up, a coordinator: each step calls its table's owner's batched delete (at most
+:data:`BATCH` rows per transaction: short locks), resting between batches (the release path keeps most of
+the machine), until nothing is left, and counts what it deleted in
+``whatstig_retention_rows_deleted_total{table}``. Retention owns no table: the deletes are the owners'
+(:mod:`~libs.common.followups.transitions`, :mod:`~libs.common.rules.purge`,
+:mod:`~libs.common.core.outbox`).
 
     followup_enrollments     finished, older than the project's retention_days (default 90; step runs go too)
     followup_triggers        processed, older than 7 days (rule runs go too), unless a pending delayed
@@ -20,12 +23,16 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Final
+from typing import Any, Final, Protocol
 
+from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
+from libs.common.core import outbox
 from libs.common.core.metrics import RETENTION_DELETED
 from libs.common.core.sql import load_queries
+from libs.common.followups import transitions
+from libs.common.rules import purge as rules_purge
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +44,23 @@ BATCH: Final = 5_000
 #: most of the machine while a large backlog is deleted (a daily job need not hurry; 1,000,000 rows still
 #: go in well under a minute).
 PAUSE_RATIO: Final = 2.0
-#: The steps, in order: (the table counted, the query, the rows per transaction).
-STEPS: Final = (
-    ("followup_enrollments", "finished_enrollments", BATCH),
-    ("followup_triggers", "processed_triggers", BATCH),
-    ("rule_pending_executions", "rule_executions", BATCH),
-    ("followup_bulk_jobs", "bulk_jobs", 1),  # a job takes its (up to 100,000) contacts with it
-    ("webhook_deliveries", "webhook_deliveries", BATCH),
-    ("outbox", "published_outbox", BATCH),
+
+
+class Purge(Protocol):
+    """An owner's batched delete: at most ``limit`` rows past their time, in the caller's transaction;
+    returns how many went."""
+
+    def __call__(self, conn: Connection[Any], *, now: datetime, limit: int) -> int: ...
+
+
+#: The steps, in order: (the table counted, its owner's batched delete, the rows per transaction).
+STEPS: Final[tuple[tuple[str, Purge, int], ...]] = (
+    ("followup_enrollments", transitions.purge_finished, BATCH),
+    ("followup_triggers", rules_purge.purge_processed_triggers, BATCH),
+    ("rule_pending_executions", rules_purge.purge_rule_executions, BATCH),
+    ("followup_bulk_jobs", rules_purge.purge_bulk_jobs, 1),  # a job takes its (up to 100,000) contacts
+    ("webhook_deliveries", rules_purge.purge_webhook_deliveries, BATCH),
+    ("outbox", outbox.purge_published, BATCH),
 )
 
 
@@ -59,9 +75,9 @@ def run_retention(pool: ConnectionPool, now: Callable[[], datetime]) -> bool | N
             return None
         try:
             ok = True
-            for table, query, limit in STEPS:
+            for table, purge, limit in STEPS:
                 try:
-                    deleted = _delete_all(pool, query, limit, now)
+                    deleted = _delete_all(pool, table, purge, limit, now)
                 except Exception as exc:
                     ok = False
                     log.exception(
@@ -79,14 +95,15 @@ def run_retention(pool: ConnectionPool, now: Callable[[], datetime]) -> bool | N
             lock.autocommit = False
 
 
-def _delete_all(pool: ConnectionPool, query: str, limit: int, now: Callable[[], datetime]) -> int:
+def _delete_all(
+    pool: ConnectionPool, table: str, purge: Purge, limit: int, now: Callable[[], datetime]
+) -> int:
     """Delete a batch per transaction until a batch comes back short; returns how many rows went."""
-    table = next(t for t, q, _ in STEPS if q == query)
     total = 0
     while True:
         started = time.monotonic()
         with pool.connection() as conn:
-            deleted = conn.execute(QUERIES[query], {"now": now(), "limit": limit}).rowcount
+            deleted = purge(conn, now=now(), limit=limit)
         RETENTION_DELETED.labels(table).inc(deleted)
         total += deleted
         if deleted < limit:

@@ -5,3 +5,20 @@ Owns ``rules``, ``rule_runs``, ``rule_pending_executions``, ``webhook_deliveries
 ``followup_bulk_jobs`` and ``followup_bulk_job_items`` (a segment is a condition tree: bulk jobs live here).
 May import: followups, platform, core and contracts.
 """
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The tables this context owns: it alone writes them (``tests/test_table_ownership.py`` checks it).
+OWNS: Final = frozenset(
+    {
+        "rules",
+        "rule_runs",
+        "rule_pending_executions",
+        "webhook_deliveries",
+        "followup_triggers",
+        "followup_bulk_jobs",
+        "followup_bulk_job_items",
+    }
+)

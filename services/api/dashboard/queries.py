@@ -1,6 +1,6 @@
-"""Reads only the dashboard makes (presentation, not domain): a project's name for the header, the names
-of a list's contacts and sequences in one query instead of one a row. Every query filters on the signed-in
-project."""
+"""What the dashboard's pages show beside the domain's own reads (a project's name for the header, the
+names of a list's contacts and sequences in one query instead of one a row), each asked of the table's
+owner. Every query filters on the signed-in project."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from typing import Any
 
 from psycopg import Connection
 
-from libs.common.core.sql import load_queries
-
-QUERIES = load_queries("services.api.dashboard", "queries.sql")
+from libs.common.followups import sequences
+from libs.common.platform import contacts, projects
 
 
 @dataclass(frozen=True)
@@ -22,20 +21,19 @@ class ProjectHeader:
 
 
 def project_header(conn: Connection[Any], project_id: uuid.UUID) -> ProjectHeader:
-    row = conn.execute(QUERIES["project_header"], {"project_id": project_id}).fetchone()
-    return ProjectHeader(row[0], row[1]) if row else ProjectHeader("", "UTC")
+    found = projects.project_name(conn, project_id)
+    return ProjectHeader(*found) if found else ProjectHeader("", "UTC")
 
 
 def contact_labels(
     conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, str]:
     """Each contact's name (else its phone, else "erased")."""
-    rows = conn.execute(QUERIES["contacts_by_ids"], {"project_id": project_id, "ids": list(set(ids))})
-    return {row[0]: row[1] or row[2] or "erased contact" for row in rows}
+    rows = contacts.contact_names(conn, project_id, ids)
+    return {id_: name or phone or "erased contact" for id_, name, phone in rows}
 
 
 def sequence_names(
     conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, str]:
-    rows = conn.execute(QUERIES["sequence_names"], {"project_id": project_id, "ids": list(set(ids))})
-    return {row[0]: row[1] for row in rows}
+    return sequences.sequence_names(conn, project_id, ids)

@@ -1,0 +1,78 @@
+"""The release of one due enrollment: claim the oldest (:mod:`~libs.common.followups.release_claim`),
+release its step (:mod:`~libs.common.followups.release_step`), commit, then count what happened
+(:func:`observe`). The release service's loop calls :func:`release_one` until nothing is due, then sleeps
+:func:`seconds_until_next_due`."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from psycopg_pool import ConnectionPool
+
+from libs.common.core.clock import Clock
+from libs.common.core.db import server_unavailable
+from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
+from libs.common.core.settings import FollowupSettings
+from libs.common.followups.release_claim import claim_due_enrollment, seconds_until_due
+from libs.common.followups.release_step import Released, record_failure, release_claimed
+
+
+def release_one(
+    pool: ConnectionPool, clock: Clock, settings: FollowupSettings, ai_lease: timedelta | None = None
+) -> Released | None:
+    """Release the oldest due enrollment, if any; returns what happened, or None when nothing is due.
+
+    ``ai_lease`` (a model is configured): an AI step is leased for that long and returned as ``lease``; the
+    caller sends it to the ai_steps service once committed."""
+    now = clock.now()
+    claimed_id: uuid.UUID | None = None
+    try:
+        # Pipeline mode: a statement whose result is read waits for it; the writes that follow the last
+        # read travel together with the COMMIT in one round trip.
+        with pool.connection() as conn, conn.pipeline():
+            row = claim_due_enrollment(conn, now)
+            if row is None:
+                return None
+            claimed_id = row.id
+            released = release_claimed(conn, row, settings, now=now, ai_lease=ai_lease)
+            conn.commit()
+    except Exception as exc:
+        # the database went away mid-release: not the enrollment's fault (no failure counted, no back-off);
+        # the transaction is gone with the connection, and the loop tries again once the server is back
+        if claimed_id is None or server_unavailable(exc):
+            raise
+        released = record_failure(pool, claimed_id, exc, now, settings)
+    observe(released)
+    return released
+
+
+def seconds_until_next_due(pool: ConnectionPool, clock: Clock) -> float | None:
+    """Seconds until the next active enrollment falls due (None: none is waiting); the loop's ``next_due``."""
+    with pool.connection() as conn:
+        return seconds_until_due(conn, clock.now())
+
+
+def observe(released: Released) -> None:
+    """Count a committed release: the one place ``whatstig_followup_steps_total``, the release lag and the
+    finished counter are incremented from the release path."""
+    if released.action in ("retry", "fail"):
+        outcome = "error"
+    elif released.action == "queue":
+        outcome = _category(released.reason) if released.reason else "sent"
+    else:
+        outcome = _category(released.reason or "none")
+    FOLLOWUP_STEPS.labels(released.action, outcome).inc()
+    if released.lag_seconds is not None:
+        FOLLOWUP_RELEASE_LAG.observe(released.lag_seconds)
+    if released.finished == "stopped":
+        FOLLOWUP_FINISHED.labels("stopped", released.reason or "none").inc()
+    elif released.finished is not None:
+        FOLLOWUP_FINISHED.labels(
+            released.finished, "error" if released.finished == "failed" else "none"
+        ).inc()
+
+
+def _category(reason: str) -> str:
+    """A reason's bounded category for metric labels (``missing_variable:vars.x`` -> ``missing_variable``)."""
+    return reason.split(":", 1)[0]

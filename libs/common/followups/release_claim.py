@@ -1,0 +1,86 @@
+"""The release claim: the oldest due enrollment, locked ``FOR UPDATE SKIP LOCKED`` (other workers' rows are
+skipped), what the release step reads of it, and when the next one falls due (the release loop sleeps
+until then). Also the leased AI step's enrollment, read for its model call."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from psycopg import Connection
+from psycopg.rows import class_row
+
+from libs.common.core.sql import load_queries
+
+QUERIES = load_queries("libs.common.followups", "release_claim.sql")
+
+
+class ClaimedEnrollment(msgspec.Struct, kw_only=True, frozen=True):
+    """The claimed enrollment: what the release step reads of it."""
+
+    id: uuid.UUID
+    project_id: uuid.UUID
+    sequence_id: uuid.UUID | None
+    version_id: uuid.UUID
+    contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    number_id: uuid.UUID | None
+    step_index: int
+    next_run_at: datetime
+    #: When the current step was scheduled (deferrals move next_run_at, not this).
+    step_due_at: datetime | None
+    anchor_at: datetime | None
+    variables: dict[str, Any]
+    enrolled_at: datetime
+    last_step_at: datetime | None
+    last_message_id: uuid.UUID | None
+    stop_on_reply: bool
+    waiting_reason: str | None
+    unavailable_since: datetime | None
+
+
+class LeasedStep(msgspec.Struct, kw_only=True, frozen=True):
+    """A leased AI step's enrollment, as its prompt needs it."""
+
+    id: uuid.UUID
+    project_id: uuid.UUID
+    contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    version_id: uuid.UUID
+    step_index: int
+    variables: dict[str, Any]
+
+
+def claim_due_enrollment(conn: Connection[Any], now: datetime) -> ClaimedEnrollment | None:
+    """Claim the oldest due active enrollment whose lease is free (locked until the caller's transaction
+    ends); None when nothing is due."""
+    with conn.cursor(row_factory=class_row(ClaimedEnrollment)) as cur:
+        return cur.execute(QUERIES["claim_due_enrollment"], {"now": now}).fetchone()
+
+
+def seconds_until_due(conn: Connection[Any], now: datetime) -> float | None:
+    """Seconds until the next active enrollment falls due (None: none is waiting)."""
+    row = conn.execute(QUERIES["next_due"], {"now": now}).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def leased_step(
+    conn: Connection[Any], enrollment_id: uuid.UUID, step_index: int, fence: int
+) -> LeasedStep | None:
+    """The enrollment of a leased AI step, read without locks; None when it is no longer at the step under
+    the same fence (another pass took it over: the model is not called)."""
+    params = {"id": enrollment_id, "step_index": step_index, "fence": fence}
+    with conn.cursor(row_factory=class_row(LeasedStep)) as cur:
+        return cur.execute(QUERIES["leased_step"], params).fetchone()
+
+
+def lock_fenced(
+    conn: Connection[Any], enrollment_id: uuid.UUID, step_index: int, fence: int
+) -> ClaimedEnrollment | None:
+    """Lock a leased AI step's enrollment for its second pass: still active, at the same step and attempts
+    (the fence); None when fenced out."""
+    params = {"id": enrollment_id, "step_index": step_index, "fence": fence}
+    with conn.cursor(row_factory=class_row(ClaimedEnrollment)) as cur:
+        return cur.execute(QUERIES["lock_fenced"], params).fetchone()
