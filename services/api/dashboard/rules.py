@@ -33,7 +33,7 @@ from services.api.dashboard.rule_form import (
     summary,
 )
 from services.api.deps import runtime_of, transaction
-from services.api.problems import STATUS_OF
+from services.api.problems import status_of
 
 EXECUTION_STATUSES = ("pending", "executed", "skipped")
 
@@ -41,10 +41,6 @@ EXECUTION_STATUSES = ("pending", "executed", "skipped")
 def _changed(runtime: Runtime, project_id: uuid.UUID) -> None:
     """After the commit: every process forgets the project's cached rules (as the REST routes do)."""
     runtime.invalidator.publish(rules.INVALIDATION_KIND, project_id)
-
-
-def _status_of(exc: FollowupsError) -> int:
-    return next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
 
 
 class RulesController(Controller):
@@ -172,7 +168,7 @@ class RulesController(Controller):
         except msgspec.ValidationError as exc:
             return self._form(request, rule_form, validation_error(exc), rule_id=rule_id, status=422)
         except FollowupsError as exc:
-            return self._form(request, rule_form, error_of(exc), rule_id=rule_id, status=_status_of(exc))
+            return self._form(request, rule_form, error_of(exc), rule_id=rule_id, status=status_of(exc))
         _changed(runtime, project_id)
         return see_other(f"/app/rules/{rule.id}", notice="saved" if rule_id else "created")
 

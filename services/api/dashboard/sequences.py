@@ -44,7 +44,7 @@ from services.api.dashboard.step_form import (
     preview,
 )
 from services.api.deps import runtime_of, transaction
-from services.api.problems import STATUS_OF
+from services.api.problems import status_of
 
 #: Days the daily chart of a sequence's results shows.
 RESULT_DAYS = 30
@@ -61,10 +61,6 @@ STOP_ON = [
     ("lead_closed", "the contact's lead closes"),
     ("conversation_resolved", "the conversation is resolved"),
 ]
-
-
-def status_of(exc: FollowupsError) -> int:
-    return next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
 
 
 def _definition(sequence: Sequence) -> Definition:
