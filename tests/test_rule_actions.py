@@ -14,7 +14,15 @@ from litestar.testing import TestClient
 from libs.common.contracts.limits import MAX_MESSAGE_LENGTH
 from libs.common.core.runtime import Runtime
 from libs.common.rules.actions import ACTION_KINDS, Action, BaseAction, action_type
-from services.api.dashboard.action_form import ACTION_CHOICES, ACTION_FIELDS, ACTION_TYPES, inputs_of
+from services.api.dashboard.action_form import (
+    ACTION_CHOICES,
+    ACTION_FIELDS,
+    ACTION_TYPES,
+    action_json,
+    action_row,
+    inputs_of,
+)
+from services.api.dashboard.forms import FormErrors
 from tests.rule_helpers import create_rule, process
 from tests.test_dashboard import app_client, csrf_of, signed_in
 from tests.test_rule_triggers import add_tags, new_contact, rule_messages, runs
@@ -80,6 +88,59 @@ def test_the_form_inputs_are_the_ones_the_form_always_had() -> None:
         ("", "none"),
         *[(p, p) for p in ("low", "medium", "high", "urgent")],
     ]
+
+
+#: One action of every kind, as the API takes it.
+SAMPLES: list[dict[str, Any]] = [
+    {
+        "type": "enroll_in_sequence",
+        "sequence_id": "6f1c1f4e-8a55-4d4f-9a55-2b0f3c1d2e3f",
+        "anchor": "contact.attributes.appointment_at",
+        "variables": {"plan": "gold"},
+    },
+    {
+        "type": "send_message",
+        "text": "Hi {{ contact.name }}",
+        "whatsapp_template": {"name": "welcome", "language": "pt_BR", "parameters": ["a", "b"]},
+    },
+    {"type": "add_label", "labels": ["vip", "lead"]},
+    {"type": "remove_label", "labels": ["cold"]},
+    {"type": "add_contact_tag", "tags": ["seen"]},
+    {"type": "remove_contact_tag", "tags": ["new", "old"]},
+    {"type": "assign_agent", "assignee": "ana"},
+    {"type": "assign_team", "team": None},
+    {"type": "change_status", "status": "snoozed"},
+    {"type": "change_priority", "priority": "urgent"},
+    {"type": "snooze_until", "minutes": 90},
+    {"type": "add_private_note", "text": "called, no answer"},
+    {"type": "send_webhook", "url": "https://example.com/hook"},
+]
+
+
+def test_the_samples_cover_every_kind() -> None:
+    assert [sample["type"] for sample in SAMPLES] == ACTION_TYPES
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=[s["type"] for s in SAMPLES])
+def test_a_stored_action_drawn_on_the_form_and_posted_back_is_the_same_action(sample: dict[str, Any]) -> None:
+    stored = msgspec.convert(sample, Action)
+    errors = FormErrors()
+    posted = action_json(action_row(msgspec.to_builtins(stored)), "actions.0", errors)
+    assert not errors
+    assert msgspec.convert(posted, Action) == stored
+
+
+def test_a_template_without_a_name_is_left_out_and_an_empty_anchor_is_none() -> None:
+    row = action_row({"type": "send_message", "text": "Hi"})
+    assert row.fields == {
+        "text": "Hi",
+        "whatsapp_template.name": "",
+        "whatsapp_template.language": "",
+        "whatsapp_template.parameters": "",
+    }
+    assert action_json(row, "actions.0", FormErrors()) == {"type": "send_message", "text": "Hi"}
+    enroll = action_row({"type": "enroll_in_sequence", "sequence_id": "x", "anchor": ""})
+    assert action_json(enroll, "actions.0", FormErrors())["anchor"] == "none"
 
 
 @pytest.mark.parametrize("kind", ACTION_TYPES)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import msgspec
@@ -120,12 +120,27 @@ def inputs_of(kind: type[BaseAction]) -> list[ActionInput]:
 
 
 def _stripped(found: ActionInput) -> ActionInput:
-    return ActionInput(found.name, found.label, found.widget, "stripped")
+    return replace(found, reading="stripped", default=None)
+
+
+def _nested_required(kind: type[BaseAction]) -> dict[str, list[str]]:
+    """Each nested struct's field of ``kind`` -> its required fields (a form without them leaves it out)."""
+    hints = get_type_hints(kind, include_extras=True)
+    out: dict[str, list[str]] = {}
+    for info in msgspec.structs.fields(kind):
+        hint, _, _ = _unwrapped(hints[info.name])
+        if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+            out[info.name] = [sub.name for sub in msgspec.structs.fields(hint) if sub.required]
+    return out
 
 
 #: Each kind of action (by its ``type``) -> its inputs, derived from the structs.
 ACTION_FIELDS: dict[str, list[ActionInput]] = {
     str(k.__struct_config__.tag): inputs_of(k) for k in ACTION_KINDS
+}
+#: Each kind of action -> its nested structs' fields -> their required fields.
+_NESTED: dict[str, dict[str, list[str]]] = {
+    str(k.__struct_config__.tag): _nested_required(k) for k in ACTION_KINDS
 }
 #: The kinds of action, in the order of the union.
 ACTION_TYPES: list[str] = list(ACTION_FIELDS)
@@ -178,17 +193,10 @@ def action_json(row: ActionRow, where: str, errors: FormErrors) -> dict[str, Any
                 nested.setdefault(head, {})[sub] = _read(item, raw, f"{where}.{item.name}", errors)
             continue
         out[item.name] = _read(item, raw, f"{where}.{item.name}", errors)
-    kinds = {str(k.__struct_config__.tag): k for k in ACTION_KINDS}
     for head, value in nested.items():
-        if all(value.get(name) for name in _required(kinds[row.type], head)):
+        if all(value.get(name) for name in _NESTED[row.type][head]):
             out[head] = value
     return out
-
-
-def _required(kind: type[BaseAction], head: str) -> list[str]:
-    """The required fields of the nested struct in field ``head`` (a form without them leaves it out)."""
-    hint, _, _ = _unwrapped(get_type_hints(kind, include_extras=True)[head])
-    return [sub.name for sub in msgspec.structs.fields(hint) if sub.required]
 
 
 def _read(item: ActionInput, raw: str, where: str, errors: FormErrors) -> Any:
