@@ -29,7 +29,6 @@ from prometheus_client import REGISTRY
 from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
 from libs.common.followups.definition import StopFlags
-from libs.common.rules import actions
 from libs.common.rules.actions import AddLabel, AssignTeam
 from libs.common.rules.triggers import BACKOFF_MIN, LEASE, MAX_ATTEMPTS, process_triggers
 from libs.common.rules.webhooks import deliver_due, verify_signature
@@ -1115,9 +1114,7 @@ def test_a_rule_that_keeps_failing_is_given_up_after_max_attempts(
     def broken(*args: Any) -> None:
         raise RuntimeError("the action broke")
 
-    runners: dict[type[Any], Any] = actions._RUNNERS
-    label_action: type[Any] = AddLabel
-    monkeypatch.setitem(runners, label_action, broken)
+    monkeypatch.setattr(AddLabel, "run", broken)
     ok = create_rule(client, "conversation.created", [add_tag("ok")])
     failing = create_rule(client, "conversation.created", [add_label("never")])
     contact = new_contact(client)
@@ -1263,9 +1260,7 @@ def test_a_trigger_taken_over_after_its_lease_is_not_run_again_by_its_first_work
     def broken(*args: Any) -> None:
         raise RuntimeError("the action broke")
 
-    runners: dict[type[Any], Any] = actions._RUNNERS
-    team_action: type[Any] = AssignTeam
-    monkeypatch.setitem(runners, team_action, broken)
+    monkeypatch.setattr(AssignTeam, "run", broken)
     create_rule(client, "conversation.created", [add_label("slow")])
     sender = create_rule(client, "lead.created", [{"type": "send_message", "text": "Hello once"}])
     create_rule(client, "lead.created", [{"type": "assign_team", "team": "sales"}])

@@ -40,7 +40,8 @@ PROBLEM_JSON = "application/problem+json"
 #: finds it either still down (answered as fast) or back.
 RETRY_AFTER_SECONDS = 1
 
-#: Domain error -> HTTP status.
+#: Domain error -> HTTP status, for REST and the dashboard alike (:func:`status_of`); a domain error of no
+#: kind listed here is 400.
 STATUS_OF: dict[type[FollowupsError], int] = {
     NotFound: 404,
     InvalidInput: 422,
@@ -49,9 +50,11 @@ STATUS_OF: dict[type[FollowupsError], int] = {
     DatabaseUnavailable: 503,
 }
 
-_TITLES = {
+#: Each status's title: a problem's ``title``, an error page's heading (:func:`title_of`).
+TITLES = {
     400: "Bad request",
     401: "Unauthorized",
+    403: "Forbidden",
     404: "Not found",
     405: "Method not allowed",
     409: "Conflict",
@@ -74,6 +77,16 @@ _VALUE_ERROR = re.compile(
 )
 
 
+def status_of(exc: FollowupsError) -> int:
+    """The HTTP status a domain error is answered with (see :data:`STATUS_OF`)."""
+    return next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
+
+
+def title_of(status: int) -> str:
+    """The title of an answer with ``status`` (``Error`` for a status without one of its own)."""
+    return TITLES.get(status, "Error")
+
+
 def problem(
     status: int,
     detail: str,
@@ -84,7 +97,7 @@ def problem(
 ) -> Response[Any]:
     body: dict[str, Any] = {
         "type": "about:blank",
-        "title": _TITLES.get(status, "Error"),
+        "title": title_of(status),
         "status": status,
         "detail": detail,
     }
@@ -110,7 +123,7 @@ def _field_of(message: str, key: str | None, source: str | None = None) -> str:
 
 
 def _domain_error(request: Request[Any, Any, Any], exc: FollowupsError) -> Response[Any]:
-    status = next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
+    status = status_of(exc)
     errors = [{"field": exc.field, "message": exc.message}] if exc.field else None
     headers = _HEADERS.get(status)
     return problem(status, exc.message, errors=errors, headers=headers, code=exc.code)

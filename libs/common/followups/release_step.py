@@ -30,7 +30,6 @@ from psycopg.rows import class_row
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.events import Event, StepQueued, StepSkipped
-from libs.common.contracts.limits import MAX_MESSAGE_LENGTH
 from libs.common.core.jobs import Backoff
 from libs.common.core.outbox import write_events
 from libs.common.core.settings import FollowupSettings
@@ -48,7 +47,7 @@ from libs.common.followups.definition import (
 )
 from libs.common.followups.release_claim import ClaimedEnrollment
 from libs.common.followups.sequences import version_definition
-from libs.common.followups.templates import RenderContext, render
+from libs.common.followups.templates import RenderContext, render, render_message
 from libs.common.followups.transitions import FinalStatus
 from libs.common.platform.messages import Activity, ConversationBusy, OutboundMessage, queue_contact_message
 
@@ -255,10 +254,6 @@ class _Content:
 TEMPLATE_REASON = "service_window_template"
 
 
-#: Why a step is skipped whose text, its placeholders filled in, is longer than a message may be.
-TOO_LONG_REASON = "message_too_long"
-
-
 def _render(
     claim: _Claim, template: WhatsAppTemplate | None, draft: AiDraft | None = None
 ) -> tuple[_Content | None, str | None]:
@@ -283,12 +278,9 @@ def _render(
         if not isinstance(step.fallback, TemplateFallback):
             return None, reason or "ai_unavailable"
         text, fallback_reason = step.fallback.text, f"ai_fallback:{reason or 'model_unavailable'}"
-    rendered = render(text, _render_context(claim))
+    rendered = render_message(text, _render_context(claim))  # too long once filled in: message_too_long
     if rendered.text is None:
         return None, rendered.skip_reason
-    if len(rendered.text) > MAX_MESSAGE_LENGTH:
-        # a template within the limit that its values made longer: WhatsApp would refuse it
-        return None, TOO_LONG_REASON
     return _Content(rendered.text), fallback_reason
 
 

@@ -29,6 +29,12 @@ Skipping
     nothing is sent with a hole in it: ``missing_variable:vars.first_name``,
     ``missing_variable:contact.name``, ``missing_anchor`` (no ``anchor_at``). The first missing
     placeholder in the text names the reason.
+
+A message
+    :func:`render_message` is how every message's text is rendered (a step's at release, a rule's
+    send-message action, the dashboard's step preview): :func:`render`, then the length limit. A text
+    within :data:`~libs.common.contracts.limits.MAX_MESSAGE_LENGTH` as written that its values made longer
+    is not sent (WhatsApp would refuse it): its reason is ``message_too_long``.
 """
 
 from __future__ import annotations
@@ -41,7 +47,21 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-__all__ = ["RenderContext", "Rendered", "Template", "TemplateError", "parse_template", "render"]
+from libs.common.contracts.limits import MAX_MESSAGE_LENGTH
+
+__all__ = [
+    "TOO_LONG_REASON",
+    "RenderContext",
+    "Rendered",
+    "Template",
+    "TemplateError",
+    "parse_template",
+    "render",
+    "render_message",
+]
+
+#: Why a message is not sent whose text, its placeholders filled in, is longer than a message may be.
+TOO_LONG_REASON = "message_too_long"
 
 #: The roots a placeholder path may start with.
 ROOTS = ("vars", "anchor", "contact")
@@ -212,6 +232,15 @@ def render(template: Template | str, context: RenderContext) -> Rendered:
             value = part.fallback
         out.append(value)
     return Rendered(text="".join(out), skip_reason=None)
+
+
+def render_message(template: Template | str, context: RenderContext) -> Rendered:
+    """A message's text for ``context``, as :func:`render`, or :data:`TOO_LONG_REASON` when the text it
+    renders to is longer than :data:`MAX_MESSAGE_LENGTH` (never a truncated text)."""
+    rendered = render(template, context)
+    if rendered.text is not None and len(rendered.text) > MAX_MESSAGE_LENGTH:
+        return Rendered(text=None, skip_reason=TOO_LONG_REASON)
+    return rendered
 
 
 def _placeholder(raw: str, body: str) -> _Placeholder:

@@ -20,6 +20,8 @@ from services.api.dashboard.bulk import BulkController
 from services.api.dashboard.contacts import ContactsController
 from services.api.dashboard.enrollments import EnrollmentsController
 from services.api.dashboard.rules import RulesController
+from services.api.dashboard.sequence_history import SequenceHistoryController
+from services.api.dashboard.sequence_steps import SequenceStepsController
 from services.api.dashboard.sequences import SequencesController
 from services.api.dashboard.session import Signer, secret_from_environment
 from services.api.dashboard.settings import SettingsController
@@ -36,6 +38,8 @@ def dashboard_router(secret: bytes | None = None) -> Router:
         route_handlers=[
             AuthController,
             SequencesController,
+            SequenceStepsController,
+            SequenceHistoryController,
             EnrollmentsController,
             BulkController,
             RulesController,

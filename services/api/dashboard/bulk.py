@@ -26,7 +26,7 @@ from services.api.dashboard.forms import Form, FormErrors, error_of, key_values,
 from services.api.dashboard.queries import sequence_names
 from services.api.dashboard.render import SECURITY_HEADERS, page
 from services.api.deps import runtime_of, transaction
-from services.api.problems import STATUS_OF
+from services.api.problems import status_of
 
 #: The job's fields named as the upload form's inputs.
 BULK_FIELDS = {"contact_ids": "file", "phones": "file"}
@@ -115,7 +115,7 @@ class BulkController(Controller):
         except msgspec.ValidationError as exc:
             return self._form(request, values, validation_error(exc).renamed(BULK_FIELDS), status=422)
         except FollowupsError as exc:
-            status = next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
+            status = status_of(exc)
             return self._form(request, values, error_of(exc).renamed(BULK_FIELDS), status=status)
         return see_other(f"/app/bulk/{job.id}", notice="created")
 

@@ -21,11 +21,7 @@ from services.api.dashboard.forms import Form, FormErrors, comma_list, error_of,
 from services.api.dashboard.queries import sequence_names
 from services.api.dashboard.render import page
 from services.api.deps import runtime_of, transaction
-from services.api.problems import STATUS_OF
-
-
-def _status_of(exc: FollowupsError) -> int:
-    return next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
+from services.api.problems import status_of
 
 
 class ContactsController(Controller):
@@ -82,7 +78,7 @@ class ContactsController(Controller):
         except msgspec.ValidationError as exc:
             return self._list(request, validation_error(exc), values, 422)
         except FollowupsError as exc:
-            return self._list(request, error_of(exc), values, _status_of(exc))
+            return self._list(request, error_of(exc), values, status_of(exc))
         return see_other(f"/app/contacts/{contact.id}", notice="created")
 
     @get("/{contact_id:uuid}", sync_to_thread=True)

@@ -32,16 +32,12 @@ from services.api.dashboard.queries import contact_labels, sequence_names
 from services.api.dashboard.render import page
 from services.api.dashboard.step_form import describe
 from services.api.deps import runtime_of, transaction
-from services.api.problems import STATUS_OF
+from services.api.problems import status_of
 
 STATUSES = ("active", "paused", "completed", "stopped", "failed")
 LIVE = ("active", "paused")
 #: The enroll form's inputs by the domain's field names.
 ENROLL_FIELDS = {"contact_id": "contact"}
-
-
-def _status_of(exc: FollowupsError) -> int:
-    return next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
 
 
 @dataclass(frozen=True)
@@ -196,7 +192,7 @@ class EnrollmentsController(Controller):
         except msgspec.ValidationError as exc:
             return self._form(request, values, validation_error(exc).renamed(ENROLL_FIELDS), status=422)
         except FollowupsError as exc:
-            return self._form(request, values, error_of(exc).renamed(ENROLL_FIELDS), status=_status_of(exc))
+            return self._form(request, values, error_of(exc).renamed(ENROLL_FIELDS), status=status_of(exc))
         return see_other(f"/app/enrollments/{enrollment.id}", notice="enrolled")
 
     def _form(
@@ -311,7 +307,7 @@ class EnrollmentsController(Controller):
             enrollment_id,
             "enrollments/detail.html",
             errors=error_of(exc),
-            status=_status_of(exc),
+            status=status_of(exc),
             note=note,
         )
 

@@ -5,7 +5,8 @@ redirects a browser without one to the sign-in page; every POST must carry the C
 (403 otherwise); the posted form is read once and kept for the handler (:class:`forms.Form`).
 
 Errors the handlers do not turn into a form's field errors are pages with the API's statuses: another
-project's ids are 404 like unknown ones, a conflict is 409, a refused value 422.
+project's ids are 404 like unknown ones, a conflict is 409, a refused value 422 (one table for both:
+:data:`services.api.problems.STATUS_OF`, titled as the API titles its problems).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from litestar.types import ExceptionHandlersMap
 from libs.common.core.errors import FollowupsError
 from services.api.dashboard.render import dashboard_of, page
 from services.api.dashboard.session import CSRF_COOKIE, CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE
-from services.api.problems import STATUS_OF
+from services.api.problems import status_of, title_of
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +61,11 @@ async def before_request(request: Request[Any, Any, Any]) -> Response[Any] | Non
 
 
 def error_page(request: Request[Any, Any, Any], status: int, message: str) -> Response[str]:
-    titles = {403: "Forbidden", 404: "Not found", 409: "Conflict", 422: "Invalid input", 503: "Unavailable"}
-    return page(request, "error.html", status=status, title=titles.get(status, "Error"), message=message)
+    return page(request, "error.html", status=status, title=title_of(status), message=message)
 
 
 def _domain_error(request: Request[Any, Any, Any], exc: FollowupsError) -> Response[str]:
-    status = next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
+    status = status_of(exc)
     message = "Nothing like this exists in this project." if status == 404 else exc.message
     return error_page(request, status, message)
 

@@ -15,30 +15,16 @@ from libs.common.core.errors import Conflict, FollowupsError
 from libs.common.followups import sequences
 from libs.common.rules import executions, rules
 from libs.common.rules.rules import RuleCreate, RuleUpdate
+from services.api.dashboard.action_form import ACTION_CHOICES, ACTION_FIELDS, ACTION_TYPES, actions_summary
 from services.api.dashboard.base import paged, project_of, see_other
+from services.api.dashboard.condition_form import ATTRIBUTE_CHOICES, OPERATOR_CHOICES, VALUE_TYPES, summary
 from services.api.dashboard.forms import Form, FormErrors, back_to_card, error_of, validation_error
 from services.api.dashboard.render import page
-from services.api.dashboard.rule_form import (
-    ACTION_FIELDS,
-    ACTION_TYPES,
-    ATTRIBUTE_CHOICES,
-    EVENTS,
-    OPERATOR_CHOICES,
-    PRIORITIES,
-    STATUSES,
-    VALUE_TYPES,
-    RuleForm,
-    actions_summary,
-    summary,
-)
+from services.api.dashboard.rule_form import EVENTS, RuleForm
 from services.api.deps import runtime_of, transaction
-from services.api.problems import STATUS_OF
+from services.api.problems import status_of
 
 EXECUTION_STATUSES = ("pending", "executed", "skipped")
-
-
-def _status_of(exc: FollowupsError) -> int:
-    return next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
 
 
 class RulesController(Controller):
@@ -164,7 +150,7 @@ class RulesController(Controller):
         except msgspec.ValidationError as exc:
             return self._form(request, rule_form, validation_error(exc), rule_id=rule_id, status=422)
         except FollowupsError as exc:
-            return self._form(request, rule_form, error_of(exc), rule_id=rule_id, status=_status_of(exc))
+            return self._form(request, rule_form, error_of(exc), rule_id=rule_id, status=status_of(exc))
         return see_other(f"/app/rules/{rule.id}", notice="saved" if rule_id else "created")
 
     def _form(
@@ -195,6 +181,6 @@ class RulesController(Controller):
             value_types=VALUE_TYPES,
             action_types=[(t, t.replace("_", " ")) for t in ACTION_TYPES],
             action_fields=ACTION_FIELDS,
-            select_choices={"sequences": choices, "statuses": STATUSES, "priorities": PRIORITIES},
+            select_choices={"sequences": choices, **ACTION_CHOICES},
             units=[("minutes", "minutes"), ("hours", "hours"), ("days", "days")],
         )

@@ -19,7 +19,7 @@ from services.api.dashboard.base import project_of, see_other
 from services.api.dashboard.forms import Form, FormErrors, error_of, validation_error, whole_number
 from services.api.dashboard.render import page
 from services.api.deps import runtime_of, transaction
-from services.api.problems import STATUS_OF
+from services.api.problems import status_of
 
 #: The optional whole numbers of the settings (empty: no limit), and the two that have a default.
 LIMITS = (
@@ -101,7 +101,7 @@ class SettingsController(Controller):
         except msgspec.ValidationError as exc:
             return self._page(request, values, validation_error(exc), status=422)
         except FollowupsError as exc:
-            status = next((code for kind, code in STATUS_OF.items() if isinstance(exc, kind)), 400)
+            status = status_of(exc)
             return self._page(request, values, error_of(exc), status=status)
         return see_other("/app/settings", notice="saved")
 

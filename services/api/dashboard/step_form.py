@@ -19,7 +19,7 @@ import msgspec
 
 from libs.common.followups.definition import AiStep, MessageStep, Step, TemplateFallback
 from libs.common.followups.send_window import WEEKDAYS
-from libs.common.followups.templates import RenderContext, TemplateError, render
+from libs.common.followups.templates import RenderContext, TemplateError, render_message
 from services.api.dashboard.forms import SECOND_UNITS, Form, FormErrors, join_delay, lines, split_delay
 
 KINDS = [("message", "Message"), ("ai", "AI-written message")]
@@ -255,7 +255,8 @@ def preview(
     project_timezone: str,
 ) -> Preview:
     """Render ``step`` for ``contact`` (a :class:`libs.common.platform.contacts.Contact`) as the release
-    would: a missing variable without a fallback means the step would be skipped."""
+    would: a missing variable without a fallback, or a text its values make too long, means the step would
+    be skipped."""
     context = RenderContext(
         variables=variables,
         anchor_at=anchor_at,
@@ -272,7 +273,7 @@ def preview(
     else:
         source, note = step.text, None
     try:
-        rendered = render(source, context)
+        rendered = render_message(source, context)
     except TemplateError as exc:
         return Preview(None, None, f"The text is not a valid template: {exc}")
     return Preview(rendered.text, rendered.skip_reason, note)

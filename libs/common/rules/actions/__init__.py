@@ -1,0 +1,130 @@
+"""A rule's actions: a tagged union on ``type``, validated when the rule is saved, and run by the triggers
+service for a matching trigger (in a savepoint of the rule's own).
+
+An action is one class (:class:`~.base.BaseAction`): its fields (with the dashboard's label of each, in
+the field's metadata: :func:`~.base.form`), its ``validate`` and its ``run``. A new kind of action is a
+struct in the module of what it acts on (:mod:`.conversation`, :mod:`.contact`, :mod:`.enroll`,
+:mod:`.message`, :mod:`.webhook`) and a member of :data:`Action`; the rule form of the dashboard derives its
+inputs from it.
+
+Every change an action makes carries who made it (``executed_by``: ``rule:<id>``) and records no trigger:
+rules never fire rules (the loop guard). A business refusal (an opted-out contact, an enrollment the
+sequence refuses, no conversation to act on, a message too long once filled in) raises
+:class:`ActionRejected` and is an outcome, not an error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, get_args
+
+from psycopg import Connection
+
+from libs.common.core.errors import InvalidInput
+from libs.common.rules.actions.base import (
+    BUSINESS_ERRORS,
+    MAX_ITEMS,
+    ActionRejected,
+    BaseAction,
+    Done,
+    Subject,
+    form,
+)
+from libs.common.rules.actions.contact import AddContactTag, RemoveContactTag
+from libs.common.rules.actions.conversation import (
+    MAX_SNOOZE_MINUTES,
+    AddLabel,
+    AddPrivateNote,
+    AssignAgent,
+    AssignTeam,
+    ChangePriority,
+    ChangeStatus,
+    RemoveLabel,
+    SnoozeUntil,
+)
+from libs.common.rules.actions.enroll import EnrollInSequence
+from libs.common.rules.actions.message import SendMessage
+from libs.common.rules.actions.webhook import SendWebhook
+
+__all__ = [
+    "ACTION_KINDS",
+    "BUSINESS_ERRORS",
+    "MAX_ACTIONS",
+    "MAX_ITEMS",
+    "MAX_SNOOZE_MINUTES",
+    "Action",
+    "ActionRejected",
+    "AddContactTag",
+    "AddLabel",
+    "AddPrivateNote",
+    "AssignAgent",
+    "AssignTeam",
+    "BaseAction",
+    "ChangePriority",
+    "ChangeStatus",
+    "Done",
+    "EnrollInSequence",
+    "RemoveContactTag",
+    "RemoveLabel",
+    "SendMessage",
+    "SendWebhook",
+    "SnoozeUntil",
+    "Subject",
+    "action_type",
+    "form",
+    "run_actions",
+    "validate_actions",
+]
+
+#: Every kind of action, tagged on ``type`` (the order the dashboard lists them in).
+Action = (
+    EnrollInSequence
+    | SendMessage
+    | AddLabel
+    | RemoveLabel
+    | AddContactTag
+    | RemoveContactTag
+    | AssignAgent
+    | AssignTeam
+    | ChangeStatus
+    | ChangePriority
+    | SnoozeUntil
+    | AddPrivateNote
+    | SendWebhook
+)
+
+#: The struct of each kind of action, in the order of :data:`Action`.
+ACTION_KINDS: tuple[type[BaseAction], ...] = get_args(Action)
+
+#: Most actions one rule may have.
+MAX_ACTIONS = 20
+
+
+def action_type(action: BaseAction) -> str:
+    """An action's kind: its ``type`` tag (``add_label``)."""
+    kind = type(action).__struct_config__.tag
+    assert isinstance(kind, str)
+    return kind
+
+
+def validate_actions(conn: Connection[Any], project_id: uuid.UUID, actions: list[Action]) -> list[Action]:
+    """Check every action against the project (its sequences) and its own rules; errors name
+    ``actions.<i>.<field>``."""
+    if not actions:
+        raise InvalidInput("a rule needs at least one action", field="actions")
+    if len(actions) > MAX_ACTIONS:
+        raise InvalidInput(f"a rule has at most {MAX_ACTIONS} actions", field="actions")
+    for index, action in enumerate(actions):
+        action.validate(conn, project_id, f"actions.{index}")
+    return actions
+
+
+def run_actions(
+    conn: Connection[Any], rule_id: uuid.UUID, actions: list[Action], subject: Subject, *, now: datetime
+) -> Done:
+    """Run a rule's actions in order, in the caller's transaction (the caller holds a savepoint)."""
+    done = Done()
+    for action in actions:
+        action.run(conn, rule_id, subject, now, done)
+    return done

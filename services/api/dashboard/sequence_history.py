@@ -1,0 +1,81 @@
+"""What a sequence was and did: its published versions with what changed between two of them, and its
+results (the funnel of its enrollments, the daily activity of the last :data:`RESULT_DAYS` days).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from litestar import Controller, Request, Response, get
+from litestar.params import FromPath
+
+from libs.common.followups import sequences, statistics
+from services.api.dashboard import charts, diff
+from services.api.dashboard.base import project_of
+from services.api.dashboard.render import page
+from services.api.deps import runtime_of, transaction
+
+#: Days the daily chart of a sequence's results shows.
+RESULT_DAYS = 30
+
+
+class SequenceHistoryController(Controller):
+    """A sequence's versions and results."""
+
+    path = "/sequences"
+
+    @get("/{sequence_id:uuid}/versions", sync_to_thread=True)
+    def versions(self, request: Request[Any, Any, Any], sequence_id: FromPath[uuid.UUID]) -> Response[str]:
+        project_id = project_of(request)
+        with transaction(runtime_of(request)) as conn:
+            sequence = sequences.get_sequence(conn, project_id, sequence_id)
+            found = sequences.list_versions(conn, project_id, sequence_id)
+        by_number = {v.version: v for v in found}
+        newer = _int(request.query_params.get("to"), found[0].version if found else None)
+        older = _int(request.query_params.get("from"), newer - 1 if newer else None)
+        changes = None
+        if older in by_number and newer in by_number and older != newer:
+            changes = diff.definition_changes(by_number[older].definition, by_number[newer].definition)
+        elif newer in by_number and older == 0:
+            changes = diff.definition_changes({}, by_number[newer].definition)
+        return page(
+            request,
+            "sequences/versions.html",
+            title=f"Versions · {sequence.name}",
+            sequence=sequence,
+            versions=found,
+            older=older,
+            newer=newer,
+            changes=changes,
+        )
+
+    # --- results ---------------------------------------------------------------------------------------
+
+    @get("/{sequence_id:uuid}/results", sync_to_thread=True)
+    def results(self, request: Request[Any, Any, Any], sequence_id: FromPath[uuid.UUID]) -> Response[str]:
+        project_id = project_of(request)
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            sequence = sequences.get_sequence(conn, project_id, sequence_id)
+            stats = statistics.sequence_statistics(conn, project_id, sequence_id)
+            days = statistics.daily_activity(
+                conn, project_id, sequence_id, days=RESULT_DAYS, now=runtime.clock.now()
+            )
+        return page(
+            request,
+            "sequences/results.html",
+            title=f"Results · {sequence.name}",
+            sequence=sequence,
+            stats=stats,
+            days=days,
+            funnel=charts.funnel(stats),
+            daily=charts.daily(days),
+        )
+
+
+def _int(raw: str | None, default: int | None) -> int | None:
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        return default
