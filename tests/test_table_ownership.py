@@ -464,3 +464,12 @@ def test_the_check_catches_a_planted_violation() -> None:
 @pytest.mark.parametrize("planted", ["DELETE FROM outbox", "TRUNCATE outbox", "UPDATE ONLY outbox SET x = 1"])
 def test_each_write_form_is_seen(planted: str) -> None:
     assert parse_tables(planted, schema_tables()).written == {"outbox"}
+
+
+def test_the_readmes_table_of_owners_is_true() -> None:
+    """The README's table of contexts names, for each, exactly the tables its ``OWNS`` lists."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (?:\d|any) \| `(\w+)/` \| [^|]* \| ([^|]*) \|$", readme, re.MULTILINE)
+    assert rows, "the README has no table of contexts"
+    said = {context: frozenset(re.findall(r"`(\w+)`", tables)) for context, tables in rows}
+    assert said == owners()
