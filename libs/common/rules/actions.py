@@ -235,8 +235,6 @@ class Subject:
 class Done:
     """What the actions of one rule did that matters after the commit."""
 
-    #: (enrollment, project) of each enrollment made: the release service is nudged for them.
-    enrollments: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
     webhook_delivery_ids: list[uuid.UUID] = field(default_factory=list)
     message_ids: list[uuid.UUID] = field(default_factory=list)
     #: Follow-ups a resolving action stopped (counted once committed).
@@ -290,8 +288,7 @@ def _enroll(
         anchor_at=_anchor(conn, action.anchor, subject),
         conversation_id=subject.conversation_id,
     )
-    enrollment, _ = enroll(conn, subject.project_id, request, now=now, source="rule")
-    done.enrollments.append((enrollment.id, subject.project_id))
+    enroll(conn, subject.project_id, request, now=now, source="rule")  # registers the release nudge
 
 
 def _anchor(conn: Connection[Any], anchor: str, subject: Subject) -> datetime | None:
