@@ -1,7 +1,9 @@
 """After-commit effects (libs.common.core.effects): registered by the domain function that makes a change,
 run once the transaction committed and only then; dropped by a rollback (a savepoint's: only its own);
 identical ones run once; a failing one is logged and the change stays. End to end: the API's enrollment
-nudges the release service, its triggers nudge the triggers service, a refused one nudges nobody."""
+nudges the release service, its triggers nudge the triggers service, a refused one nudges nobody; the
+workers' job runner runs them after each item's commit (a rule that enrolls, a bulk chunk) and drops them
+with a rolled-back item or rule."""
 
 from __future__ import annotations
 
@@ -16,18 +18,25 @@ import msgspec
 import pytest
 from dramatiq.brokers.stub import StubBroker
 from litestar.testing import TestClient
+from prometheus_client import REGISTRY
+from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts import actors
 from libs.common.core import effects
+from libs.common.core.clock import ManualClock
 from libs.common.core.db import create_pool
 from libs.common.core.effects import Invalidate, NudgeRelease, NudgeTriggers
+from libs.common.core.jobs import Failed
 from libs.common.core.runtime import Runtime
 from libs.common.core.settings import Settings
-from libs.common.rules import bulk, rules
+from libs.common.rules import bulk, rules, triggers
+from libs.common.rules.actions import run_actions
 from libs.common.rules.bulk import BulkCreate
 from libs.common.rules.rules import RuleCreate
 from tests.conftest import Project
+from tests.helpers import rows
+from tests.rule_helpers import create_rule
 from tests.test_api_sequences import message_step, new_contact, published
 
 # --- helpers
@@ -261,3 +270,125 @@ def test_a_rule_change_registers_the_rules_invalidation_and_a_bulk_job_the_trigg
             NudgeTriggers(project.id),
         ]
     assert sent(runtime, actors.TRIGGERS_NUDGE) == [{"project_id": str(project.id)}]
+
+
+# --- the workers: the job runner's isolations run them
+
+
+def enrolling_rule(client: TestClient[Any]) -> str:
+    """A rule enrolling each new contact in a sequence whose first message is due at once; the sequence."""
+    sequence_id = published(client, message_step("Welcome"))
+    actions = [{"type": "enroll_in_sequence", "sequence_id": sequence_id}]
+    create_rule(client, "contact.created", actions)
+    return sequence_id
+
+
+def nudged_when_committed(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """For each release nudge sent: how many enrollments another connection saw then (committed ones)."""
+    seen: list[int] = []
+    nudge = NudgeRelease.run
+
+    def run(self: NudgeRelease, runtime: Runtime) -> None:
+        [(count,)] = rows(runtime.pool, "SELECT count(*) FROM followup_enrollments")
+        seen.append(count)
+        nudge(self, runtime)
+
+    monkeypatch.setattr(NudgeRelease, "run", run)
+    return seen
+
+
+def test_a_rule_that_enrolls_nudges_the_release_service_once_its_trigger_committed(
+    client: TestClient[Any], runtime: Runtime, project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a rule that enrolls every new contact, and a new contact
+    enrolling_rule(client)
+    new_contact(client)
+    seen = nudged_when_committed(runtime, monkeypatch)
+    # When the triggers loop's domain function processes its trigger
+    assert triggers.process_triggers(runtime.pool, runtime.clock, runtime=runtime).triggers == 1
+    # Then the release service is nudged exactly once, for that enrollment, after its trigger committed
+    [(enrollment_id,)] = rows(runtime.pool, "SELECT id FROM followup_enrollments")
+    assert sent(runtime, actors.RELEASE_NUDGE) == [
+        {"project_id": str(project.id), "enrollment_id": str(enrollment_id)}
+    ]
+    assert seen == [1]
+
+
+def test_a_trigger_rolled_back_or_a_rule_that_failed_nudges_nobody(
+    client: TestClient[Any], runtime: Runtime, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    enrolling_rule(client)
+    new_contact(client)
+    run = triggers._run
+
+    # A statement error after the rule ran rolls the trigger's transaction back: no enrollment, no nudge
+    def failing_after(conn: Connection[Any], *args: Any) -> Failed | None:
+        failed = run(conn, *args)
+        conn.execute("SELECT 1 / 0")
+        return failed
+
+    monkeypatch.setattr(triggers, "_run", failing_after)
+    processed = triggers.process_triggers(runtime.pool, runtime.clock, runtime=runtime)
+    assert processed.outcomes[("contact.created", "retry")] == 1
+    assert rows(runtime.pool, "SELECT count(*) FROM followup_enrollments") == [(0,)]
+    assert sent(runtime, actors.RELEASE_NUDGE) == []
+
+    # A rule that fails after its enrollment rolls its savepoint back: the trigger's failure commits, with
+    # neither the enrollment nor its nudge
+    monkeypatch.setattr(triggers, "_run", run)
+
+    def enroll_then_fail(*args: Any, **kwargs: Any) -> Any:
+        run_actions(*args, **kwargs)
+        raise RuntimeError("the rule's next action failed")
+
+    monkeypatch.setattr(triggers, "run_actions", enroll_then_fail)
+    clock.advance(triggers.BACKOFF_MIN)
+    processed = triggers.process_triggers(runtime.pool, runtime.clock, runtime=runtime)
+    assert processed.outcomes[("contact.created", "retry")] == 1
+    assert rows(runtime.pool, "SELECT attempts FROM followup_triggers") == [(2,)]
+    assert rows(runtime.pool, "SELECT count(*) FROM followup_enrollments") == [(0,)]
+    assert sent(runtime, actors.RELEASE_NUDGE) == []
+
+
+def test_a_bulk_chunk_nudges_the_release_service_once_per_project_after_its_commit(
+    client: TestClient[Any], runtime: Runtime, project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a bulk job of three contacts in a sequence whose first message is due at once
+    sequence_id = published(client, message_step("Hello"))
+    contact_ids = [new_contact(client) for _ in range(3)]
+    with effects.transaction(runtime) as conn:
+        job = msgspec.convert({"sequence_id": sequence_id, "contact_ids": contact_ids}, BulkCreate)
+        bulk.create_job(conn, project.id, job, now=runtime.clock.now())
+    seen = nudged_when_committed(runtime, monkeypatch)
+    # When the bulk loop's domain function runs its chunk
+    assert bulk.process_chunk(runtime.pool, runtime.clock, runtime=runtime) == 3
+    # Then the release service is nudged once for the project, after the chunk committed
+    assert [m["project_id"] for m in sent(runtime, actors.RELEASE_NUDGE)] == [str(project.id)]
+    assert seen == [3]
+
+
+# --- counts: registered by the domain function, counted once after the commit
+
+
+def stopped_total(reason: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "whatstig_followup_finished_total", {"status": "stopped", "reason": reason}
+    )
+    return value or 0.0
+
+
+def test_a_stop_by_hand_is_counted_once_after_its_commit_and_not_when_refused(
+    client: TestClient[Any],
+) -> None:
+    sequence_id = published(client, message_step("Tomorrow", delay_seconds=86_400))
+    body = {"sequence_id": sequence_id, "contact_id": new_contact(client)}
+    response = client.post("/v1/enrollments", json=body)
+    assert response.status_code == 201, response.text
+    enrollment_id = response.json()["id"]
+    before = stopped_total("manual")
+    # a stop by hand is counted once
+    assert client.post(f"/v1/enrollments/{enrollment_id}/stop", json={}).status_code == 200
+    assert stopped_total("manual") == before + 1
+    # a second stop is refused (409): not counted
+    assert client.post(f"/v1/enrollments/{enrollment_id}/stop", json={}).status_code == 409
+    assert stopped_total("manual") == before + 1

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from libs.common import ingress as ingress_context
 from libs.common.contracts.platform_events import InboundMessage
 from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
 from libs.common.followups.definition import MessageStep
+from libs.common.ingress import apply as ingress_apply
 from services.release.release import release_batch
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
@@ -30,7 +30,7 @@ def failing_after_the_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*args: Any, **kwargs: Any) -> None:
         raise Injected("injected after the stop")
 
-    monkeypatch.setattr(ingress_context, "record_trigger", fail)
+    monkeypatch.setattr(ingress_apply, "record_trigger", fail)  # where ingress.apply.record looks it up
 
 
 def follow_up_due_later(runtime: Runtime, project_id: uuid.UUID, contact: uuid.UUID) -> uuid.UUID:

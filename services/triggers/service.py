@@ -10,7 +10,6 @@ from typing import Any
 import dramatiq
 
 from libs.common.contracts import actors
-from libs.common.core import broker
 from libs.common.core.loops import PollingLoop
 from libs.common.core.runtime import Runtime, Service
 from libs.common.rules import bulk, webhooks
@@ -35,31 +34,26 @@ def build(runtime: Runtime) -> Service:
     )
 
     def after(done: Done) -> None:
-        """Once committed: the release service hears of new enrollments, webhooks go out."""
-        for enrollment_id, project_id in done.enrollments:
-            broker.nudge(
-                runtime.broker,
-                actors.RELEASE_NUDGE,
-                actors.ReleaseNudge(project_id=project_id, enrollment_id=enrollment_id),
-            )
+        """Once committed, webhooks the rules queued go out (the release service was nudged by each
+        item's after-commit effects, :mod:`libs.common.core.effects`)."""
         if done.webhook_delivery_ids:
             deliveries.wake()
 
     def triggers() -> int:
-        processed = process_triggers(runtime.pool, runtime.clock)
+        processed = process_triggers(runtime.pool, runtime.clock, runtime=runtime)
         after(processed.done)
         return processed.triggers
 
     stale_after = timedelta(seconds=runtime.settings.rules.execution_stale_after_seconds)
 
     def delayed() -> int:
-        swept = sweep(runtime.pool, runtime.clock, stale_after=stale_after)
+        swept = sweep(runtime.pool, runtime.clock, stale_after=stale_after, runtime=runtime)
         after(swept.done)
         return swept.claimed
 
     bulk_jobs = PollingLoop(
         BULK_LOOP,
-        lambda: bulk.process_chunk(runtime.pool, runtime.clock),
+        lambda: bulk.process_chunk(runtime.pool, runtime.clock, runtime=runtime),
         poll_interval=settings.poll_interval_seconds,
         idle_max_sleep=settings.idle_max_sleep_seconds,
     )

@@ -17,11 +17,14 @@ that owns the connection, once, after COMMIT succeeded (Django's ``transaction.o
   committed and the request that made it succeeds.
 - **Nested use** is one transaction per connection: a block opened inside another takes a connection of
   its own and runs its effects after its own commit.
-- **A connection used without** :func:`transaction` (a worker's own ``pool.connection()``): what is
-  registered on it is never run, and is dropped when the pool hands the connection out again (the pool's
-  check, :func:`libs.common.core.db.check_connection`, calls :func:`discard`), so it never leaks into
-  another transaction. Such a worker acts on the result its domain function returns, as the triggers
-  service nudges the release service for the enrollments its rules made (``Done.enrollments``).
+- **Workers** run them too: the job runner's (:mod:`libs.common.core.jobs`) item in a transaction of its
+  own runs its effects after that item's COMMIT (:func:`committed`, with the worker's runtime); an item in
+  a savepoint keeps or drops them with the savepoint, and the caller's transaction runs them after its
+  COMMIT. The triggers service's rules that enroll nudge the release service that way, as the API does.
+- **A connection used without** :func:`transaction` or :func:`committed` (a plain ``pool.connection()``):
+  what is registered on it is never run, and is dropped when the pool hands the connection out again (the
+  pool's check, :func:`libs.common.core.db.check_connection`, calls :func:`discard`), so it never leaks
+  into another transaction.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from psycopg import Connection
+from psycopg_pool import ConnectionPool
 
 from libs.common.contracts import actors
 from libs.common.core import broker
@@ -161,7 +165,16 @@ def savepoint(conn: Connection[Any]) -> Iterator[None]:
 def transaction(runtime: Runtime) -> Iterator[Connection[Any]]:
     """A transaction on a connection of ``runtime``'s pool: committed when the block ends (rolled back on
     an error), then the effects registered on it run, once, with ``runtime``'s broker and invalidator."""
-    with runtime.pool.connection() as conn:
+    with committed(runtime.pool, runtime) as conn:
+        yield conn
+
+
+@contextmanager
+def committed(pool: ConnectionPool, runtime: Runtime | None) -> Iterator[Connection[Any]]:
+    """A transaction on a connection of ``pool`` (a job's item in a transaction of its own): committed when
+    the block ends (rolled back on an error), then the effects registered on it run with ``runtime``; with
+    no runtime (a benchmark's or a test's worker that does not look at them) they are dropped."""
+    with pool.connection() as conn:
         discard(conn)
         try:
             yield conn
@@ -170,7 +183,8 @@ def transaction(runtime: Runtime) -> Iterator[Connection[Any]]:
             raise
         effects = pending(conn)
         discard(conn)
-    run(runtime, effects)  # reached only once COMMIT succeeded
+    if runtime is not None:
+        run(runtime, effects)  # reached only once COMMIT succeeded
 
 
 def run(runtime: Runtime, effects: list[Effect]) -> None:

@@ -10,8 +10,10 @@ up.
 **The runner** (:func:`run_batch`). A queue (:class:`Queue`) supplies what is its own: its claim (a batch,
 locked or leased), how one item's attempt is isolated (a transaction of its own from the pool, a SAVEPOINT
 in the caller's transaction, or nothing when the item holds its transactions itself, as a webhook delivery
-does around its HTTP call), the run of one item, and its outcome writers. The runner does the rest, the same
-for every queue::
+does around its HTTP call), the run of one item, and its outcome writers. The after-commit effects an
+attempt registers (:mod:`libs.common.core.effects`) follow its isolation: run after the item's own COMMIT
+(:class:`OwnTransactions`, with the queue's runtime), kept or dropped with its :func:`savepoint`. The
+runner does the rest, the same for every queue::
 
     claim -> for each item, its attempt in its isolation:
                done       the run wrote its outcome (done, skipped, not this worker's any more)
@@ -41,10 +43,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
+
+from libs.common.core import effects
+
+if TYPE_CHECKING:
+    from libs.common.core.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -179,12 +186,15 @@ class Queue(ABC, Generic[T, C]):
 
 
 class OwnTransactions(Queue[T, Connection[Any]]):
-    """A queue whose items each run in a transaction of their own, on a connection of ``pool``."""
+    """A queue whose items each run in a transaction of their own, on a connection of ``pool``; the
+    after-commit effects an item's transaction registered run after its COMMIT, with ``runtime`` (None:
+    dropped)."""
 
     pool: ConnectionPool
+    runtime: Runtime | None = None
 
     def isolate(self) -> AbstractContextManager[Connection[Any]]:
-        return self.pool.connection()
+        return effects.committed(self.pool, self.runtime)
 
 
 @dataclass
@@ -278,6 +288,7 @@ def _unrecorded(queue: Queue[T, C], item: T, error: BaseException | str, ran: Ra
 
 @contextmanager
 def savepoint(conn: Connection[Any]) -> Iterator[Connection[Any]]:
-    """An item's attempt in a SAVEPOINT of the caller's transaction."""
-    with conn.transaction():
+    """An item's attempt in a SAVEPOINT of the caller's transaction: the after-commit effects it registered
+    are kept with the savepoint (run after the caller's COMMIT) or dropped with its rollback."""
+    with effects.savepoint(conn):
         yield conn

@@ -23,7 +23,7 @@ from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
 from libs.common.followups.definition import Definition, Step, StopFlags, check_anchor, step_due_at
 from libs.common.followups.sequences import create_one_off_version, version_definition
-from libs.common.followups.stops import Stopped, count_stopped
+from libs.common.followups.stops import Stopped
 from libs.common.followups.stops import stop_enrollment as stop_live
 from libs.common.followups.transitions import ENROLLMENT_ROW, Enrollment, EnrollmentStatus
 
@@ -317,9 +317,8 @@ def _sequence_version(
         conn.execute(QUERIES["serialise_reentry"], params)
         with conn.cursor(row_factory=class_row(_Live)) as cur:
             replaced = cur.execute(QUERIES["lock_live_in_sequence"], params).fetchall()
-        for enrollment in replaced:
-            # counted here: the re-entry commits with the enrollment that replaces it
-            count_stopped(stop_live(conn, project_id, enrollment, "reentered", now=now))
+        for enrollment in replaced:  # counted once the re-entry committed with the enrollment replacing it
+            stop_live(conn, project_id, enrollment, "reentered", now=now)
     return definition, version_id
 
 
@@ -404,8 +403,8 @@ def resume_enrollment(
 def stop_enrollment(
     conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID, *, note: str | None, now: datetime
 ) -> tuple[Enrollment, Stopped]:
-    """Stop a live enrollment by hand (reason ``manual``, with an optional note); the caller counts the
-    returned stop once it committed."""
+    """Stop a live enrollment by hand (reason ``manual``, with an optional note); the stop is counted once
+    the transaction committed (:func:`libs.common.followups.stops.stop_enrollment` registers it)."""
     if note is not None and len(note) > 500:
         raise InvalidInput("note must be at most 500 characters", field="note")
     if note is not None:

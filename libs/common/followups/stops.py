@@ -24,6 +24,7 @@ from typing import Any, Literal
 from psycopg import Connection
 from psycopg.rows import class_row
 
+from libs.common.core.effects import Observe, after_commit
 from libs.common.core.metrics import FOLLOWUP_FINISHED
 from libs.common.core.sql import load_queries
 from libs.common.followups.transitions import EnrollmentRef, finish
@@ -119,7 +120,7 @@ def stop_enrollment(
     note: str | None = None,
 ) -> Stopped:
     """Stop one live enrollment the caller locked (by hand, or replaced on re-entry) and cancel its
-    follow-up message still QUEUED."""
+    follow-up message still QUEUED; counted once the transaction committed (an after-commit effect)."""
     finish(conn, project_id, [enrollment], "stopped", reason, now=now, note=note)
     params = {
         "project_id": project_id,
@@ -130,7 +131,9 @@ def stop_enrollment(
     }
     cancelled = _cancel_queued(conn, project_id, params, reason, now)
     log.info("enrollment stopped", extra={"enrollment_id": str(enrollment.id), "reason": reason})
-    return Stopped(reason, [enrollment.id], cancelled)
+    stopped = Stopped(reason, [enrollment.id], cancelled)
+    after_commit(conn, Observe("stopped enrollment", lambda: count_stopped(stopped)))
+    return stopped
 
 
 def _cancel_queued(

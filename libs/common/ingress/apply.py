@@ -14,7 +14,6 @@ import msgspec
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from libs.common import ingress
 from libs.common.contracts.platform_events import HumanMessage, InboundMessage, PlatformEvent
 from libs.common.core import validation
 from libs.common.core.db import map_errors
@@ -22,6 +21,7 @@ from libs.common.core.effects import Observe, after_commit
 from libs.common.core.errors import NotFound
 from libs.common.followups.stops import StopFlag, count_stopped, stop_followups_for_contact
 from libs.common.platform import contacts
+from libs.common.rules.triggers import record_trigger
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +84,8 @@ def record(
     conversation_id: uuid.UUID | None = None,
     **payload: Any,
 ) -> list[int]:
-    """Record a trigger for ``event`` (when a rule listens); its id goes on the result (if one is given).
-
-    ``record_trigger`` is the package's (``libs.common.ingress.record_trigger``): what a test replaces to
-    make an event fail after its stop path."""
-    trigger_id = ingress.record_trigger(
+    """Record a trigger for ``event`` (when a rule listens); its id goes on the result (if one is given)."""
+    trigger_id = record_trigger(
         conn,
         project_id,
         event,

@@ -47,6 +47,7 @@ from libs.common.core.clock import Clock
 from libs.common.core.errors import Conflict, NotFound
 from libs.common.core.jobs import STANDARD_BACKOFF, Failure, Fairness, OwnTransactions, Retry, run_batch
 from libs.common.core.metrics import RULE_EXECUTION_LAG, RULE_EXECUTIONS, RULE_PENDING_EXECUTIONS
+from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
 from libs.common.followups.project_settings import get_settings
 from libs.common.followups.send_window import add_open_time, zone
@@ -217,11 +218,19 @@ class Swept:
 _last_gauge = [0.0]
 
 
-def sweep(pool: ConnectionPool, clock: Clock, *, stale_after: timedelta, limit: int = 100) -> Swept:
+def sweep(
+    pool: ConnectionPool,
+    clock: Clock,
+    *,
+    stale_after: timedelta,
+    limit: int = 100,
+    runtime: Runtime | None = None,
+) -> Swept:
     """Run the delayed rules that fell due: claim a batch (and re-check the rules' current conditions for
-    all of it in one query per rule), then each in a transaction of its own (the job runner's)."""
+    all of it in one query per rule), then each in a transaction of its own (the job runner's, whose
+    after-commit effects run with ``runtime`` once it committed; without one, they are dropped)."""
     swept = Swept()
-    ran = run_batch(_Sweep(pool, clock, stale_after, swept), limit=limit)
+    ran = run_batch(_Sweep(pool, clock, stale_after, swept, runtime=runtime), limit=limit)
     swept.claimed = ran.claimed
     for (outcome, reason), count in swept.outcomes.items():
         RULE_EXECUTIONS.labels(outcome, reason).inc(count)
@@ -244,6 +253,7 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
     clock: Clock
     stale_after: timedelta
     swept: Swept
+    runtime: Runtime | None = None
     until: datetime = datetime.min
     holds: dict[uuid.UUID, bool] = field(default_factory=dict)
 
@@ -331,7 +341,6 @@ def _execute(
     )
     done = run_actions(conn, rule.id, rule.actions, subject, now=now)
     _finish(conn, row, "executed", None, done.message_ids[0] if done.message_ids else None, swept, now)
-    swept.done.enrollments += done.enrollments
     swept.done.webhook_delivery_ids += done.webhook_delivery_ids
     swept.done.message_ids += done.message_ids
     swept.done.stopped += done.stopped

@@ -32,7 +32,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
-from libs.common.core.effects import NudgeTriggers, after_commit
+from libs.common.core.effects import NudgeTriggers, after_commit, savepoint
 from libs.common.core.jobs import (
     STANDARD_BACKOFF,
     Failed,
@@ -43,6 +43,7 @@ from libs.common.core.jobs import (
     run_batch,
 )
 from libs.common.core.metrics import FOLLOWUP_TRIGGERS
+from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
@@ -117,8 +118,12 @@ class Processed:
     done: Done = field(default_factory=Done)
 
 
-def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) -> Processed:
-    """Match and act on a batch of due triggers; returns what it did (counted once committed).
+def process_triggers(
+    pool: ConnectionPool, clock: Clock, *, limit: int = 100, runtime: Runtime | None = None
+) -> Processed:
+    """Match and act on a batch of due triggers; returns what it did (counted once committed). The
+    after-commit effects of a trigger's rules (the release nudge of an enrollment made) run with ``runtime``
+    once that trigger's transaction committed (without one, they are dropped).
 
     One short transaction claims the batch, evaluates the conditions of every candidate rule for all of it,
     marks the triggers no rule matched as processed and leases the others (:data:`LEASE`); then each of
@@ -127,7 +132,7 @@ def process_triggers(pool: ConnectionPool, clock: Clock, *, limit: int = 100) ->
     batch.
     """
     processed = Processed()
-    batch = _Batch(pool, clock.now(), processed)
+    batch = _Batch(pool, clock.now(), processed, runtime)
     run_batch(batch, limit=limit)
     if not batch.ids:
         return processed
@@ -149,8 +154,11 @@ class _Batch(OwnTransactions[_ToRun]):
 
     retry = RETRY
 
-    def __init__(self, pool: ConnectionPool, now: datetime, processed: Processed) -> None:
+    def __init__(
+        self, pool: ConnectionPool, now: datetime, processed: Processed, runtime: Runtime | None
+    ) -> None:
         self.pool = pool
+        self.runtime = runtime
         self.now = now
         self.processed = processed
         self.until = now + LEASE
@@ -312,7 +320,7 @@ def _run(
     for rule in rules:
         run = {"trigger_id": trigger.id, "rule_id": str(rule.id), "project_id": str(trigger.project_id)}
         try:
-            with conn.transaction():
+            with savepoint(conn):  # a rule rolled back drops its after-commit effects too
                 done = run_actions(conn, rule.id, rule.actions, subject, now=now)
         except BUSINESS_ERRORS as refusal:
             runs.append(run | {"outcome": "rejected", "detail": refusal.code})
@@ -324,7 +332,6 @@ def _run(
             break
         runs.append(run | {"outcome": "executed", "detail": None})
         processed.outcomes[(trigger.type, "executed")] += 1
-        processed.done.enrollments += done.enrollments
         processed.done.webhook_delivery_ids += done.webhook_delivery_ids
         processed.done.message_ids += done.message_ids
         processed.done.stopped += done.stopped

@@ -16,7 +16,6 @@ from litestar.params import FromPath
 from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
 from libs.common.followups import enrollments, sequences
 from libs.common.followups.enrollments import EnrollmentDetail, EnrollRequest
-from libs.common.followups.stops import count_stopped
 from libs.common.platform import contacts
 from services.api.dashboard.base import paged, project_of, query_uuid, see_other
 from services.api.dashboard.forms import (
@@ -289,12 +288,11 @@ class EnrollmentsController(Controller):
         note = Form.of(request).get("note").strip() or None
         try:
             with transaction(runtime) as conn:
-                _, stopped = enrollments.stop_enrollment(
+                enrollments.stop_enrollment(
                     conn, project_of(request), enrollment_id, note=note, now=runtime.clock.now()
                 )
         except FollowupsError as exc:
             return self._refused(request, enrollment_id, exc, note=note or "")
-        count_stopped(stopped)
         return see_other(_back(request, enrollment_id), notice="stopped")
 
     def _refused(

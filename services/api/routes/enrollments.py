@@ -11,7 +11,6 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.followups import enrollments
 from libs.common.followups.enrollments import EnrollmentDetail, EnrollmentUpdate, EnrollRequest, StopRequest
-from libs.common.followups.stops import count_stopped
 from libs.common.followups.transitions import Enrollment, EnrollmentStatus
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 from services.api.openapi import conflict, not_found
@@ -122,9 +121,8 @@ class EnrollmentsController(Controller):
         """Stop by hand (reason ``manual``), with an optional ``note``."""
         runtime = runtime_of(request)
         note = data.note if data is not None else None
-        with transaction(runtime) as conn:
-            enrollment, stopped = enrollments.stop_enrollment(
+        with transaction(runtime) as conn:  # the stop is counted once committed (an after-commit effect)
+            enrollment, _ = enrollments.stop_enrollment(
                 conn, project_id, enrollment_id, note=note, now=runtime.clock.now()
             )
-        count_stopped(stopped)
         return enrollment

@@ -67,8 +67,6 @@ class Subject:
 class Done:
     """What the actions of one rule did that matters after the commit."""
 
-    #: (enrollment, project) of each enrollment made: the release service is nudged for them.
-    enrollments: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
     webhook_delivery_ids: list[uuid.UUID] = field(default_factory=list)
     message_ids: list[uuid.UUID] = field(default_factory=list)
     #: Follow-ups a resolving action stopped (counted once committed).

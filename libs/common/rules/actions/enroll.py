@@ -62,8 +62,7 @@ class EnrollInSequence(BaseAction, kw_only=True, tag="enroll_in_sequence"):
             anchor_at=self._anchor_at(conn, subject),
             conversation_id=subject.conversation_id,
         )
-        enrollment, _ = enroll(conn, subject.project_id, request, now=now, source="rule")
-        done.enrollments.append((enrollment.id, subject.project_id))
+        enroll(conn, subject.project_id, request, now=now, source="rule")  # registers the release nudge
 
     def _anchor_at(self, conn: Connection[Any], subject: Subject) -> datetime | None:
         if self.anchor == "none":
