@@ -67,7 +67,6 @@ from libs.common.core.runtime import Runtime
 from libs.common.ingress import campaigns, contacts, conversations, leads, messages, numbers
 from libs.common.ingress.apply import EventResult, log_applied, record, stop_after_unapplied_reply, storable
 from libs.common.platform.projects import require_project
-from libs.common.rules.triggers import record_trigger
 
 __all__ = [
     "HANDLERS",
@@ -75,7 +74,6 @@ __all__ = [
     "apply_event",
     "handle_event",
     "record",
-    "record_trigger",
     "stop_after_unapplied_reply",
 ]
 

@@ -2,17 +2,8 @@
 happens records a pending execution instead of acting; when it falls due, the sweep re-checks it and runs
 its actions, or skips it with the reason.
 
-**Episodes.** One pending execution per (rule, conversation, episode); the episode key comes from the
-anchors captured in the event's transaction, never re-read later:
-
-    status          status:<status_changed_at>        the conversation's status episode (conversation
-                                                       events): due status_changed_at + delay; a repeated
-                                                       event of the episode does not reset the clock
-    reply_chase     reply_chase:<last incoming id>     an agent's message (the customer went quiet): due
-                                                       the latest agent reply + delay, moved forward only
-    awaiting_agent  awaiting_agent:<waiting_since>     a customer's message (the agent went quiet): due
-                                                       waiting_since + delay; an agent reply ends the wait
-    event           event:<trigger id>                 an event without a conversation: each its own
+**Episodes** (:mod:`libs.common.rules.episodes`): one pending execution per (rule, conversation,
+episode), its key from the anchors captured in the event's transaction.
 
 **The sweep** (:func:`sweep`, every second and on nudge) claims due rows in a batch and leases them; each
 then runs in a transaction of its own through the guard chain, each failure skipping it with its reason:
@@ -54,6 +45,7 @@ from libs.common.followups.send_window import add_open_time, zone
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
 from libs.common.rules.conditions import CONTEXT
+from libs.common.rules.episodes import current_key, episode_of
 from libs.common.rules.rules import RULES, ActiveRule
 
 log = logging.getLogger(__name__)
@@ -71,58 +63,6 @@ GAUGE_EVERY_SECONDS = 15.0
 
 
 # --- at event time ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Episode:
-    kind: str
-    key: str
-    #: When the episode's clock started (the delay counts from it).
-    since: datetime
-
-
-def _stamp(value: Any) -> datetime | None:
-    """A timestamp of the anchors (ISO text in JSON, or a datetime read from the table), in UTC."""
-    if value is None:
-        return None
-    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
-    assert isinstance(moment, datetime)
-    return moment.astimezone(UTC)
-
-
-def _key(kind: str, anchor: Any) -> str:
-    stamp = _stamp(anchor) if kind in ("status", "awaiting_agent") else None
-    return f"{kind}:{stamp.isoformat() if stamp is not None else anchor}"
-
-
-def episode_of(subject: Subject) -> Episode:
-    """The episode an event opens or continues, from the anchors captured with it."""
-    payload, occurred_at = subject.payload, subject.occurred_at
-    anchors = payload.get("anchors") or {}
-    if subject.conversation_id is None:
-        return Episode("event", f"event:{subject.trigger_id}", occurred_at)
-    if subject.type == "message.created":
-        message = payload.get("message") or {}
-        if message.get("type") == "outgoing":
-            return Episode(
-                "reply_chase", _key("reply_chase", anchors.get("last_incoming_message_id")), occurred_at
-            )
-        waiting = anchors.get("waiting_since")
-        return Episode("awaiting_agent", _key("awaiting_agent", waiting), _stamp(waiting) or occurred_at)
-    changed = anchors.get("status_changed_at")
-    return Episode("status", _key("status", changed), _stamp(changed) or occurred_at)
-
-
-def current_key(kind: str, row: dict[str, Any]) -> str | None:
-    """The episode key the conversation has now (None: an event episode, always current)."""
-    if kind == "event":
-        return None
-    anchor = {
-        "status": row["status_changed_at"],
-        "reply_chase": str(row["last_incoming_message_id"]) if row["last_incoming_message_id"] else None,
-        "awaiting_agent": row["waiting_since"],
-    }[kind]
-    return _key(kind, anchor)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,75 @@
+"""Episodes of a delayed rule (seed 002, "don't reset the clock"): one pending execution per (rule,
+conversation, episode); the episode key comes from the anchors captured in the event's transaction, never
+re-read later:
+
+    status          status:<status_changed_at>        the conversation's status episode (conversation
+                                                       events): due status_changed_at + delay; a repeated
+                                                       event of the episode does not reset the clock
+    reply_chase     reply_chase:<last incoming id>     an agent's message (the customer went quiet): due
+                                                       the latest agent reply + delay, moved forward only
+    awaiting_agent  awaiting_agent:<waiting_since>     a customer's message (the agent went quiet): due
+                                                       waiting_since + delay; an agent reply ends the wait
+    event           event:<trigger id>                 an event without a conversation: each its own
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from libs.common.rules.actions import Subject
+
+
+@dataclass(frozen=True)
+class Episode:
+    """The episode an event opens or continues: its kind, its key, and when its clock started."""
+
+    kind: str
+    key: str
+    #: When the episode's clock started (the delay counts from it).
+    since: datetime
+
+
+def _stamp(value: Any) -> datetime | None:
+    """A timestamp of the anchors (ISO text in JSON, or a datetime read from the table), in UTC."""
+    if value is None:
+        return None
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    assert isinstance(moment, datetime)
+    return moment.astimezone(UTC)
+
+
+def _key(kind: str, anchor: Any) -> str:
+    stamp = _stamp(anchor) if kind in ("status", "awaiting_agent") else None
+    return f"{kind}:{stamp.isoformat() if stamp is not None else anchor}"
+
+
+def episode_of(subject: Subject) -> Episode:
+    """The episode an event opens or continues, from the anchors captured with it."""
+    payload, occurred_at = subject.payload, subject.occurred_at
+    anchors = payload.get("anchors") or {}
+    if subject.conversation_id is None:
+        return Episode("event", f"event:{subject.trigger_id}", occurred_at)
+    if subject.type == "message.created":
+        message = payload.get("message") or {}
+        if message.get("type") == "outgoing":
+            return Episode(
+                "reply_chase", _key("reply_chase", anchors.get("last_incoming_message_id")), occurred_at
+            )
+        waiting = anchors.get("waiting_since")
+        return Episode("awaiting_agent", _key("awaiting_agent", waiting), _stamp(waiting) or occurred_at)
+    changed = anchors.get("status_changed_at")
+    return Episode("status", _key("status", changed), _stamp(changed) or occurred_at)
+
+
+def current_key(kind: str, row: dict[str, Any]) -> str | None:
+    """The episode key the conversation has now (None: an event episode, always current)."""
+    if kind == "event":
+        return None
+    anchor = {
+        "status": row["status_changed_at"],
+        "reply_chase": str(row["last_incoming_message_id"]) if row["last_incoming_message_id"] else None,
+        "awaiting_agent": row["waiting_since"],
+    }[kind]
+    return _key(kind, anchor)
