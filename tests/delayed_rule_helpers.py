@@ -17,6 +17,7 @@ from libs.common.core.runtime import Runtime
 from libs.common.rules.executions import Swept, sweep
 from tests.factories import new_phone
 from tests.rule_helpers import add_label, create_rule, post_event, process
+from tests.rule_trigger_helpers import conversation_of
 
 PROBLEM_JSON = "application/problem+json"
 STALE_AFTER = timedelta(days=1)
@@ -64,13 +65,6 @@ def new_conversation(client: TestClient[Any], contact_id: str | None = None) -> 
     result = post_event(client, {"type": "conversation.created", "contact_id": contact_id})
     conversation_id: str = result["conversation_id"]
     return conversation_id
-
-
-def conversation_of(client: TestClient[Any], conversation_id: str) -> dict[str, Any]:
-    response = client.get(f"/v1/conversations/{conversation_id}")
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
 
 
 def labels_of(client: TestClient[Any], conversation_id: str) -> list[str]:

@@ -1,5 +1,6 @@
 """What the end-to-end rule tests share: contacts, tags and conversations made and read through the API,
-the triggers and rule messages left in the database, the outcome counters, and the controllable clock."""
+the triggers and rule messages left in the database, the outcome counters, the project's settings
+and the controllable clock."""
 
 from __future__ import annotations
 
@@ -101,3 +102,8 @@ def advance(runtime: Runtime, delta: timedelta) -> datetime:
     clock = runtime.clock
     assert isinstance(clock, ManualClock)
     return clock.advance(delta)
+
+
+def put_settings(client: TestClient[Any], **settings: Any) -> None:
+    response = client.put("/v1/settings", json=settings)
+    assert response.status_code == 200, response.text

@@ -33,13 +33,9 @@ from tests.delayed_rule_helpers import (
 )
 from tests.helpers import rows
 from tests.rule_helpers import add_label, create_rule, process
+from tests.rule_trigger_helpers import put_settings
 
 NINE_TO_FIVE = {"start": "09:00", "end": "17:00", "days": ["mon", "tue", "wed", "thu", "fri"]}
-
-
-def put_settings(client: TestClient[Any], **settings: Any) -> None:
-    response = client.put("/v1/settings", json=settings)
-    assert response.status_code == 200, response.text
 
 
 # --- business hours ----------------------------------------------------------------------------------------

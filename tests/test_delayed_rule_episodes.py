@@ -20,7 +20,6 @@ from tests.delayed_rule_helpers import (
     agent_replies,
     at,
     change_status,
-    conversation_of,
     customer_writes,
     due,
     fire,
@@ -39,6 +38,7 @@ from tests.delayed_rule_helpers import (
     the_one,
 )
 from tests.rule_helpers import add_label, create_rule, post_event, process
+from tests.rule_trigger_helpers import conversation_of
 
 INCOMING = {"attribute": "message.type", "operator": "equal_to", "value": "incoming"}
 

@@ -26,7 +26,6 @@ from tests.delayed_rule_helpers import (
     assert_problem,
     at,
     change_status,
-    conversation_of,
     counted,
     customer_writes,
     due,
@@ -48,6 +47,7 @@ from tests.delayed_rule_helpers import (
 )
 from tests.helpers import rows
 from tests.rule_helpers import add_label, create_rule, post_event, process
+from tests.rule_trigger_helpers import conversation_of
 
 OPEN = {"attribute": "conversation.status", "operator": "equal_to", "value": "open"}
 

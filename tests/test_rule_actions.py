@@ -34,17 +34,13 @@ from tests.rule_trigger_helpers import (
     new_contact,
     new_conversation,
     notes,
+    put_settings,
     rule_messages,
     runs,
     tags_of,
     trigger_count,
     unprocessed,
 )
-
-
-def put_settings(client: TestClient[Any], **settings: Any) -> None:
-    response = client.put("/v1/settings", json=settings)
-    assert response.status_code == 200, response.text
 
 
 def at(value: str) -> datetime:
