@@ -38,7 +38,6 @@ KINDS = {
     "changed": "changed",
 }
 
-
 #: Fixed ids, so that trees drawn before the rows exist can name them (rolled back after each example).
 NUMBER_IDS = (
     uuid.UUID("0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"),

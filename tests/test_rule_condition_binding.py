@@ -19,7 +19,6 @@ MARK = "¤"
 MARKED = st.tuples(st.sampled_from(HOSTILE), st.sampled_from(HOSTILE)).map(lambda ab: f"{ab[0]}{MARK}{ab[1]}")
 HOSTILE_TEXT = st.one_of(MARKED, st.sampled_from(HOSTILE), ODD_TEXT.map(lambda text: MARK + text))
 
-
 HOSTILE_POOLS = Pools(
     text=lambda attribute: HOSTILE_TEXT,
     number=lambda attribute: NUMBER,

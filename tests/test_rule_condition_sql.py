@@ -75,7 +75,6 @@ T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
 # --- the evaluator: the documented semantics in plain Python -----------------------------------------------
 
-
 NEGATIVE = {
     "not_equal_to": "equal_to",
     "does_not_contain": "contains",
@@ -83,7 +82,6 @@ NEGATIVE = {
     "is_not_present": "is_present",
 }
 ASCII_FOLD = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
-
 
 LEAD_IDS = (
     uuid.UUID("c0000000-0000-4000-8000-000000000001"),
@@ -396,6 +394,9 @@ def evaluate(conn: Connection[Any], nodes: list[Node], trigger_id: int) -> list[
     found = conn.execute(query, [*params, trigger_id]).fetchall()
     assert len(found) == 1
     return list(found[0][0])
+
+
+# --- the strategies ----------------------------------------------------------------------------------------
 
 
 def required_text(attribute: str) -> SearchStrategy[str]:
