@@ -10,6 +10,7 @@ runtime. Multi-process tests (``slow``) run first, so xdist spreads the quick te
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tempfile
 import uuid
@@ -241,3 +242,37 @@ def ingress(runtime: Runtime) -> Iterator[Ingress]:
     started.worker.start()
     yield started
     started.worker.stop()
+
+
+# --- the dashboard: a client signed in through its form ----------------------------------------------------
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="_csrf" value="([^"]+)"', page)
+    assert found, "no CSRF field on the page"
+    return found.group(1)
+
+
+def sign_in(client: TestClient[Any], project: Project) -> str:
+    """Sign ``client`` in as ``project``; the CSRF token of its session."""
+    form = client.get("/app/sign-in")
+    response = client.post(
+        "/app/sign-in",
+        data={"_csrf": csrf_of(form.text), "api_key": project.api_key, "next": "/app/rules"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303, response.text
+    assert response.headers["location"] == "/app/rules"
+    return csrf_of(client.get("/app/rules").text)
+
+
+@pytest.fixture
+def app_client(api_app: Litestar, runtime: Runtime) -> Iterator[TestClient[Any]]:
+    with client_of(api_app, runtime) as client:
+        yield client
+
+
+@pytest.fixture
+def signed_in(app_client: TestClient[Any], project: Project) -> tuple[TestClient[Any], str]:
+    """A client signed in as ``project``, and its CSRF token."""
+    return app_client, sign_in(app_client, project)

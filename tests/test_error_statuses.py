@@ -24,8 +24,7 @@ from libs.common.core.runtime import Runtime
 from libs.common.followups.enrollments import EnrollmentRejected
 from libs.common.rules.actions import ActionRejected
 from services.api.problems import status_of, title_of
-from tests.conftest import Project, client_of
-from tests.test_dashboard import sign_in
+from tests.conftest import Project, client_of, sign_in
 
 API = Path(__file__).parent.parent / "services" / "api"
 

@@ -7,10 +7,8 @@ from typing import Any
 
 from libs.common.contracts.limits import MAX_MESSAGE_LENGTH
 from libs.common.followups.templates import TOO_LONG_REASON, RenderContext, render, render_message
+from tests.dashboard_helpers import draft_of_steps, make_sequence_via_form
 from tests.factories import make_contact
-from tests.test_dashboard import app_client, draft_of_steps, make_sequence_via_form, signed_in
-
-__all__ = ["app_client", "signed_in"]  # the dashboard's fixtures
 
 
 def context(**variables: Any) -> RenderContext:

@@ -19,40 +19,55 @@ catalogue's descriptions), not from its SQL:
 
 from __future__ import annotations
 
-import json
-import math
 import string
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
-from functools import cache, partial
+from functools import cache
 from typing import Any, LiteralString
 
-import pytest
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 from psycopg import Connection, sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from libs.common.core.errors import InvalidInput
 from libs.common.rules.conditions import (
-    ALWAYS,
     ATTRIBUTES,
     CONTEXT,
     CUSTOM_PREFIX,
-    MAX_DEPTH,
-    MAX_LEAVES,
     MAX_LIST,
-    MAX_TEXT,
     Group,
-    Leaf,
     Node,
     compile_conditions,
     parse_conditions,
+)
+from tests.condition_helpers import (
+    CHANGE_VALUES,
+    CHANGED_KEYS,
+    CUSTOM_TEXT,
+    HOSTILE,
+    KEYS,
+    KINDS,
+    NOTHING,
+    NUMBER,
+    NUMBER_IDS,
+    QUICK,
+    VOCAB,
+    Pools,
+    _leaf,
+    choices,
+    condition_text,
+    ends_of,
+    json_kind,
+    leaves,
+    make_leaf,
+    number,
+    pieces,
+    recased,
+    trees,
+    words,
 )
 from tests.conftest import Project
 
@@ -60,27 +75,6 @@ T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
 # --- the evaluator: the documented semantics in plain Python -----------------------------------------------
 
-#: Each catalogue attribute's kind, as the module's documentation describes it.
-KINDS = {
-    "contact.name": "text",
-    "contact.phone": "text",
-    "contact.timezone": "text",
-    "contact.consent": "text",
-    "contact.opted_out": "bool",
-    "contact.tags": "list",
-    "conversation.status": "text",
-    "conversation.priority": "text",
-    "conversation.labels": "list",
-    "conversation.assignee": "text",
-    "conversation.team": "text",
-    "conversation.inbox": "text",
-    "conversation.number": "text",
-    "message.type": "text",
-    "message.content": "text",
-    "lead.status": "text",
-    "deal.stage": "text",
-    "changed": "changed",
-}
 NEGATIVE = {
     "not_equal_to": "equal_to",
     "does_not_contain": "contains",
@@ -89,11 +83,6 @@ NEGATIVE = {
 }
 ASCII_FOLD = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
-#: Fixed ids, so that trees drawn before the rows exist can name them (rolled back after each example).
-NUMBER_IDS = (
-    uuid.UUID("0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"),
-    uuid.UUID("fedcba98-7654-4321-8fed-cba987654321"),
-)
 LEAD_IDS = (
     uuid.UUID("c0000000-0000-4000-8000-000000000001"),
     uuid.UUID("a0000000-0000-4000-8000-000000000002"),
@@ -164,20 +153,6 @@ def _ref_id(ref: str | int, ids: tuple[uuid.UUID, ...], slot: int) -> uuid.UUID 
 
 def fold(text: str) -> str:
     return text.translate(ASCII_FOLD)
-
-
-def json_kind(value: Any) -> str | None:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "text"
-    return None
-
-
-def number(value: int | float) -> Decimal:
-    return Decimal(repr(value))
 
 
 def json_equal(a: Any, b: Any) -> bool:
@@ -423,269 +398,6 @@ def evaluate(conn: Connection[Any], nodes: list[Node], trigger_id: int) -> list[
 
 # --- the strategies ----------------------------------------------------------------------------------------
 
-#: Strings that would break SQL, a format string or a naive case fold, if they were ever spliced in.
-HOSTILE = (
-    "",
-    " ",
-    "'",
-    "''",
-    '"',
-    "' OR '1'='1",
-    "'; DROP TABLE contacts; --",
-    "--",
-    "/*",
-    ";",
-    "\\",
-    "\\'",
-    "%s",
-    "%(x)s",
-    "%%",
-    "%_",
-    "{}",
-    "{0}",
-    "$1",
-    "?",
-    "É",
-    "é",
-    "ß",
-    "SS",
-    "straße",
-    "İ",
-    "\u0131",  # DOTLESS I: its Unicode upper case is an ASCII I
-    "\u212a",  # KELVIN SIGN: Unicode lowers it to an ASCII k
-    "ǅ",
-    "🙂",
-    "👍🏽",
-    "日本",
-    "a\tb\n",
-)
-VOCAB: dict[str, tuple[str, ...]] = {
-    "contact.name": ("Alice", "alice smith", "Bob", "Émile", "STOP"),
-    "contact.phone": ("+15550001", "+15550002", "+1555"),
-    "contact.timezone": ("Europe/Paris", "America/New_York", "UTC"),
-    "contact.consent": ("unknown", "granted", "revoked"),
-    "contact.tags": ("vip", "lead", "Churn", "é"),
-    "conversation.status": ("open", "pending", "snoozed", "resolved"),
-    "conversation.priority": ("low", "medium", "high", "urgent"),
-    "conversation.labels": ("urgent", "billing", "Bug"),
-    "conversation.assignee": ("agent-1", "Agent-2", "ana"),
-    "conversation.team": ("sales", "Support", "ventes"),
-    "conversation.inbox": ("main", "Main/Sub", "vip"),
-    "conversation.number": tuple(str(n) for n in NUMBER_IDS),
-    "message.type": ("incoming", "outgoing"),
-    "message.content": ("stop", "STOP please", "hello", "Ça va?"),
-    "lead.status": ("open", "qualified", "won", "foreign"),
-    "deal.stage": ("new", "proposal", "won", "foreign"),
-}
-#: Custom attribute keys (a condition names ``contact.attributes.<key>``).
-KEYS = (
-    "score",
-    "Score",
-    "plan",
-    "vip",
-    "a.b",
-    "it's",
-    'say "hi"',
-    "--",
-    "%s",
-    "%(x)s",
-    "{}",
-    "É",
-    "🙂",
-    "k" * 64,
-)
-CUSTOM_TEXT = ("gold", "Gold", "silver", "", "80", "true", "vip")
-NUMBERS = (0, 1, -1, 1.5, 80, 80.0, 79.99, 100, 0.1, 1e-7, -0.0, 10**14, 999999999999999, -999999999999999.9)
-#: What the payload's ``changed`` may name (attribute names, a custom one, near misses).
-CHANGED_KEYS = (
-    *(name for name in KINDS if name != "changed"),
-    *(CUSTOM_PREFIX + key for key in ("score", "plan", "it's")),
-    "Conversation.Status",
-    "other",
-    "'",
-)
-VOCAB["changed"] = CHANGED_KEYS
-#: The ``from`` / ``to`` values of a change (1 and 1.0 are the same JSON value; [1] and 1 are not).
-CHANGE_VALUES: tuple[Any, ...] = (
-    "open",
-    "OPEN",
-    "pending",
-    "",
-    "vip",
-    "É",
-    "'",
-    1,
-    1.0,
-    2,
-    0,
-    True,
-    False,
-    None,
-    [],
-    ["vip"],
-    ["VIP"],
-    [1, "vip"],
-    [1.0, "vip"],
-    [[]],
-)
-
-ODD_TEXT = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=6)
-NUMBER = st.one_of(
-    st.sampled_from(NUMBERS),
-    st.integers(-1000, 1000),
-    st.floats(-1e14, 1e14, allow_nan=False, allow_infinity=False),
-)
-ABSENT = object()
-NOTHING: SearchStrategy[Any] = st.nothing()
-
-
-#: Ways to write a text in another case (Python's mapping: non-ASCII letters change too).
-CASES: tuple[Callable[[str], str], ...] = (str.upper, str.lower, str.swapcase, str.title)
-
-
-def recased(texts: SearchStrategy[str]) -> SearchStrategy[str]:
-    """One of ``texts`` as written or in another case."""
-    return st.tuples(texts, st.sampled_from(CASES), st.booleans()).map(
-        lambda drawn: drawn[1](drawn[0]) if drawn[2] else drawn[0]
-    )
-
-
-def _piece(drawn: tuple[str, int, int]) -> str:
-    text, i, j = drawn
-    start, end = sorted((i % (len(text) + 1), j % (len(text) + 1)))
-    return text[start:end]
-
-
-def pieces(texts: SearchStrategy[str]) -> SearchStrategy[str]:
-    """A piece of one of ``texts`` (prefixes included)."""
-    return st.tuples(texts, st.integers(0, 64), st.integers(0, 64)).map(_piece)
-
-
-@cache
-def words(pool: tuple[str, ...]) -> SearchStrategy[str]:
-    return recased(st.sampled_from(pool))
-
-
-@cache
-def condition_text(attribute: str) -> SearchStrategy[str]:
-    """A value a condition compares ``attribute`` with: mostly near what the contexts hold."""
-    pool = CUSTOM_TEXT if attribute.startswith(CUSTOM_PREFIX) else VOCAB[attribute]
-    return st.one_of(words(pool), pieces(st.sampled_from(pool)), words(HOSTILE), ODD_TEXT)
-
-
-#: In the hostile trees every string is hostile; those with MARK in them cannot occur in any SQL text.
-MARK = "¤"
-MARKED = st.tuples(st.sampled_from(HOSTILE), st.sampled_from(HOSTILE)).map(lambda ab: f"{ab[0]}{MARK}{ab[1]}")
-HOSTILE_TEXT = st.one_of(MARKED, st.sampled_from(HOSTILE), ODD_TEXT.map(lambda text: MARK + text))
-
-
-@dataclass(frozen=True)
-class Pools:
-    """Where a tree's values come from (each a function of the attribute the leaf is about)."""
-
-    text: Callable[[str], SearchStrategy[str]]
-    number: Callable[[str], SearchStrategy[int | float]]
-    #: ``attribute_changed``'s value: {from, to}, one of them at least
-    change: Callable[[str], SearchStrategy[dict[str, Any]]]
-    key: SearchStrategy[str]
-    #: More attributes to draw leaves about (those the context's changed names)
-    attribute: SearchStrategy[str] = NOTHING
-
-
-def ends_of(values: SearchStrategy[Any]) -> SearchStrategy[dict[str, Any]]:
-    return st.one_of(
-        st.fixed_dictionaries({"from": values}),
-        st.fixed_dictionaries({"to": values}),
-        st.fixed_dictionaries({"from": values, "to": values}),
-    )
-
-
-NORMAL = Pools(
-    text=condition_text,
-    number=lambda attribute: NUMBER,
-    change=lambda attribute: ends_of(st.sampled_from(CHANGE_VALUES)),
-    key=st.sampled_from(KEYS),
-)
-HOSTILE_POOLS = Pools(
-    text=lambda attribute: HOSTILE_TEXT,
-    number=lambda attribute: NUMBER,
-    change=lambda attribute: ends_of(
-        st.one_of(HOSTILE_TEXT, st.lists(HOSTILE_TEXT, max_size=3), NUMBER, st.booleans(), st.none())
-    ),
-    key=st.one_of(MARKED, st.sampled_from([text for text in HOSTILE if text])),
-)
-
-
-def make_leaf(attribute: str, operator: str, value: Any = ABSENT) -> dict[str, Any]:
-    raw: dict[str, Any] = {"attribute": attribute, "operator": operator}
-    if value is not ABSENT:
-        raw["value"] = value
-    return raw
-
-
-def choices(attribute: str, pools: Pools) -> list[tuple[str, SearchStrategy[Any]]]:
-    """Every operator that applies to ``attribute``, with a strategy for its value (a custom attribute's
-    comparisons: one for each type of value)."""
-    kind = "custom" if attribute.startswith(CUSTOM_PREFIX) else KINDS[attribute]
-    presence = st.sampled_from([ABSENT, None])
-    out: list[tuple[str, SearchStrategy[Any]]] = [("is_present", presence), ("is_not_present", presence)]
-    if kind != "changed":
-        out.append(("attribute_changed", pools.change(attribute)))
-    if kind in ("bool", "custom"):
-        out += [(operator, st.booleans()) for operator in ("equal_to", "not_equal_to")]
-    if kind in ("text", "list", "custom", "changed"):
-        text = pools.text(attribute)
-        singles = ["contains", "does_not_contain"]
-        if kind != "changed":
-            singles += ["equal_to", "not_equal_to"] + ([] if kind == "list" else ["starts_with"])
-            out += [(operator, st.lists(text, min_size=1, max_size=4)) for operator in ("in", "not_in")]
-        out += [(operator, text) for operator in singles]
-    if kind == "custom":
-        numbers = pools.number(attribute)
-        out += [(op, numbers) for op in ("equal_to", "not_equal_to", "is_greater_than", "is_less_than")]
-        out += [(op, st.lists(numbers, min_size=1, max_size=4)) for op in ("in", "not_in")]
-    return out
-
-
-def leaf_of(attribute: str, pools: Pools) -> SearchStrategy[dict[str, Any]]:
-    """A valid leaf about ``attribute``: any operator that applies to it, with a value of the right type."""
-    return st.one_of(
-        [
-            values.map(partial(make_leaf, attribute, operator))
-            for operator, values in choices(attribute, pools)
-        ]
-    )
-
-
-def leaves(pools: Pools) -> SearchStrategy[dict[str, Any]]:
-    """A leaf: about a catalogue attribute, a custom one, or one the context's changed names.
-
-    (``.map(dict)`` keeps a one_of from being flattened into the one_of around it, which would weigh
-    each of its branches like the other branches there.)"""
-    about = cache(partial(leaf_of, pools=pools))
-    return st.one_of(
-        st.one_of([about(name) for name in KINDS]).map(dict),
-        pools.key.flatmap(lambda key: about(CUSTOM_PREFIX + key)),
-        pools.attribute.flatmap(about),
-    )
-
-
-def depth_of(raw: Any) -> int:
-    if "all" in raw or "any" in raw:
-        return 1 + max((depth_of(child) for children in raw.values() for child in children), default=0)
-    return 0
-
-
-def trees(leaf: SearchStrategy[dict[str, Any]], depth: int = 4) -> SearchStrategy[Any]:
-    """Raw (JSON) trees: a leaf, or all / any groups nested up to ``depth`` deep."""
-    return st.recursive(
-        leaf,
-        lambda children: st.tuples(st.sampled_from(["all", "any"]), st.lists(children, max_size=4)).map(
-            lambda kind_children: {kind_children[0]: kind_children[1]}
-        ),
-        max_leaves=12,
-    ).filter(lambda raw: depth_of(raw) <= depth)
-
 
 def required_text(attribute: str) -> SearchStrategy[str]:
     """What a context holds for a text ``attribute``: near what the conditions ask, or hostile."""
@@ -857,17 +569,6 @@ def examples(draw: st.DrawFn) -> tuple[Context, list[Any]]:
     return ctx, probes + draw(st.lists(trees(leaves(pools)), min_size=1, max_size=12))
 
 
-QUICK = settings(
-    deadline=None,
-    database=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-    ],
-)
-
-
 # --- the differential test ---------------------------------------------------------------------------------
 
 
@@ -917,11 +618,6 @@ EXAMPLE = Context(
         "contact.tags": {"from": [1], "to": None},
     },
 )
-
-
-def _leaf(attribute: Any, operator: Any, value: Any = ABSENT) -> dict[str, Any]:
-    """A raw leaf (attribute and operator of any type, to write invalid ones too)."""
-    return make_leaf(attribute, operator, value)
 
 
 SEMANTICS: list[tuple[Any, bool]] = [
@@ -999,338 +695,3 @@ def test_semantics_on_an_example(pool: ConnectionPool, project: Project) -> None
     with pool.connection() as conn, conn.transaction(force_rollback=True):
         found = evaluate(conn, nodes, store(conn, project.id, EXAMPLE))
     assert found == expected
-
-
-# --- no value reaches the SQL text -------------------------------------------------------------------------
-
-
-def blunt(raw: Any) -> Any:
-    """The same tree with every string a plain "x" (custom keys "k"), numbers 0: the same types."""
-
-    def value(item: Any) -> Any:
-        if isinstance(item, str):
-            return "x"
-        if isinstance(item, list):
-            return [value(i) for i in item]
-        if isinstance(item, dict):
-            return {key: value(i) for key, i in item.items()}
-        return 0 if json_kind(item) == "number" else item
-
-    if "all" in raw or "any" in raw:
-        return {kind: [blunt(child) for child in children] for kind, children in raw.items()}
-    out = dict(raw)
-    if raw["attribute"].startswith(CUSTOM_PREFIX):
-        out["attribute"] = CUSTOM_PREFIX + "k"
-    if "value" in raw:
-        out["value"] = value(raw["value"])
-    return out
-
-
-def strings_in(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list | tuple):
-        return [text for item in value for text in strings_in(item)]
-    if isinstance(value, dict):
-        return [text for item in value.values() for text in strings_in(item)]
-    if isinstance(value, Jsonb):
-        return strings_in(value.obj)
-    return []
-
-
-def user_strings(raw: Any) -> list[str]:
-    """Every string a user gave in a raw tree: values and custom keys."""
-    if "all" in raw or "any" in raw:
-        return [text for children in raw.values() for child in children for text in user_strings(child)]
-    found = strings_in(raw.get("value"))
-    if raw["attribute"].startswith(CUSTOM_PREFIX):
-        found.append(raw["attribute"].removeprefix(CUSTOM_PREFIX))
-    return found
-
-
-@settings(QUICK, max_examples=150)
-@given(raw=trees(leaves(HOSTILE_POOLS)))
-def test_values_and_keys_are_bound_never_written_into_the_sql(pool: ConnectionPool, raw: Any) -> None:
-    predicate, params = compile_conditions(parse_conditions(raw))
-    skeleton, _ = compile_conditions(parse_conditions(blunt(raw)))
-    bound = strings_in(params)
-    with pool.connection() as conn:
-        text = predicate.as_string(conn)
-        # the SQL text does not depend on the values at all, and has one placeholder per parameter
-        assert text == skeleton.as_string(conn)
-        assert text.count("%s") == len(params)
-        assert "%(" not in text
-        assert MARK not in text
-        for given_text in user_strings(raw):
-            if MARK in given_text:
-                assert given_text not in text
-            # bound as given (a custom key within the attribute name attribute_changed binds)
-            assert any(given_text in param for param in bound), given_text
-        # and the server takes it as it is
-        query = sql.SQL("SELECT {} FROM {} WHERE t.id = -1").format(predicate, CONTEXT)
-        assert conn.execute(query, params).fetchall() == []
-
-
-# --- validation --------------------------------------------------------------------------------------------
-
-
-def string_slots(
-    raw: Any, where: tuple[Any, ...] = (), field: str = "conditions"
-) -> list[tuple[tuple[Any, ...], str]]:
-    """Where a raw tree holds a user's string (a path into it), and the dotted path that names it."""
-    if "all" in raw or "any" in raw:
-        kind = "all" if "all" in raw else "any"
-        return [
-            slot
-            for i, child in enumerate(raw[kind])
-            for slot in string_slots(child, (*where, kind, i), f"{field}.{kind}.{i}")
-        ]
-    slots = []
-    if raw["attribute"].startswith(CUSTOM_PREFIX):
-        slots.append(((*where, "attribute"), f"{field}.attribute"))
-
-    def values(value: Any, at: tuple[Any, ...], name: str) -> None:
-        if isinstance(value, str):
-            slots.append((at, name))
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                values(item, (*at, i), f"{name}.{i}")
-        elif isinstance(value, dict):
-            for end, item in value.items():
-                values(item, (*at, end), f"{name}.{end}")
-
-    if "value" in raw:
-        values(raw["value"], (*where, "value"), f"{field}.value")
-    return slots
-
-
-@settings(max_examples=300, deadline=None, database=None)
-@given(raw=trees(leaves(NORMAL)), data=st.data())
-def test_a_nul_character_anywhere_is_rejected_naming_its_path(raw: Any, data: st.DataObject) -> None:
-    slots = string_slots(raw)
-    assume(slots)
-    where, field = data.draw(st.sampled_from(slots))
-    broken = json.loads(json.dumps(raw))  # not deepcopy: that keeps a list the pools gave twice shared
-    holder = broken
-    for step in where[:-1]:
-        holder = holder[step]
-    text = holder[where[-1]]
-    start = len(CUSTOM_PREFIX) if where[-1] == "attribute" else 0
-    at = data.draw(st.integers(start, len(text)))
-    holder[where[-1]] = text[:at] + "\x00" + text[at:]
-    parse_conditions(raw)  # valid without it
-    with pytest.raises(InvalidInput) as caught:
-        parse_conditions(broken)
-    assert caught.value.field == field
-
-
-LEAF = _leaf("contact.name", "equal_to", "x")
-
-
-def nest(inner: Any, groups: int) -> Any:
-    for _ in range(groups):
-        inner = {"all": [inner]}
-    return inner
-
-
-DEEPEST = ".all.0" * (MAX_DEPTH + 1)
-K = "contact.attributes.k"
-
-INVALID: list[tuple[str, Any, str]] = [
-    # shape
-    ("a list", [LEAF], "conditions"),
-    ("a string", "all", "conditions"),
-    ("a child that is not an object", {"all": [LEAF, 5]}, "conditions.all.1"),
-    ("a child that is a list", {"any": [[LEAF]]}, "conditions.any.0"),
-    ("a group's list is an object", {"all": {"x": LEAF}}, "conditions.all"),
-    ("a group's list is null", {"any": None}, "conditions.any"),
-    ("all and any at once", {"all": [], "any": []}, "conditions"),
-    ("a group with a leaf's key", {"any": [LEAF], "value": 1}, "conditions"),
-    ("a nested group with extra keys", {"all": [{"any": [], "negate": True}]}, "conditions.all.0"),
-    ("an unknown key in a leaf", {**LEAF, "negate": True}, "conditions.negate"),
-    ("the first unknown key is named", {"all": [{**LEAF, "zeta": 1, "alpha": 2}]}, "conditions.all.0.alpha"),
-    ("values for value", _leaf("contact.tags", "in") | {"values": ["a"]}, "conditions.values"),
-    ("too deep: a leaf", nest(LEAF, MAX_DEPTH + 1), "conditions" + DEEPEST),
-    ("too deep: a group", nest({"any": []}, MAX_DEPTH + 1), "conditions" + DEEPEST),
-    ("too many leaves", {"all": [LEAF] * (MAX_LEAVES + 1)}, f"conditions.all.{MAX_LEAVES}"),
-    (
-        "too many leaves, counted across groups",
-        {"any": [{"all": [LEAF] * 60}, {"all": [LEAF] * (MAX_LEAVES - 59)}]},
-        f"conditions.any.1.all.{MAX_LEAVES - 60}",
-    ),
-    # attribute
-    ("an empty object", {}, "conditions.attribute"),
-    ("no attribute", {"operator": "equal_to", "value": "x"}, "conditions.attribute"),
-    ("an attribute that is not a string", _leaf(5, "equal_to", "x"), "conditions.attribute"),
-    (
-        "an unknown attribute",
-        {"all": [{"any": [_leaf("contact.nope", "equal_to", "x")]}]},
-        "conditions.all.0.any.0.attribute",
-    ),
-    ("attribute names are exact", _leaf("Contact.Name", "equal_to", "x"), "conditions.attribute"),
-    ("the custom prefix alone", _leaf("contact.attributes", "equal_to", "x"), "conditions.attribute"),
-    ("an empty custom key", _leaf("contact.attributes.", "equal_to", "x"), "conditions.attribute"),
-    ("a custom key too long", _leaf(CUSTOM_PREFIX + "k" * 65, "equal_to", "x"), "conditions.attribute"),
-    (
-        "attribute_changed of changed",
-        _leaf("changed", "attribute_changed", {"to": 1}),
-        "conditions.attribute",
-    ),
-    # operator
-    ("no operator", {"attribute": "contact.name", "value": "x"}, "conditions.operator"),
-    ("an unknown operator", _leaf("contact.name", "equals", "x"), "conditions.operator"),
-    ("operators are exact", _leaf("contact.name", "Equal_To", "x"), "conditions.operator"),
-    ("an operator that is a list", _leaf("contact.name", ["equal_to"], "x"), "conditions.operator"),
-    ("is_greater_than on a list", _leaf("contact.tags", "is_greater_than", "x"), "conditions.operator"),
-    ("starts_with on a list", _leaf("contact.tags", "starts_with", "x"), "conditions.operator"),
-    ("is_less_than on text", _leaf("contact.name", "is_less_than", "x"), "conditions.operator"),
-    ("contains on a boolean", _leaf("contact.opted_out", "contains", "x"), "conditions.operator"),
-    ("in on a boolean", _leaf("contact.opted_out", "in", [True]), "conditions.operator"),
-    ("equal_to on changed", _leaf("changed", "equal_to", "x"), "conditions.operator"),
-    ("in on changed", _leaf("changed", "in", ["x"]), "conditions.operator"),
-    ("a string is not compared as a number", _leaf(K, "is_greater_than", "80"), "conditions.operator"),
-    ("starts_with on a custom number", _leaf(K, "starts_with", 8), "conditions.operator"),
-    ("contains on a custom boolean", _leaf(K, "contains", True), "conditions.operator"),
-    ("in on a custom boolean", _leaf(K, "in", [True, False]), "conditions.operator"),
-    ("is_less_than on a custom boolean", _leaf(K, "is_less_than", True), "conditions.operator"),
-    # value
-    ("a number for text", _leaf("contact.name", "equal_to", 5), "conditions.value"),
-    ("a boolean for text", _leaf("contact.name", "contains", True), "conditions.value"),
-    ("no value", _leaf("contact.name", "equal_to"), "conditions.value"),
-    ("a null value", _leaf("contact.name", "starts_with", None), "conditions.value"),
-    ("a list for equal_to", _leaf("contact.name", "equal_to", ["x"]), "conditions.value"),
-    ("a string for a boolean", _leaf("contact.opted_out", "equal_to", "true"), "conditions.value"),
-    ("a number for a boolean", _leaf("contact.opted_out", "not_equal_to", 1), "conditions.value"),
-    ("a number for a tag", _leaf("contact.tags", "contains", 5), "conditions.value"),
-    ("a number for changed", _leaf("changed", "contains", 5), "conditions.value"),
-    ("text too long", _leaf("message.content", "contains", "x" * (MAX_TEXT + 1)), "conditions.value"),
-    ("no custom value", _leaf(K, "equal_to"), "conditions.value"),
-    ("an object for a custom value", _leaf(K, "equal_to", {"a": 1}), "conditions.value"),
-    ("a list for a custom equal_to", _leaf(K, "equal_to", [1]), "conditions.value"),
-    ("a number too large", _leaf(K, "is_greater_than", 1e15), "conditions.value"),
-    ("a number too small", _leaf(K, "is_less_than", -(10**15)), "conditions.value"),
-    ("NaN", _leaf(K, "equal_to", math.nan), "conditions.value"),
-    ("infinity", _leaf(K, "is_less_than", math.inf), "conditions.value"),
-    # in
-    ("in with an empty list", _leaf("contact.name", "in", []), "conditions.value"),
-    ("not_in with an empty list", _leaf("contact.tags", "not_in", []), "conditions.value"),
-    ("custom in with an empty list", _leaf(K, "in", []), "conditions.value"),
-    ("in with a string", _leaf("contact.name", "in", "x"), "conditions.value"),
-    ("in with too many values", _leaf("contact.name", "in", ["x"] * (MAX_LIST + 1)), "conditions.value"),
-    ("a number in a text list", _leaf("contact.name", "in", ["a", 5]), "conditions.value.1"),
-    ("a null in a tag list", _leaf("contact.tags", "in", ["a", "b", None]), "conditions.value.2"),
-    ("a list in a tag list", _leaf("contact.tags", "not_in", ["a", ["b"]]), "conditions.value.1"),
-    ("a string in a custom number list", _leaf(K, "in", [1, "a"]), "conditions.value.1"),
-    ("a number in a custom text list", _leaf(K, "not_in", ["a", 1]), "conditions.value.1"),
-    ("a boolean in a custom number list", _leaf(K, "in", [1, True]), "conditions.value.1"),
-    ("NaN in a custom number list", _leaf(K, "in", [1, 2, math.nan]), "conditions.value.2"),
-    ("text too long in a list", _leaf("deal.stage", "in", ["a", "x" * (MAX_TEXT + 1)]), "conditions.value.1"),
-    # presence
-    ("is_present with a value", _leaf("contact.name", "is_present", "x"), "conditions.value"),
-    ("is_not_present with false", _leaf("contact.opted_out", "is_not_present", False), "conditions.value"),
-    ("custom is_present with a value", _leaf(K, "is_present", 1), "conditions.value"),
-    ("changed is_present with a value", _leaf("changed", "is_present", "x"), "conditions.value"),
-    # attribute_changed
-    ("attribute_changed without a value", _leaf("contact.name", "attribute_changed"), "conditions.value"),
-    ("attribute_changed with a string", _leaf("contact.name", "attribute_changed", "x"), "conditions.value"),
-    ("attribute_changed with {}", _leaf("contact.name", "attribute_changed", {}), "conditions.value"),
-    (
-        "attribute_changed with another key",
-        _leaf(K, "attribute_changed", {"from": 1, "by": 2}),
-        "conditions.value",
-    ),
-    (
-        "a change from an object",
-        _leaf("contact.name", "attribute_changed", {"from": {"a": 1}}),
-        "conditions.value.from",
-    ),
-    (
-        "an object in a change",
-        _leaf("contact.tags", "attribute_changed", {"to": [1, {}]}),
-        "conditions.value.to.1",
-    ),
-    ("a change to NaN", _leaf(K, "attribute_changed", {"from": 1, "to": math.nan}), "conditions.value.to"),
-    (
-        "a change from a long text",
-        _leaf(K, "attribute_changed", {"from": "x" * (MAX_TEXT + 1)}),
-        "conditions.value.from",
-    ),
-    (
-        "a change to a long list",
-        _leaf("contact.tags", "attribute_changed", {"to": [0] * (MAX_LIST + 1)}),
-        "conditions.value.to",
-    ),
-    (
-        "deep in a change",
-        _leaf("contact.tags", "attribute_changed", {"to": [[1, "x" * (MAX_TEXT + 1)]]}),
-        "conditions.value.to.0.1",
-    ),
-    # NUL
-    ("NUL in a value", _leaf("contact.name", "contains", "a\x00b"), "conditions.value"),
-    ("NUL alone", {"any": [LEAF, _leaf("message.content", "equal_to", "\x00")]}, "conditions.any.1.value"),
-    ("NUL in a list value", _leaf("contact.tags", "in", ["a", "\x00"]), "conditions.value.1"),
-    ("NUL in a custom key", _leaf(K + "\x00", "equal_to", "x"), "conditions.attribute"),
-    (
-        "NUL in a custom key's presence",
-        _leaf("contact.attributes.\x00", "is_present"),
-        "conditions.attribute",
-    ),
-    ("NUL in changed", _leaf("changed", "does_not_contain", "contact.\x00name"), "conditions.value"),
-    (
-        "NUL in a change",
-        _leaf("contact.name", "attribute_changed", {"from": "a", "to": "\x00"}),
-        "conditions.value.to",
-    ),
-    (
-        "NUL in a changed list",
-        _leaf("contact.tags", "attribute_changed", {"from": ["a", "\x00"]}),
-        "conditions.value.from.1",
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("raw", "field"), [(raw, field) for _, raw, field in INVALID], ids=[c[0] for c in INVALID]
-)
-def test_invalid_conditions_are_rejected_naming_the_field(raw: Any, field: str) -> None:
-    with pytest.raises(InvalidInput) as caught:
-        parse_conditions(raw)
-    assert caught.value.field == field
-
-
-def test_the_field_is_named_under_the_callers_prefix() -> None:
-    raw = {"all": [LEAF, _leaf("contact.tags", "is_greater_than", "x")]}
-    with pytest.raises(InvalidInput) as caught:
-        parse_conditions(raw, field="rules.2.conditions")
-    assert caught.value.field == "rules.2.conditions.all.1.operator"
-
-
-VALID: list[tuple[str, Any]] = [
-    ("nothing", None),
-    ("an empty all", {"all": []}),
-    ("as deep as allowed: a leaf", nest(LEAF, MAX_DEPTH)),
-    ("as deep as allowed: a group", nest({"any": []}, MAX_DEPTH)),
-    ("as many leaves as allowed", {"all": [{"all": [LEAF] * 50}, {"any": [LEAF] * (MAX_LEAVES - 50)}]}),
-    ("the longest key", _leaf(CUSTOM_PREFIX + "k" * 64, "is_present")),
-    ("a key with dots and quotes", _leaf(CUSTOM_PREFIX + "a.b'c\"", "equal_to", "x")),
-    ("the longest text", _leaf("contact.name", "equal_to", "x" * MAX_TEXT)),
-    ("the longest list", _leaf("contact.name", "in", ["x"] * MAX_LIST)),
-    ("an empty text", _leaf("contact.name", "contains", "")),
-    ("presence with a null value", _leaf("contact.name", "is_present", None)),
-    ("a string compared with a custom attribute", _leaf(K, "equal_to", "80")),
-    ("the largest number", _leaf(K, "is_greater_than", 999999999999999)),
-    ("a change to null", _leaf(K, "attribute_changed", {"to": None})),
-    (
-        "a change between lists",
-        _leaf("contact.tags", "attribute_changed", {"from": [], "to": [[1], "a", True]}),
-    ),
-]
-
-
-@pytest.mark.parametrize("raw", [raw for _, raw in VALID], ids=[name for name, _ in VALID])
-def test_valid_conditions_parse_and_compile(raw: Any) -> None:
-    node = parse_conditions(raw)
-    assert node == (ALWAYS if raw is None else parse_conditions(node.to_json()))
-    predicate, params = compile_conditions(node)
-    assert predicate.as_string().count("%s") == len(params)
-    assert isinstance(node, Leaf | Group)

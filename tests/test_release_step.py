@@ -1,4 +1,6 @@
-"""The release path on the controllable clock."""
+"""The release step's own behaviour on the controllable clock: nothing due, when the next step falls due,
+each step released once at its time, an opted-out contact stopped, a locked contact retried soon, a poison
+row backing off then failing, a database cut that is not the enrollment's failure, concurrent batches."""
 
 from __future__ import annotations
 

@@ -1,0 +1,343 @@
+"""The dashboard's rule pages over HTTP: creating and editing a rule by its form (the delay in
+units, all / any condition groups, actions) and the rule's executions."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from libs.common.rules import executions, rules
+from tests.dashboard_helpers import api, create_rule_via_form, field_error
+from tests.helpers import rows
+from tests.rule_helpers import process
+
+# --- rules --------------------------------------------------------------------------------------------------
+
+
+def test_the_rule_form_stores_the_delay_in_minutes_and_the_list_shows_the_badge(
+    signed_in, project, runtime
+) -> None:
+    client, token = signed_in
+    label = {"actions.0.type": "add_label", "actions.0.labels": "stale"}
+    four_hours = create_rule_via_form(
+        client,
+        token,
+        name="stale pending",
+        event="conversation.updated",
+        execute="delayed",
+        delay_value="4",
+        delay_unit="hours",
+        **label,
+    )
+    two_days = create_rule_via_form(
+        client,
+        token,
+        name="two days",
+        event="message.created",
+        execute="delayed",
+        delay_value="2",
+        delay_unit="days",
+        **label,
+    )
+    at_once = create_rule_via_form(
+        client,
+        token,
+        name="at once",
+        event="message.created",
+        execute="immediately",
+        delay_value="4",
+        delay_unit="hours",
+        **label,
+    )
+    stored = dict(rows(runtime.pool, "SELECT id::text, execution_delay_minutes FROM rules"))
+    assert stored == {four_hours: 240, two_days: 2880, at_once: None}
+    listing = client.get("/app/rules").text
+    assert listing.count('<span class="badge">runs after 4h</span>') == 1
+    assert listing.count('<span class="badge">runs after 2d</span>') == 1
+    assert "immediately" in listing
+    # the edit form shows the delay in its largest unit
+    edit = client.get(f"/app/rules/{four_hours}/edit").text
+    assert 'name="delay_value" value="4"' in edit
+    assert '<option value="hours" selected>' in edit
+    assert 'id="execute-delayed" name="execute" value="delayed" checked' in edit
+    # 90 minutes stays in minutes
+    response = client.post(
+        f"/app/rules/{four_hours}/edit",
+        data={
+            "_csrf": token,
+            "name": "stale pending",
+            "event": "conversation.updated",
+            "execute": "delayed",
+            "delay_value": "90",
+            "delay_unit": "minutes",
+            "active": "on",
+            "_op": "save",
+            **label,
+        },
+        follow_redirects=False,
+    )
+    assert response.status_code == 303
+    assert rows(runtime.pool, "SELECT execution_delay_minutes FROM rules WHERE id = %s", four_hours) == [
+        (90,)
+    ]
+    assert "runs after 1h 30m" in client.get("/app/rules").text
+
+
+@pytest.mark.parametrize(
+    ("fields", "name", "message"),
+    [
+        (
+            {"execute": "delayed", "delay_value": "0", "delay_unit": "hours"},
+            "execution_delay_minutes",
+            ">= 1",
+        ),
+        (
+            {"execute": "delayed", "delay_value": "31", "delay_unit": "days"},
+            "execution_delay_minutes",
+            "<= 43200",
+        ),
+        (
+            {"execute": "delayed", "delay_value": "soon", "delay_unit": "hours"},
+            "execution_delay_minutes",
+            "whole number",
+        ),
+        ({"name": "  "}, "name", "1 to 200 characters"),
+        (
+            {"conditions.all.0.attribute": "", "conditions.all.0.operator": "equal_to"},
+            "conditions.all.0.attribute",
+            "attribute is required",
+        ),
+        (
+            {
+                "conditions.all.0.attribute": "contact.tags",
+                "conditions.all.0.operator": "starts_with",
+                "conditions.all.0.value": "v",
+            },
+            "conditions.all.0.operator",
+            "does not apply",
+        ),
+        (
+            {
+                "conditions.all.0.attribute": "custom",
+                "conditions.all.0.custom_key": "score",
+                "conditions.all.0.operator": "is_greater_than",
+                "conditions.all.0.value": "high",
+                "conditions.all.0.type": "number",
+            },
+            "conditions.all.0.value",
+            "'high' is not a number",
+        ),
+        (
+            {
+                "conditions.all.0.attribute": "contact.opted_out",
+                "conditions.all.0.operator": "equal_to",
+                "conditions.all.0.value": "yes",
+                "conditions.all.0.type": "text",
+            },
+            "conditions.all.0.value",
+            "the value must be true or false",
+        ),
+        ({"actions.0.labels": "ok, bad label!"}, "actions.0.labels", "not a valid tag"),
+        (
+            {"actions.0.type": "snooze_until", "actions.0.minutes": "forever"},
+            "actions.0.minutes",
+            "Expected `int`",
+        ),
+        (
+            {"actions.0.type": "enroll_in_sequence", "actions.0.sequence_id": str(uuid.uuid4())},
+            "actions.0.sequence_id",
+            "sequence not found",
+        ),
+    ],
+)
+def test_rule_errors_are_shown_next_to_their_field(signed_in, runtime, fields, name, message) -> None:
+    client, token = signed_in
+    data = {
+        "_csrf": token,
+        "_op": "save",
+        "name": "r",
+        "event": "message.created",
+        "execute": "immediately",
+        "conditions.kind": "all",
+        "actions.0.type": "add_label",
+        "actions.0.labels": "x",
+    } | fields
+    response = client.post("/app/rules/new", data=data)
+    assert response.status_code in (404, 422), response.status_code
+    assert message in field_error(response.text, name)
+    assert 'class="error-summary"' in response.text
+    assert rows(runtime.pool, "SELECT count(*) FROM rules") == [(0,)]
+
+
+def test_the_condition_builder_nests_all_and_any_groups(signed_in, project, runtime) -> None:
+    client, token = signed_in
+    base = {
+        "_csrf": token,
+        "name": "price",
+        "event": "message.created",
+        "execute": "immediately",
+        "actions.0.type": "add_label",
+        "actions.0.labels": "pricing",
+        "active": "on",
+    }
+    # the builder's buttons change the form and save nothing
+    step1 = client.post(
+        "/app/rules/new", data=base | {"conditions.kind": "all", "_op": "add_leaf:conditions"}
+    )
+    assert 'name="conditions.all.0.attribute"' in step1.text
+    step2 = client.post(
+        "/app/rules/new",
+        data=base
+        | {
+            "conditions.kind": "all",
+            "conditions.all.0.attribute": "message.type",
+            "conditions.all.0.operator": "equal_to",
+            "conditions.all.0.value": "incoming",
+            "_op": "add_group:conditions",
+        },
+    )
+    assert (
+        'name="conditions.all.1.kind"' in step2.text
+        and 'name="conditions.all.1.any.0.attribute"' in step2.text
+    )
+    step3 = client.post(
+        "/app/rules/new",
+        data=base
+        | {"conditions.kind": "all", "conditions.all.1.kind": "any", "_op": "add_leaf:conditions.all.1"},
+    )
+    assert 'name="conditions.all.0.any.0.attribute"' in step3.text  # the group is now the first child
+    removed = client.post(
+        "/app/rules/new",
+        data=base
+        | {
+            "conditions.kind": "all",
+            "conditions.all.0.attribute": "message.type",
+            "conditions.all.1.kind": "any",
+            "conditions.all.1.any.0.attribute": "message.content",
+            "_op": "remove:conditions.all.1",
+        },
+    )
+    assert "conditions.all.1" not in removed.text
+    assert rows(runtime.pool, "SELECT count(*) FROM rules") == [(0,)]
+    # saving the tree (a group whose kind was switched from all to any keeps its children)
+    rule_id = create_rule_via_form(
+        client,
+        token,
+        **{k: v for k, v in base.items() if k != "_csrf"},
+        **{
+            "conditions.kind": "all",
+            "conditions.all.0.attribute": "message.type",
+            "conditions.all.0.operator": "equal_to",
+            "conditions.all.0.value": "incoming",
+            "conditions.all.0.type": "text",
+            "conditions.all.1.kind": "any",
+            "conditions.all.1.all.0.attribute": "message.content",
+            "conditions.all.1.all.0.operator": "contains",
+            "conditions.all.1.all.0.value": "price",
+            "conditions.all.1.all.0.type": "text",
+            "conditions.all.1.all.1.attribute": "custom",
+            "conditions.all.1.all.1.custom_key": "score",
+            "conditions.all.1.all.1.operator": "is_greater_than",
+            "conditions.all.1.all.1.value": "80",
+            "conditions.all.1.all.1.type": "number",
+            "conditions.all.1.all.2.attribute": "contact.tags",
+            "conditions.all.1.all.2.operator": "in",
+            "conditions.all.1.all.2.value": "vip, lead",
+            "conditions.all.1.all.2.type": "text",
+            "conditions.all.1.all.3.attribute": "conversation.status",
+            "conditions.all.1.all.3.operator": "attribute_changed",
+            "conditions.all.1.all.3.from": "open",
+            "conditions.all.1.all.3.value": "pending",
+            "conditions.all.1.all.3.type": "text",
+            "conditions.all.1.all.4.attribute": "contact.opted_out",
+            "conditions.all.1.all.4.operator": "is_present",
+        },
+    )
+    with runtime.pool.connection() as conn:
+        rule = rules.get_rule(conn, project.id, uuid.UUID(rule_id))
+    assert rule.conditions == {
+        "all": [
+            {"attribute": "message.type", "operator": "equal_to", "value": "incoming"},
+            {
+                "any": [
+                    {"attribute": "message.content", "operator": "contains", "value": "price"},
+                    {"attribute": "contact.attributes.score", "operator": "is_greater_than", "value": 80},
+                    {"attribute": "contact.tags", "operator": "in", "value": ["vip", "lead"]},
+                    {
+                        "attribute": "conversation.status",
+                        "operator": "attribute_changed",
+                        "value": {"from": "open", "to": "pending"},
+                    },
+                    {"attribute": "contact.opted_out", "operator": "is_present"},
+                ]
+            },
+        ]
+    }
+    # the edit form draws the same tree, and saving it unchanged keeps it
+    edit = client.get(f"/app/rules/{rule_id}/edit").text
+    assert 'name="conditions.all.1.any.1.custom_key" value="score"' in edit
+    summary = client.get("/app/rules").text
+    assert "message.type equal to" in summary and " or " in summary
+
+
+def test_rules_actions_enable_disable_delete(signed_in, runtime) -> None:
+    client, token = signed_in
+    rule_id = create_rule_via_form(
+        client,
+        token,
+        name="r",
+        event="contact.created",
+        execute="immediately",
+        **{"actions.0.type": "add_contact_tag", "actions.0.tags": "new"},
+    )
+    add = client.post(
+        f"/app/rules/{rule_id}/edit",
+        data={
+            "_csrf": token,
+            "name": "r",
+            "event": "contact.created",
+            "actions.0.type": "add_contact_tag",
+            "actions.0.tags": "new",
+            "new_action_type": "send_webhook",
+            "_op": "add_action",
+        },
+    )
+    assert 'name="actions.1.url"' in add.text
+    assert client.post(f"/app/rules/{rule_id}/disable", data={"_csrf": token}).status_code == 200
+    assert rows(runtime.pool, "SELECT active FROM rules") == [(False,)]
+    assert client.post(f"/app/rules/{rule_id}/enable", data={"_csrf": token}).status_code == 200
+    assert rows(runtime.pool, "SELECT active FROM rules") == [(True,)]
+    assert "Deleted." in client.post(f"/app/rules/{rule_id}/delete", data={"_csrf": token}).text
+    assert rows(runtime.pool, "SELECT count(*) FROM rules") == [(0,)]
+
+
+def test_a_rules_executions_pending_executed_and_skipped_with_reasons(
+    signed_in, project, runtime, clock
+) -> None:
+    client, token = signed_in
+    rule_id = create_rule_via_form(
+        client,
+        token,
+        name="welcome later",
+        event="contact.created",
+        execute="delayed",
+        delay_value="1",
+        delay_unit="hours",
+        **{"actions.0.type": "add_contact_tag", "actions.0.tags": "welcomed"},
+    )
+    for phone in ("+14155550001", "+14155550002"):
+        api(client, project, "POST", "/v1/contacts", json={"phone": phone})
+    process(runtime)
+    page = client.get(f"/app/rules/{rule_id}?status=pending").text
+    assert page.count('status-pending">pending') == 2
+    # one runs, then the rule is disabled and the other is skipped when it falls due
+    clock.advance(timedelta(minutes=61))
+    executions.sweep(runtime.pool, clock, stale_after=timedelta(days=1), limit=1)
+    client.post(f"/app/rules/{rule_id}/disable", data={"_csrf": token})
+    executions.sweep(runtime.pool, clock, stale_after=timedelta(days=1))
+    page = client.get(f"/app/rules/{rule_id}").text
+    assert 'status-executed">executed' in page
+    assert 'status-skipped">skipped' in page and "rule_inactive" in page
+    assert "No pending executions." in client.get(f"/app/rules/{rule_id}?status=pending").text
