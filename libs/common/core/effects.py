@@ -174,8 +174,7 @@ def committed(pool: ConnectionPool, runtime: Runtime | None) -> Iterator[Connect
     """A transaction on a connection of ``pool`` (a job's item in a transaction of its own): committed when
     the block ends (rolled back on an error), then the effects registered on it run with ``runtime``; with
     no runtime (a benchmark's or a test's worker that does not look at them) they are dropped."""
-    with pool.connection() as conn:
-        discard(conn)
+    with pool.connection() as conn:  # the pool's check dropped what an earlier user left on it
         try:
             yield conn
         except BaseException:

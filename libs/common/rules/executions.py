@@ -56,8 +56,6 @@ QUERIES = load_queries("libs.common.rules", "executions.sql")
 LEASE = timedelta(minutes=2)
 #: An execution whose actions keep failing: retried after 30 s, doubling, at most an hour; skipped ``failed``.
 RETRY = Retry(max_attempts=5, backoff=STANDARD_BACKOFF)
-#: Attempts before an execution whose actions keep failing is skipped ``failed``.
-MAX_ATTEMPTS = RETRY.max_attempts
 #: How often a process recounts the pending gauge.
 GAUGE_EVERY_SECONDS = 15.0
 
