@@ -220,7 +220,9 @@ def test_change_the_send_window_and_see_a_bad_input_next_to_its_field(
 
 def test_keyboard_and_a_phone_screen(page: Page, project: Project) -> None:
     sign_in(page, project)
-    page.get_by_role("link", name="Rules").click()
+    # a fresh load (goto waits for it) so the Tab below lands in the new document, not the old one
+    page.goto("/app/rules")
+    expect(page.get_by_role("link", name="Create the first rule")).to_be_visible()
     # the first Tab reaches the skip link, which moves the focus to the page's content
     page.keyboard.press("Tab")
     expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
