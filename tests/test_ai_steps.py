@@ -375,18 +375,126 @@ def test_a_message_of_exactly_4096_characters_is_sent(
     assert messages_of(pool, enrollment.id) == [("y" * 4096, "QUEUED", "followup", 0)]
 
 
-def test_the_draft_is_sent_as_written_not_rendered_as_a_template(
+def test_a_draft_with_a_placeholder_is_neither_rendered_nor_sent(
     runtime: Runtime, project: Project, model: ModelServer, model_client: ModelClient
 ) -> None:
+    """A draft is never rendered as a template (the contact's phone would reach the message through the
+    model), and one with an unrendered placeholder is not sent either: the fallback is."""
     pool = runtime.pool
     enrollment = enroll_one(pool, runtime.clock, project, phone="+15550001234")
     due = lease_one(runtime, enrollment)
     model.message = "Your number is {{contact.phone}} and {{vars.missing}}"
+    refused = Refused()
+
+    released = second_pass(runtime, model_client, due)
+
+    assert outcome(released) == ("queue", "ai_fallback:ai_invalid_output")
+    assert messages_of(pool, enrollment.id) == [(FALLBACK_TEXT, "QUEUED", "followup", 0)]
+    assert refused.deltas() == {"placeholder": 1}
+
+
+def refused_count(problem: str) -> float:
+    value = REGISTRY.get_sample_value("whatstig_ai_drafts_refused_total", {"problem": problem})
+    return value or 0.0
+
+
+class Refused:
+    """``whatstig_ai_drafts_refused_total`` deltas since it was made."""
+
+    PROBLEMS = (
+        "confidence_out_of_range",
+        "empty",
+        "too_long",
+        "control_characters",
+        "placeholder",
+        "not_a_message",
+        "off_goal",
+        "wrong_language",
+    )
+
+    def __init__(self) -> None:
+        self.before = {problem: refused_count(problem) for problem in self.PROBLEMS}
+
+    def deltas(self) -> dict[str, float]:
+        changed = {problem: refused_count(problem) - value for problem, value in self.before.items()}
+        return {problem: delta for problem, delta in changed.items() if delta}
+
+
+@pytest.mark.parametrize(
+    ("message", "confidence", "fields", "problem"),
+    [
+        # what SmolLM2-135M wrote under the schema: a confidence of 10
+        ("Hi Ana, did you read the quote?", 10.0, {}, "confidence_out_of_range"),
+        ("Hi Ana, did you read the quote?", -0.5, {}, "confidence_out_of_range"),
+        ("   ", 0.9, {}, "empty"),
+        ("Hi Ana\x00, any news?", 0.9, {}, "control_characters"),
+        ("Hi [Customer Name], did you read the quote?", 0.9, {}, "placeholder"),
+        ("Here is a follow-up message: Hi Ana!", 0.9, {}, "not_a_message"),
+        ("Hello! How are you today? Have a lovely day.", 0.9, {"goal": "Close the quote"}, "off_goal"),
+        ("Olá Ana, você já leu a cotação que enviamos?", 0.9, {"language": "en"}, "wrong_language"),
+    ],
+)
+def test_an_answer_the_judge_refuses_takes_the_fallback_ai_invalid_output(
+    runtime: Runtime,
+    project: Project,
+    model: ModelServer,
+    model_client: ModelClient,
+    message: str,
+    confidence: float,
+    fields: dict[str, Any],
+    problem: str,
+) -> None:
+    pool = runtime.pool
+    enrollment = enroll_one(pool, runtime.clock, project, ai_step(**fields))
+    due = lease_one(runtime, enrollment)
+    model.message, model.confidence = message, confidence
+    counts, refused = Counts(), Refused()
+
+    released = second_pass(runtime, model_client, due)
+
+    assert outcome(released) == ("queue", "ai_fallback:ai_invalid_output")
+    assert messages_of(pool, enrollment.id) == [(FALLBACK_TEXT, "QUEUED", "followup", 0)]
+    assert ledger(pool, project.id) == [("followup", 120, 30, 150, "ai_invalid_output", enrollment.id)]
+    assert counts.deltas() == {"ai_invalid_output": 1}
+    assert refused.deltas() == {problem: 1}
+
+
+def test_a_step_in_a_language_gets_a_draft_in_it_and_the_prompt_asks_for_it(
+    runtime: Runtime, project: Project, model: ModelServer, model_client: ModelClient
+) -> None:
+    pool = runtime.pool
+    enrollment = enroll_one(pool, runtime.clock, project, ai_step(language="pt_BR", goal="a cotação"))
+    due = lease_one(runtime, enrollment)
+    model.message = "Olá Ana, você já leu a cotação que enviamos?"
 
     released = second_pass(runtime, model_client, due)
 
     assert outcome(released) == ("queue", None)
     assert messages_of(pool, enrollment.id) == [(model.message, "QUEUED", "followup", 0)]
+    [request] = model.chat_requests()
+    assert "\nLanguage: pt_BR\n" in request["messages"][1]["content"]
+
+
+def test_with_ai_response_format_json_object_the_schema_goes_as_llama_cpp_takes_it(
+    runtime: Runtime, project: Project, model: ModelServer
+) -> None:
+    pool = runtime.pool
+    enrollment = enroll_one(pool, runtime.clock, project)
+    due = lease_one(runtime, enrollment)
+    client = ModelClient(AiSettings(base_url=model.base_url, response_format="json_object"))
+    try:
+        released = second_pass(runtime, client, due)
+    finally:
+        client.close()
+
+    assert outcome(released) == ("queue", None)
+    [request] = model.chat_requests()
+    assert request["response_format"]["type"] == "json_object"
+    assert request["response_format"]["schema"]["properties"]["confidence"] == {
+        "type": "number",
+        "minimum": 0,
+        "maximum": 1,
+    }
 
 
 def test_a_server_refusing_response_format_is_asked_again_without_it(

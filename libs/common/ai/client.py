@@ -1,7 +1,10 @@
 """The model client: one OpenAI-compatible chat-completions request (OpenAI, vLLM, Ollama's ``/v1``, the
 llama.cpp server), asking for structured output and validating the answer into ``{message, confidence,
-reason}``. A server that refuses ``response_format`` is asked again without it (the prompt asks for the
-same JSON). Every failure is a :class:`ModelAnswer` with its fallback reason, never an exception."""
+reason}``: the schema goes as OpenAI's ``json_schema`` or as the llama.cpp server's ``json_object`` with a
+``schema`` (``AI_RESPONSE_FORMAT``). A server that refuses ``response_format`` is asked again without it
+(the prompt asks for the same JSON). Every failure is a :class:`ModelAnswer` with its fallback reason,
+never an exception. The client checks the answer's shape only; whether it may be sent is
+:func:`libs.common.ai.judge.judge`'s call."""
 
 from __future__ import annotations
 
@@ -17,9 +20,6 @@ import msgspec
 from libs.common.core.settings import AiSettings
 
 log = logging.getLogger(__name__)
-
-#: Longest message a WhatsApp text may carry; a longer answer is invalid output.
-MAX_MESSAGE = 4096
 
 
 class Answer(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -87,10 +87,7 @@ class ModelClient:
             "model": self.settings.model,
             "messages": messages,
             "temperature": 0.3,
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "followup_message", "schema": ANSWER_SCHEMA, "strict": True},
-            },
+            "response_format": response_format(self.settings.response_format),
         }
         deadline = time.monotonic() + self.settings.timeout_seconds
         try:
@@ -122,6 +119,17 @@ class ModelClient:
             return response.status_code, b"".join(chunks)
 
 
+def response_format(kind: str) -> dict[str, Any]:
+    """The ``response_format`` asking for :data:`ANSWER_SCHEMA`: OpenAI's ``json_schema``, or the llama.cpp
+    server's ``json_object`` with the schema beside it."""
+    if kind == "json_object":
+        return {"type": "json_object", "schema": ANSWER_SCHEMA}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "followup_message", "schema": ANSWER_SCHEMA, "strict": True},
+    }
+
+
 class _DeadlinePassed(Exception):
     """The call's time ran out."""
 
@@ -149,7 +157,8 @@ def _parse(body: bytes) -> ModelAnswer:
 
 
 def _answer(content: Any) -> Answer | None:
-    """The answer in the content: a JSON object, possibly inside a fenced block; None when invalid."""
+    """The answer in the content: a JSON object of the schema's shape, possibly inside a fenced block; None
+    when it is not one."""
     if not isinstance(content, str):
         return None
     text = content.strip()
@@ -159,7 +168,4 @@ def _answer(content: Any) -> Answer | None:
         answer = msgspec.convert(json.loads(text), Answer)
     except (ValueError, msgspec.ValidationError):
         return None
-    message = answer.message.strip()
-    if not message or len(message) > MAX_MESSAGE or "\x00" in message or not 0 <= answer.confidence <= 1:
-        return None
-    return Answer(message=message, confidence=answer.confidence, reason=answer.reason)
+    return Answer(message=answer.message.strip(), confidence=answer.confidence, reason=answer.reason)

@@ -64,6 +64,11 @@ AI_REQUESTS: Final = Counter(
     "Model requests, by kind and outcome.",
     ["kind", "outcome"],
 )
+AI_DRAFTS_REFUSED: Final = Counter(
+    "whatstig_ai_drafts_refused_total",
+    "Model answers refused by the judge (fallback ai_invalid_output), by the rule they broke.",
+    ["problem"],
+)
 OUTBOX_PUBLISHED: Final = Counter(
     "followups_outbox_published_total",
     "Domain events relayed from the outbox to the events exchange.",

@@ -83,6 +83,9 @@ class AiSettings(_Settings):
     concurrency: int = 16
     prompt_price_per_million: float = 0.0
     completion_price_per_million: float = 0.0
+    #: How the JSON schema of the answer is asked for: ``json_schema`` (OpenAI, vLLM) or ``json_object``
+    #: with a ``schema`` beside it (the llama.cpp server).
+    response_format: str = "json_schema"
 
 
 class LogSettings(_Settings):
@@ -236,6 +239,13 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             0.0,
             "Price of a million completion tokens: the ledger's cost of each call.",
         ),
+        Variable(
+            "AI_RESPONSE_FORMAT",
+            "response_format",
+            "json_schema",
+            "How the answer's JSON schema is sent: `json_schema` (OpenAI's `response_format`, vLLM) or"
+            ' `json_object` (`{"type": "json_object", "schema": ...}`, the llama.cpp server).',
+        ),
     ),
     LogSettings: (
         Variable("LOG_LEVEL", "level", "INFO", "DEBUG, INFO, WARNING or ERROR."),
@@ -279,6 +289,13 @@ def _min_length(length: int) -> Check:
     return check
 
 
+def _exactly_one_of(*choices: str) -> Check:
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"must be one of {', '.join(choices)}"
+
+    return check
+
+
 def _one_of(*choices: str) -> Check:
     def check(value: Any) -> str | None:
         return None if str(value).upper() in choices else f"must be one of {', '.join(choices)}"
@@ -312,6 +329,7 @@ CHECKS: dict[str, Check] = {
     "AI_CONCURRENCY": _positive,
     "AI_PROMPT_PRICE_PER_MILLION": _not_negative,
     "AI_COMPLETION_PRICE_PER_MILLION": _not_negative,
+    "AI_RESPONSE_FORMAT": _exactly_one_of("json_schema", "json_object"),
     "LOG_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
 }
 

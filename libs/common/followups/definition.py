@@ -113,6 +113,9 @@ class AiStep(_Step, kw_only=True, tag="ai", tag_field="kind"):
     )
     #: How many of the conversation's last messages the model sees.
     history_messages: Annotated[int, msgspec.Meta(ge=0, le=50)] = 10
+    #: The language the message is written in (``en``, ``pt_BR``): the prompt asks for it, and a draft
+    #: plainly in another language takes the fallback (``ai_invalid_output``).
+    language: Annotated[str, msgspec.Meta(pattern=r"^[a-z]{2,3}(?:_[A-Z]{2})?$")] | None = None
 
 
 Step = MessageStep | AiStep

