@@ -56,6 +56,8 @@ def test_a_good_draft_passes(message: str, fields: dict[str, Any]) -> None:
         ("As an AI, I cannot know whether Ana read it.", 0.9, {}, "not_a_message"),
         ('Sure, here you go: {"message": "Hi", "confidence": 0.9}', 0.9, {}, "not_a_message"),
         (f"Hi Ana! {INSTRUCTIONS}", 0.9, {}, "not_a_message"),
+        # what SmolLM2-135M wrote: about the customer, not to her
+        ("The customer read the quote we sent. She said it was worth it.", 0.9, {}, "not_a_message"),
         ("Hello! Have a lovely weekend.", 0.9, {"goal": "Close the quote"}, "off_goal"),
         (
             "Hi Ana, did you get a chance to read the quote we sent?",

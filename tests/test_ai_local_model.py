@@ -64,6 +64,8 @@ STEP = AiStep(
 FALLBACK_REASONS = {"ai_low_confidence", "ai_invalid_output", "ai_error", "ai_timeout"}
 #: Long enough for a call queued behind others at the one llama.cpp server (~2 s each on 2 cores).
 TIMEOUT_SECONDS = 60.0
+#: The kill test's lease: longer than a real call, short enough to wait for.
+LEASE_MS = 30_000
 
 
 @pytest.fixture(scope="session")
@@ -144,6 +146,7 @@ def test_an_ai_step_is_written_by_the_real_model_and_sent_once(
 
     assert released is not None and released.action == "queue"
     outcome = assert_one_message_recorded(pool, enrollment.id)
+    print(f"real model outcome: {outcome}: {messages_of(pool, enrollment.id)[0][0]!r}")
     assert enrollment_state(pool, enrollment.id)["status"] == "completed"
     # one real call, its tokens counted by the server, under the outcome it had
     [(kind, prompt_tokens, completion_tokens, tokens, recorded, reference)] = ledger(pool, project.id)
@@ -197,7 +200,9 @@ def test_an_ai_steps_worker_killed_mid_call_to_the_real_model_sends_one_message(
     db_url: str, amqp_url: str, pool: ConnectionPool, project: Project, proxy: ModelServer
 ) -> None:
     [enrollment] = enroll_many(pool, project, 1)
-    env = ai_env(db_url, amqp_url, proxy, FOLLOWUP_AI_LEASE_MS="2000", WORKER_THREADS="1")
+    # the lease outlasts a real call (a few seconds, more on a busy machine), else every call's draft would
+    # come back fenced out; it is still short enough to wait for
+    env = ai_env(db_url, amqp_url, proxy, FOLLOWUP_AI_LEASE_MS=str(LEASE_MS), WORKER_THREADS="1")
     proxy.gate.clear()  # the calls wait in front of the real model until the test lets them go
     workers = [start_worker("release", env)]
     victim = start_worker("ai_steps", env)
@@ -208,7 +213,7 @@ def test_an_ai_steps_worker_killed_mid_call_to_the_real_model_sends_one_message(
         assert victim.wait_exit() == -signal.SIGKILL
         workers.append(start_worker("ai_steps", env))
 
-        # Then after the lease (2 s) the step is leased again with a new fence and called again
+        # Then once the lease has run out the step is leased again with a new fence and called again
         def leased_again() -> bool:
             [(attempts,)] = rows(pool, "SELECT attempts FROM followup_enrollments WHERE id = %s", enrollment)
             return bool(attempts >= 2 and proxy.in_flight >= 1)

@@ -11,7 +11,7 @@ a Portuguese step. :func:`judge` names the first rule an answer breaks:
     control_characters        NUL or other control characters (newlines and tabs are fine)
     placeholder               an unrendered placeholder: ``{{...}}``, ``{name}``, ``[Customer Name]``
     not_a_message             text about the message instead of one (``Here is a follow-up message:``,
-                              ``As an AI``), or the prompt echoed back
+                              ``As an AI``, ``The customer read the quote``), or the prompt echoed back
     off_goal                  the step has a goal and the message shares no word with its goal and
                               instructions (a simple check: a 5-letter stem in common)
     wrong_language            the step has a language and the message is plainly in another: its script,
@@ -41,7 +41,7 @@ _PLACEHOLDER = re.compile(
 _META = re.compile(
     r"\bas an ai\b|\blanguage model\b|^\s*sure[,!]? here\b|\bfollow-?up message\s*:"
     r"|^\s*(?:here is|here's) (?:a|an|the|my|your) (?:\w+ )?(?:follow|message|draft|response|reply|text)"
-    r"|\"?confidence\"?\s*:|data \(json",
+    r"|\"?confidence\"?\s*:|data \(json|\bthe (?:customer|contact|client)\b",
     re.IGNORECASE,
 )
 _WORD = re.compile(r"[^\W\d_]+")
