@@ -952,6 +952,7 @@ def test_creating_an_ai_step_missing_a_field_is_400_naming_it(
     [
         (_ai(instructions="   "), "definition.steps.0.instructions"),
         (_ai(fallback={"kind": "template", "text": ""}), "definition.steps.0.fallback.text"),
+        (_ai(language="Portuguese"), "definition.steps.0.language"),
     ],
 )
 def test_publishing_an_ai_step_with_empty_text_is_422_naming_the_field(

@@ -57,6 +57,7 @@ def test_the_builder_adds_edits_reorders_and_removes_steps(signed_in, runtime) -
         kind="ai",
         instructions="Ask politely",
         goal="help",
+        language="pt_BR",
         **{"fallback.kind": "skip", "min_confidence": "0.7"},
     )
     # changing the kind draws the form again for the new kind, and saves nothing
@@ -71,6 +72,8 @@ def test_the_builder_adds_edits_reorders_and_removes_steps(signed_in, runtime) -
     assert steps[2]["anchor_offset_seconds"] == -7200 and steps[2]["grace_seconds"] == 1800
     assert steps[2]["send_window"] == {"start": "09:00", "end": "18:00", "days": ["mon"]}
     assert steps[3]["fallback"] == {"kind": "skip"} and steps[3]["min_confidence"] == 0.7
+    assert steps[3]["language"] == "pt_BR"
+    assert 'value="pt_BR"' in client.get(f"/app/sequences/{sequence_id}/steps/3").text
     builder = client.get(f"/app/sequences/{sequence_id}").text
     assert "Wait 2d after the previous step" in builder and "2h before the anchor" in builder
     # edit the first step: its form shows what is stored
@@ -137,6 +140,7 @@ def test_the_builder_adds_edits_reorders_and_removes_steps(signed_in, runtime) -
         ({"media_url": "ftp://x", "media_kind": "image"}, "media_url", "http or https"),
         ({"whatsapp_template.name": "Bad Name"}, "whatsapp_template.name", "lowercase"),
         ({"kind": "ai", "instructions": "x", "min_confidence": "2"}, "min_confidence", "<= 1"),
+        ({"kind": "ai", "instructions": "x", "language": "Portuguese"}, "language", "language code"),
         ({"timing": "anchor", "offset_value": ""}, "anchor_offset_seconds", "required"),
     ],
 )

@@ -115,7 +115,7 @@ class AiStep(_Step, kw_only=True, tag="ai", tag_field="kind"):
     history_messages: Annotated[int, msgspec.Meta(ge=0, le=50)] = 10
     #: The language the message is written in (``en``, ``pt_BR``): the prompt asks for it, and a draft
     #: plainly in another language takes the fallback (``ai_invalid_output``).
-    language: Annotated[str, msgspec.Meta(pattern=r"^[a-z]{2,3}(?:_[A-Z]{2})?$")] | None = None
+    language: Annotated[str, msgspec.Meta(max_length=16)] | None = None
 
 
 Step = MessageStep | AiStep
@@ -192,6 +192,8 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
             raise InvalidInput("the first step has no previous follow-up", field=f"{where}.only_if")
         if isinstance(step, MessageStep):
             _check_media(step, where)
+        elif step.language is not None and not _LANGUAGE.fullmatch(step.language):
+            raise InvalidInput("language must be a language code such as en or pt_BR", field=f"{where}.language")
         if step.send_window is not None:
             validate_window(step.send_window, f"{where}.send_window")
         texts = {"text": step.text} if isinstance(step, MessageStep) else {"instructions": step.instructions}

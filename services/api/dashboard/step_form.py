@@ -62,6 +62,7 @@ class StepForm:
     fallback_kind: str = "template"
     fallback_text: str = ""
     min_confidence: str = "0.5"
+    language: str = ""
     timing: str = "wait"
     wait_value: str = ""
     wait_unit: str = "hours"
@@ -97,6 +98,7 @@ class StepForm:
         else:
             out.kind, out.instructions, out.goal = "ai", step.instructions, step.goal or ""
             out.min_confidence = str(step.min_confidence)
+            out.language = step.language or ""
             if isinstance(step.fallback, TemplateFallback):
                 out.fallback_kind, out.fallback_text = "template", step.fallback.text
             else:
@@ -134,6 +136,7 @@ class StepForm:
             fallback_kind=form.get("fallback.kind") or "template",
             fallback_text=form.get("fallback.text"),
             min_confidence=form.get("min_confidence"),
+            language=form.get("language"),
             timing=form.get("timing") or "wait",
             wait_value=form.get("wait_value"),
             wait_unit=form.get("wait_unit") or "hours",
@@ -168,6 +171,7 @@ class StepForm:
                 out["min_confidence"] = float(confidence)
             except ValueError:
                 errors.add("min_confidence", f"{confidence!r} is not a number between 0 and 1")
+            out["language"] = self.language.strip() or None
         else:
             out["text"] = self.text
             out["media_url"] = self.media_url.strip() or None
