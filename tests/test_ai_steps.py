@@ -64,8 +64,8 @@ def model() -> Iterator[ModelServer]:
         yield server
 
 
-def new_client(model: ModelServer, timeout: float = 10.0) -> ModelClient:
-    return ModelClient(AiSettings(base_url=model.base_url, timeout_seconds=timeout))
+def new_client(model: ModelServer, timeout: float = 10.0, **settings: Any) -> ModelClient:
+    return ModelClient(AiSettings(base_url=model.base_url, timeout_seconds=timeout, **settings))
 
 
 @pytest.fixture
@@ -133,13 +133,23 @@ def outcome(released: Released | None) -> tuple[str, str | None] | None:
     return None if released is None else (released.action, released.reason)
 
 
-def ai_requests(outcome: str) -> float:
-    value = REGISTRY.get_sample_value("whatstig_ai_requests_total", {"kind": "followup", "outcome": outcome})
-    return value or 0.0
+class Deltas:
+    """A counter's deltas since this was made, by the value of one of its labels (the others fixed)."""
+
+    def __init__(self, metric: str, label: str, values: tuple[str, ...], **fixed: str) -> None:
+        self.metric, self.label, self.fixed = metric, label, fixed
+        self.before = {value: self.now(value) for value in values}
+
+    def now(self, value: str) -> float:
+        return REGISTRY.get_sample_value(self.metric, self.fixed | {self.label: value}) or 0.0
+
+    def deltas(self) -> dict[str, float]:
+        changed = {value: self.now(value) - before for value, before in self.before.items()}
+        return {value: delta for value, delta in changed.items() if delta}
 
 
-class Counts:
-    """``whatstig_ai_requests_total{kind="followup"}`` deltas since it was made."""
+class Counts(Deltas):
+    """``whatstig_ai_requests_total{kind="followup"}`` by outcome."""
 
     OUTCOMES = (
         "drafted",
@@ -153,11 +163,25 @@ class Counts:
     )
 
     def __init__(self) -> None:
-        self.before = {outcome: ai_requests(outcome) for outcome in self.OUTCOMES}
+        super().__init__("whatstig_ai_requests_total", "outcome", self.OUTCOMES, kind="followup")
 
-    def deltas(self) -> dict[str, float]:
-        changed = {outcome: ai_requests(outcome) - value for outcome, value in self.before.items()}
-        return {outcome: delta for outcome, delta in changed.items() if delta}
+
+class Refused(Deltas):
+    """``whatstig_ai_drafts_refused_total`` by problem (the rule the judge found broken)."""
+
+    PROBLEMS = (
+        "confidence_out_of_range",
+        "empty",
+        "too_long",
+        "control_characters",
+        "placeholder",
+        "not_a_message",
+        "off_goal",
+        "wrong_language",
+    )
+
+    def __init__(self) -> None:
+        super().__init__("whatstig_ai_drafts_refused_total", "problem", self.PROBLEMS)
 
 
 def messages_of(pool: ConnectionPool, enrollment_id: uuid.UUID) -> list[tuple[Any, ...]]:
@@ -393,33 +417,6 @@ def test_a_draft_with_a_placeholder_is_neither_rendered_nor_sent(
     assert refused.deltas() == {"placeholder": 1}
 
 
-def refused_count(problem: str) -> float:
-    value = REGISTRY.get_sample_value("whatstig_ai_drafts_refused_total", {"problem": problem})
-    return value or 0.0
-
-
-class Refused:
-    """``whatstig_ai_drafts_refused_total`` deltas since it was made."""
-
-    PROBLEMS = (
-        "confidence_out_of_range",
-        "empty",
-        "too_long",
-        "control_characters",
-        "placeholder",
-        "not_a_message",
-        "off_goal",
-        "wrong_language",
-    )
-
-    def __init__(self) -> None:
-        self.before = {problem: refused_count(problem) for problem in self.PROBLEMS}
-
-    def deltas(self) -> dict[str, float]:
-        changed = {problem: refused_count(problem) - value for problem, value in self.before.items()}
-        return {problem: delta for problem, delta in changed.items() if delta}
-
-
 @pytest.mark.parametrize(
     ("message", "confidence", "fields", "problem"),
     [
@@ -478,12 +475,11 @@ def test_a_step_in_a_language_gets_a_draft_in_it_and_the_prompt_asks_for_it(
 def test_with_ai_response_format_json_object_the_schema_goes_as_llama_cpp_takes_it(
     runtime: Runtime, project: Project, model: ModelServer
 ) -> None:
-    pool = runtime.pool
-    enrollment = enroll_one(pool, runtime.clock, project)
-    due = lease_one(runtime, enrollment)
-    client = ModelClient(AiSettings(base_url=model.base_url, response_format="json_object"))
+    client = new_client(model, response_format="json_object")
     try:
-        released = second_pass(runtime, client, due)
+        released = second_pass(
+            runtime, client, lease_one(runtime, enroll_one(runtime.pool, runtime.clock, project))
+        )
     finally:
         client.close()
 
