@@ -206,9 +206,16 @@ def test_an_ai_steps_worker_killed_mid_call_to_the_real_model_sends_one_message(
     db_url: str, amqp_url: str, pool: ConnectionPool, project: Project, proxy: ModelServer
 ) -> None:
     [enrollment] = enroll_many(pool, project, 1)
-    # the lease outlasts a real call (a few seconds, more on a busy machine), else every call's draft would
-    # come back fenced out; it is still short enough to wait for
-    env = ai_env(db_url, amqp_url, proxy, FOLLOWUP_AI_LEASE_MS=str(LEASE_MS), WORKER_THREADS="1")
+    # the lease outlasts a real call (a few seconds, more on a busy machine), else every draft would come
+    # back fenced out, and is still short enough to wait for; a call slower still times out within it
+    env = ai_env(
+        db_url,
+        amqp_url,
+        proxy,
+        FOLLOWUP_AI_LEASE_MS=str(LEASE_MS),
+        AI_TIMEOUT_SECONDS=str(LEASE_MS / 1000 - 5),
+        WORKER_THREADS="1",
+    )
     proxy.gate.clear()  # the calls wait in front of the real model until the test lets them go
     workers = [start_worker("release", env)]
     victim = start_worker("ai_steps", env)
