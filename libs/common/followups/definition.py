@@ -193,7 +193,9 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
         if isinstance(step, MessageStep):
             _check_media(step, where)
         elif step.language is not None and not _LANGUAGE.fullmatch(step.language):
-            raise InvalidInput("language must be a language code such as en or pt_BR", field=f"{where}.language")
+            raise InvalidInput(
+                "language must be a language code such as en or pt_BR", field=f"{where}.language"
+            )
         if step.send_window is not None:
             validate_window(step.send_window, f"{where}.send_window")
         texts = {"text": step.text} if isinstance(step, MessageStep) else {"instructions": step.instructions}
