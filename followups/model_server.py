@@ -15,6 +15,8 @@ How it answers is set per test (:attr:`ModelServer.mode`):
                            longer)
     refuse_response_format a 400 naming ``response_format`` to a request that has one; the retry without
                            it is answered
+    refuse_json_schema     as the llama.cpp server: a 500 naming ``response_format`` to ``json_schema``,
+                           ``json_object`` (with its ``schema``) answered
 
 Every request takes ``latency`` seconds, and waits while the :attr:`ModelServer.gate` is closed (a test
 holds the calls in flight, does something, then lets them finish). With :attr:`ModelServer.upstream` set
@@ -37,7 +39,15 @@ from typing import Any, Literal
 import httpx
 
 Mode = Literal[
-    "answer", "low_confidence", "invalid", "too_long", "fail", "stall", "trickle", "refuse_response_format"
+    "answer",
+    "low_confidence",
+    "invalid",
+    "too_long",
+    "fail",
+    "stall",
+    "trickle",
+    "refuse_response_format",
+    "refuse_json_schema",
 ]
 
 #: Longer than any gate or stall a test waits for: a server thread never blocks forever.
@@ -144,6 +154,11 @@ class ModelServer:
         if mode == "refuse_response_format" and isinstance(body, dict) and "response_format" in body:
             message = "Unrecognized request argument supplied: response_format"
             return 400, {"error": {"message": message, "param": "response_format"}}
+        if mode == "refuse_json_schema" and isinstance(body, dict):
+            kind = (body.get("response_format") or {}).get("type")
+            if kind not in (None, "text", "json_object"):
+                message = "response_format.type: Input should be 'text' or 'json_object'"
+                return 500, {"error": {"message": message, "type": "internal_server_error"}}
         if mode == "invalid":
             content = "Sure! Here is a follow-up: Hi Ana, any news?"
         else:

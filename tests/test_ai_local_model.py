@@ -31,6 +31,7 @@ from followups import local_model
 from followups.model_server import ModelServer, model_server
 from libs.common.ai.client import Answer, ModelClient
 from libs.common.ai.judge import judge
+from libs.common.ai.step import build_prompt
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.runtime import Runtime
 from libs.common.core.settings import AiSettings
@@ -68,6 +69,8 @@ STEP = AiStep(
 )
 #: The reasons a step's fallback may give here (no budget is set and a model is configured).
 FALLBACK_REASONS = {"ai_low_confidence", "ai_invalid_output", "ai_error", "ai_timeout"}
+#: What the prompt of a contact named Ana with nothing more holds.
+PROMPT_CONTEXT = {"contact_name": "Ana", "contact_attributes": {}, "variables": {}}
 #: Long enough for a call queued behind others at the one llama.cpp server (~2 s each on 2 cores).
 TIMEOUT_SECONDS = 60.0
 #: The kill test's lease: longer than a real call, short enough to wait for.
@@ -166,6 +169,23 @@ def test_an_ai_step_is_written_by_the_real_model_and_sent_once(
     assert set(request["response_format"]["schema"]["required"]) == {"message", "confidence", "reason"}
     assert "Language: en" in request["messages"][1]["content"]
     assert proxy.answered == [200]
+
+
+def test_the_real_server_refuses_json_schema_and_is_asked_with_json_object(proxy: ModelServer) -> None:
+    """With the default AI_RESPONSE_FORMAT (OpenAI's ``json_schema``) the llama.cpp server answers 500
+    naming ``response_format``; the client asks again with ``json_object`` and its schema."""
+    settings = AiSettings(
+        base_url=proxy.base_url, model=local_model.MODEL_NAME, timeout_seconds=TIMEOUT_SECONDS
+    )
+    client = ModelClient(settings)
+    try:
+        called = client.complete(build_prompt(STEP, PROMPT_CONTEXT, []))
+    finally:
+        client.close()
+
+    assert [r["response_format"]["type"] for r in proxy.chat_requests()] == ["json_schema", "json_object"]
+    assert proxy.answered == [500, 200]
+    assert called.failure in (None, "ai_invalid_output") and called.completion_tokens > 0
 
 
 @pytest.mark.rabbitmq

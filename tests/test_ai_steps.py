@@ -505,12 +505,37 @@ def test_a_server_refusing_response_format_is_asked_again_without_it(
 
     assert outcome(released) == ("queue", None)
     assert messages_of(pool, enrollment.id) == [(model.message, "QUEUED", "followup", 0)]
-    first, retry = model.chat_requests()
-    assert "response_format" in first and "response_format" not in retry
-    assert retry["messages"] == first["messages"]
-    assert model.answered == [400, 200]
+    schema, json_object, retry = model.chat_requests()
+    assert schema["response_format"]["type"] == "json_schema"
+    assert json_object["response_format"]["type"] == "json_object"
+    assert "response_format" not in retry
+    assert retry["messages"] == schema["messages"]
+    assert model.answered == [400, 400, 200]
     # the prompt itself asks for the JSON object
     assert '"confidence"' in retry["messages"][0]["content"]
+
+
+def test_a_server_taking_only_json_object_gets_it_and_this_client_remembers(
+    runtime: Runtime, project: Project, model: ModelServer, model_client: ModelClient
+) -> None:
+    """The llama.cpp server answers 500 to OpenAI's ``json_schema``: the client asks again with
+    ``json_object`` and its schema, and its next calls start there."""
+    pool = runtime.pool
+    model.mode = "refuse_json_schema"
+    first, second = (enroll_one(pool, runtime.clock, project) for _ in range(2))
+    leases = {lease.enrollment_id: due_of(lease) for lease in lease_all(runtime)}
+
+    assert outcome(second_pass(runtime, model_client, leases[first.id])) == ("queue", None)
+    assert outcome(second_pass(runtime, model_client, leases[second.id])) == ("queue", None)
+
+    kinds = [request["response_format"]["type"] for request in model.chat_requests()]
+    assert kinds == ["json_schema", "json_object", "json_object"]
+    assert model.answered == [500, 200, 200]
+    assert model.chat_requests()[1]["response_format"]["schema"]["required"] == [
+        "message",
+        "confidence",
+        "reason",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 """The model client: one OpenAI-compatible chat-completions request (OpenAI, vLLM, Ollama's ``/v1``, the
 llama.cpp server), asking for structured output and validating the answer into ``{message, confidence,
 reason}``: the schema goes as OpenAI's ``json_schema`` or as the llama.cpp server's ``json_object`` with a
-``schema`` (``AI_RESPONSE_FORMAT``). A server that refuses ``response_format`` is asked again without it
-(the prompt asks for the same JSON). Every failure is a :class:`ModelAnswer` with its fallback reason,
+``schema`` (``AI_RESPONSE_FORMAT``). A server that refuses it is asked with the other form, then without
+one (the prompt asks for the same JSON). Every failure is a :class:`ModelAnswer` with its fallback reason,
 never an exception. The client checks the answer's shape only; whether it may be sent is
 :func:`libs.common.ai.judge.judge`'s call."""
 
@@ -68,6 +68,13 @@ class ModelClient:
                 max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency
             ),
         )
+        #: The forms of ``response_format`` to try, AI_RESPONSE_FORMAT's first, and none at the end; the
+        #: index of the first one to try (the one the server last took).
+        preferred = settings.response_format
+        self._formats: list[dict[str, Any] | None] = [
+            response_format(kind) for kind in (preferred, *(RESPONSE_FORMATS - {preferred}))
+        ] + [None]
+        self._accepted = 0
 
     def close(self) -> None:
         self._http.close()
@@ -81,20 +88,24 @@ class ModelClient:
         )
 
     def complete(self, messages: list[dict[str, str]]) -> ModelAnswer:
-        """One answer within ``AI_TIMEOUT_SECONDS`` in all (a server refusing ``response_format`` is asked
-        again in the time left)."""
-        body: dict[str, Any] = {
-            "model": self.settings.model,
-            "messages": messages,
-            "temperature": 0.3,
-            "response_format": response_format(self.settings.response_format),
-        }
+        """One answer within ``AI_TIMEOUT_SECONDS`` in all. A server refusing the ``response_format`` (an
+        error naming it: OpenAI-compatible servers answer 400, the llama.cpp server 500 to ``json_schema``)
+        is asked again in the time left with the other form, then without one (the prompt asks for the same
+        JSON); the form it took is where this client starts from then on."""
+        body: dict[str, Any] = {"model": self.settings.model, "messages": messages, "temperature": 0.3}
         deadline = time.monotonic() + self.settings.timeout_seconds
+        start = self._accepted
         try:
-            status, content = self._post(body, deadline)
-            if status == 400 and b"response_format" in content:
-                del body["response_format"]  # a server without structured output: the prompt asks for JSON
+            for index in range(start, len(self._formats)):
+                form = self._formats[index]
+                if form is None:
+                    body.pop("response_format", None)
+                else:
+                    body["response_format"] = form
                 status, content = self._post(body, deadline)
+                if not (form is not None and status >= 400 and b"response_format" in content):
+                    break
+                log.info("the model server refused response_format", extra={"type": form["type"]})
         except (httpx.TimeoutException, _DeadlinePassed):
             return ModelAnswer(None, "ai_timeout")
         except httpx.HTTPError as exc:
@@ -103,6 +114,8 @@ class ModelClient:
         if status != 200:
             log.warning("model call failed", extra={"status_code": status})
             return ModelAnswer(None, "ai_error")
+        if index > start:
+            self._accepted = index  # one attribute, set to what a server took: safe across threads
         return _parse(content)
 
     def _post(self, body: dict[str, Any], deadline: float) -> tuple[int, bytes]:
@@ -117,6 +130,10 @@ class ModelClient:
                 if time.monotonic() > deadline:
                     raise _DeadlinePassed
             return response.status_code, b"".join(chunks)
+
+
+#: The two forms of asking for the schema (AI_RESPONSE_FORMAT).
+RESPONSE_FORMATS = frozenset({"json_schema", "json_object"})
 
 
 def response_format(kind: str) -> dict[str, Any]:

@@ -243,8 +243,9 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             "AI_RESPONSE_FORMAT",
             "response_format",
             "json_schema",
-            "How the answer's JSON schema is sent: `json_schema` (OpenAI's `response_format`, vLLM) or"
-            ' `json_object` (`{"type": "json_object", "schema": ...}`, the llama.cpp server).',
+            "How the answer's JSON schema is sent first: `json_schema` (OpenAI's `response_format`, vLLM) or"
+            ' `json_object` (`{"type": "json_object", "schema": ...}`, the llama.cpp server); a server'
+            " refusing it is asked with the other, then without.",
         ),
     ),
     LogSettings: (
