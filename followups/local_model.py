@@ -126,7 +126,12 @@ def local_model(*, threads: int = 2) -> Iterator[LocalModel]:
     ]
     with tempfile.TemporaryFile() as output:
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches dev, which stops the server in its turn
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         model = LocalModel(url=f"http://127.0.0.1:{port}", pid=process.pid)
         try:
@@ -135,6 +140,14 @@ def local_model(*, threads: int = 2) -> Iterator[LocalModel]:
             yield model
         finally:
             _stop(process)
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs the server: SIGTERM when the thread that started it ends (Linux's
+    PR_SET_PDEATHSIG), so that a dev or test process killed with SIGKILL does not leave it running."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 def _wait_until_it_answers(process: subprocess.Popen[bytes], model: LocalModel, output: IO[bytes]) -> None:
