@@ -9,11 +9,12 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from libs.common.core.runtime import Runtime
-from services.api import openapi
+from services.api import openapi, scopes
 from services.api.body import MAX_BODY_BYTES, StrictRequest
 from services.api.dashboard import dashboard_router
 from services.api.deps import project_id
 from services.api.problems import EXCEPTION_HANDLERS
+from services.api.routes.api_keys import ApiKeysController
 from services.api.routes.bulk import BulkEnrollmentsController, CampaignsController
 from services.api.routes.contacts import ContactsController
 from services.api.routes.conversations import ConversationsController
@@ -48,6 +49,7 @@ def create_app(runtime: Runtime) -> Litestar:
             WebhookDeliveriesController,
             BulkEnrollmentsController,
             CampaignsController,
+            ApiKeysController,
             dashboard_router(),  # the web dashboard under /app/ (services.api.dashboard)
         ],
         dependencies={"project_id": Provide(project_id, sync_to_thread=True)},
@@ -68,5 +70,6 @@ def create_app(runtime: Runtime) -> Litestar:
         debug=False,
         logging_config=None,
     )
+    scopes.check_routes(app)  # every /v1 route authenticates and needs a scope (services.api.scopes)
     openapi.complete(app)  # errors, security and bounds of every operation (services.api.openapi)
     return app

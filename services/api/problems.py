@@ -26,6 +26,7 @@ from libs.common.core.errors import (
     Conflict,
     DatabaseUnavailable,
     FollowupsError,
+    Forbidden,
     InvalidInput,
     NotFound,
     Unauthorized,
@@ -47,6 +48,7 @@ STATUS_OF: dict[type[FollowupsError], int] = {
     InvalidInput: 422,
     Conflict: 409,
     Unauthorized: 401,
+    Forbidden: 403,
     DatabaseUnavailable: 503,
 }
 

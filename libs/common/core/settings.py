@@ -53,6 +53,7 @@ class ApiSettings(_Settings):
     port: int = 8000
     threads: int = 100
     dashboard_secret: str | None = None
+    dashboard_session_seconds: int = 43_200
 
 
 class WorkerSettings(_Settings):
@@ -135,8 +136,15 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             "DASHBOARD_SECRET",
             "dashboard_secret",
             None,
-            "Signs the dashboard's sessions and CSRF tokens (32 characters or more); every API process"
-            " behind one address needs the same. Unset: a random one per process (a restart signs out).",
+            "Signs the dashboard's CSRF tokens (32 characters or more); every API process behind one"
+            " address needs the same. Unset: a random one per process (a restart makes open forms stale).",
+        ),
+        Variable(
+            "DASHBOARD_SESSION_SECONDS",
+            "dashboard_session_seconds",
+            43_200,
+            "How long a dashboard session lasts after signing in (12 hours); it ends sooner at sign-out or"
+            " when its API key is revoked or expires.",
         ),
     ),
     WorkerSettings: (
@@ -296,6 +304,7 @@ CHECKS: dict[str, Check] = {
     "API_PORT": _port,
     "API_THREADS": _positive,
     "DASHBOARD_SECRET": _min_length(32),
+    "DASHBOARD_SESSION_SECONDS": _positive,
     "WORKER_POLL_INTERVAL_SECONDS": _positive,
     "WORKER_IDLE_MAX_SLEEP_SECONDS": _positive,
     "WORKER_THREADS": _positive,

@@ -16,6 +16,7 @@ from libs.common.rules.webhooks import Delivery
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 from services.api.openapi import conflict, not_found
 from services.api.routes import Items, Page, as_items, as_page
+from services.api.scopes import scope
 
 #: A sequence an ``enroll_in_sequence`` action names that is not one of the project's.
 _UNKNOWN_SEQUENCE = not_found("A sequence an action names is not one of the project's.")
@@ -180,9 +181,9 @@ class WebhookDeliveriesController(Controller):
         with transaction(runtime_of(request)) as conn:
             return webhooks.get_delivery(conn, project_id, delivery_id)
 
-    @get("/secret", sync_to_thread=True)
+    @get("/secret", sync_to_thread=True, opt=scope("admin"))
     def secret(self, request: Request[Any, Any, Any], project_id: ProjectId) -> dict[str, str]:
         """The key that signs the project's webhooks: ``X-Followups-Signature`` is ``sha256=`` and the hex
-        HMAC-SHA256 of ``<X-Followups-Timestamp>.<body>``."""
+        HMAC-SHA256 of ``<X-Followups-Timestamp>.<body>``. A secret: admin keys only."""
         with transaction(runtime_of(request)) as conn:
             return {"secret": webhooks.webhook_secret(conn, project_id)}
