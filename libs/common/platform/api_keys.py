@@ -24,7 +24,7 @@ import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
 
-from libs.common.contracts.limits import Name
+from libs.common.contracts.limits import MAX_NAME_LENGTH, Name
 from libs.common.core.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from libs.common.core.sql import load_queries
 from libs.common.platform import sessions
@@ -99,8 +99,10 @@ def create_key(
 ) -> NewApiKey:
     """Create a key; its clear text is in the result, and nowhere else ever again."""
     name = data.name.strip()
-    if not name:
-        raise InvalidInput("name must not be blank", field="name")
+    if not 1 <= len(name) <= MAX_NAME_LENGTH:
+        raise InvalidInput(f"name must be 1 to {MAX_NAME_LENGTH} characters, not blank", field="name")
+    if data.scope not in SCOPES:
+        raise InvalidInput(f"scope must be one of {', '.join(SCOPES)}", field="scope")
     if data.expires_at is not None:
         if data.expires_at.tzinfo is None:
             raise InvalidInput("expires_at needs a time zone offset", field="expires_at")

@@ -14,7 +14,7 @@ WHERE key_hash = %(key_hash)s AND revoked_at IS NULL AND (expires_at IS NULL OR 
 -- Record a key's use, at most once a minute: a key used within the minute is not written again.
 UPDATE api_keys SET last_used_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s
-  AND (last_used_at IS NULL OR last_used_at < %(now)s::timestamptz - interval '1 minute')
+  AND (last_used_at IS NULL OR last_used_at <= %(now)s::timestamptz - interval '1 minute')
 
 -- name: list_api_keys
 -- A page of a project's keys (revoked ones too) in id order.
