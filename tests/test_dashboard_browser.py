@@ -243,3 +243,24 @@ def test_keyboard_and_a_phone_screen(page: Page, project: Project) -> None:
         assert width <= PHONE["width"], (path, width)
     page.goto("/app/sequences")
     screenshot(page, "sequences-phone")
+
+
+def test_revoking_the_key_signs_the_browser_out_at_its_next_page(page: Page, project: Project) -> None:
+    # Given a browser signed in with a write key made for it
+    admin = {"Authorization": f"Bearer {project.api_key}"}
+    created = page.request.post("/v1/api-keys", data={"name": "laptop", "scope": "write"}, headers=admin)
+    assert created.status == 201, created.text()
+    key = created.json()
+    sign_in(page, Project(project.id, key["api_key"]))
+    page.get_by_role("link", name="Rules").first.click()
+    expect(page.get_by_role("heading", name="Rules", exact=True)).to_be_visible()
+    # When the key is revoked through the API
+    revoked = page.request.post(f"/v1/api-keys/{key['key']['id']}/revoke", headers=admin)
+    assert revoked.status == 200, revoked.text()
+    # Then the next page the browser loads is the sign-in, and back there it is still signed out
+    page.get_by_role("link", name="Sequences").first.click()
+    expect(page).to_have_url(re.compile(r".*/app/sign-in\?next=/app/sequences$"))
+    expect(page.get_by_label("API key")).to_be_visible()
+    page.go_back()
+    page.reload()
+    expect(page).to_have_url(re.compile(r".*/app/sign-in\?next=/app/rules$"))
