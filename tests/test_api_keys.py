@@ -18,6 +18,7 @@ import pytest
 from litestar import Controller, Litestar, get, post
 from litestar.di import Provide
 from litestar.testing import TestClient
+from prometheus_client import REGISTRY
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
@@ -95,8 +96,10 @@ def test_a_revoked_key_authenticates_as_nothing_and_revoking_again_changes_nothi
     revoked = client.post(f"/v1/api-keys/{key_id}/revoke")
     assert revoked.status_code == 200, revoked.text
     assert revoked.json()["revoked_at"] == iso(clock.now()).replace("+00:00", "Z")
+    before = refusals("unauthorized")
     response = client.get("/v1/contacts", headers=headers)
     assert response.status_code == 401 and response.headers["www-authenticate"].lower() == "bearer"
+    assert refusals("unauthorized") - before == 1
     clock.advance(timedelta(hours=1))
     assert client.post(f"/v1/api-keys/{key_id}/revoke").json() == revoked.json()
     listed = {item["id"]: item for item in client.get("/v1/api-keys").json()["items"]}
@@ -205,7 +208,13 @@ def test_another_projects_keys_are_404(client, other_project) -> None:
 # --- scopes ------------------------------------------------------------------------------------------------
 
 
+def refusals(reason: str) -> float:
+    return REGISTRY.get_sample_value("followups_api_auth_refusals_total", {"reason": reason}) or 0.0
+
+
 def test_each_scope_grants_what_it_says_and_a_403_names_the_missing_scope(client, project) -> None:
+    before = refusals("missing_scope")
+    refused = 0
     keys = {
         scope: bearer(new_key(client, scope)["api_key"]) for scope in ("admin", "write", "read", "events")
     }
@@ -229,6 +238,7 @@ def test_each_scope_grants_what_it_says_and_a_403_names_the_missing_scope(client
                 assert response.status_code < 400 or response.status_code == 409, (method, path, scope)
                 continue
             assert response.status_code == 403, (method, path, scope, response.text)
+            refused += 1
             problem = response.json()
             needed = "admin" if granted == {"admin"} else ("read" if method == "GET" else "write")
             if path in ("/v1/events", "/v1/send-lane/claim"):
@@ -237,6 +247,7 @@ def test_each_scope_grants_what_it_says_and_a_403_names_the_missing_scope(client
             assert f"it needs the `{needed}` scope" in problem["detail"]
             assert f"`{scope}`" in problem["detail"]
             assert problem["errors"] == [{"field": "scope", "message": problem["detail"]}]
+    assert refusals("missing_scope") - before == refused
 
 
 def test_every_v1_route_authenticates_and_needs_a_scope(api_app: Litestar) -> None:

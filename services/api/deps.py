@@ -13,7 +13,7 @@ from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 from psycopg import Connection
 
-from libs.common.core import effects
+from libs.common.core import effects, metrics
 from libs.common.core.db import map_errors
 from libs.common.core.errors import Forbidden, Unauthorized
 from libs.common.core.runtime import Runtime
@@ -47,15 +47,20 @@ ProjectId = NamedDependency[uuid.UUID]
 def project_id(request: Request[Any, Any, Any]) -> uuid.UUID:
     """The project of the request's bearer API key: 401 without a valid one (unknown, revoked, expired),
     403 when the key's scope does not grant what the route needs (:mod:`services.api.scopes`)."""
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        raise Unauthorized()
     runtime = runtime_of(request)
-    with transaction(runtime) as conn:
-        caller = authenticate(conn, key.strip(), now=runtime.clock.now())
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    try:
+        if scheme.lower() != "bearer" or not key.strip():
+            raise Unauthorized()
+        with transaction(runtime) as conn:
+            caller = authenticate(conn, key.strip(), now=runtime.clock.now())
+    except Unauthorized:
+        metrics.API_AUTH_REFUSALS.labels("unauthorized").inc()
+        raise
     try:
         scopes.require(caller.scope, request.route_handler, request.method)
     except Forbidden:
+        metrics.API_AUTH_REFUSALS.labels("missing_scope").inc()
         log.info(
             "request refused: scope",
             extra={

@@ -99,6 +99,12 @@ LAST_JOB_SUCCESS: Final = Gauge(
     ["job"],
     multiprocess_mode="max",
 )
+API_AUTH_REFUSALS: Final = Counter(
+    "followups_api_auth_refusals_total",
+    "REST requests refused by their API key, by reason (unauthorized: no live key, 401; missing_scope: "
+    "its scope does not grant the route, 403).",
+    ["reason"],
+)
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
