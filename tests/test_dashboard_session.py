@@ -231,6 +231,7 @@ def test_every_page_renders_with_labelled_fields(signed_in, project, runtime, po
         "/app/bulk/new",
         f"/app/bulk/{world['job_id']}",
         f"/app/bulk/{world['job_id']}/progress",
+        "/app/api-keys",
     ]
     for path in pages:
         response = client.get(path)
