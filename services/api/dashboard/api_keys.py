@@ -22,10 +22,10 @@ from services.api.scopes import scope
 
 #: The scope choices of the form, each with what it allows (docs/api.md, Scopes).
 SCOPE_CHOICES = [
-    ("write", "write: everything but the keys"),
+    ("write", "write: all but keys"),
     ("read", "read: reads only"),
-    ("events", "events: platform events and the send lane only"),
-    ("admin", "admin: everything, the keys included"),
+    ("events", "events: events, send lane"),
+    ("admin", "admin: everything"),
 ]
 assert [value for value, _ in sorted(SCOPE_CHOICES)] == sorted(SCOPES)
 
