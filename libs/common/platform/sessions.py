@@ -9,6 +9,7 @@ rows are deleted in batches by the retention job (:func:`purge_expired`).
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import uuid
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from libs.common.core.sql import load_queries
 
 if TYPE_CHECKING:
     from libs.common.platform.api_keys import Caller, Scope
+
+log = logging.getLogger(__name__)
 
 QUERIES = load_queries("libs.common.platform", "sessions.sql")
 
@@ -44,7 +47,7 @@ def _hash(token: str) -> bytes:
 def start_session(conn: Connection[Any], caller: Caller, *, now: datetime, lifetime_seconds: int) -> str:
     """A new session of ``caller``'s key for ``lifetime_seconds``; returns its token (the cookie's value)."""
     token = secrets.token_urlsafe(32)
-    conn.execute(
+    row = conn.execute(
         QUERIES["insert_session"],
         {
             "project_id": caller.project_id,
@@ -52,6 +55,15 @@ def start_session(conn: Connection[Any], caller: Caller, *, now: datetime, lifet
             "token_hash": _hash(token),
             "now": now,
             "expires_at": now + timedelta(seconds=lifetime_seconds),
+        },
+    ).fetchone()
+    assert row is not None
+    log.info(
+        "dashboard session started",
+        extra={
+            "project_id": str(caller.project_id),
+            "api_key_id": str(caller.key_id),
+            "session_id": str(row[0]),
         },
     )
     return token

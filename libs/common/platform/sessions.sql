@@ -23,8 +23,12 @@ DELETE FROM dashboard_sessions WHERE token_hash = %(token_hash)s
 DELETE FROM dashboard_sessions WHERE project_id = %(project_id)s AND api_key_id = %(api_key_id)s
 
 -- name: purge_expired_sessions
--- A batch of sessions past their expiry.
+-- A batch of sessions past their expiry (the retention job): picked through the expiry index, deleted by
+-- their token's unique index.
 DELETE FROM dashboard_sessions
-WHERE (project_id, id) IN (
-    SELECT project_id, id FROM dashboard_sessions WHERE expires_at <= %(now)s LIMIT %(limit)s
-)
+WHERE token_hash = ANY(ARRAY(
+    SELECT token_hash FROM dashboard_sessions
+    WHERE expires_at <= %(now)s::timestamptz
+    ORDER BY expires_at
+    LIMIT %(limit)s
+))
