@@ -91,7 +91,7 @@ class AuthController(Controller):
                         field="api_key",
                     )
                 if (previous := session_of(request)) is not None:
-                    sessions.end_session(conn, previous.nonce)
+                    sessions.end_session(conn, previous.token)
                 token = sessions.start_session(conn, caller, now=now, lifetime_seconds=lifetime)
         except Unauthorized as exc:
             errors = FormErrors()
@@ -112,7 +112,7 @@ class AuthController(Controller):
         """End the session on the server: its cookie opens nothing any more."""
         if (session := session_of(request)) is not None:
             with transaction(runtime_of(request)) as conn:
-                sessions.end_session(conn, session.nonce)
+                sessions.end_session(conn, session.token)
         response = see_other("/app/sign-in", notice="signed_out")
         expire(response, SESSION_COOKIE)
         return response

@@ -70,7 +70,7 @@ async def before_request(request: Request[Any, Any, Any]) -> Response[Any] | Non
     # a database lookup: in the request threads (API_THREADS), not on the event loop
     session = await asyncio.to_thread(_session, request, token) if token else None
     request.state.dashboard_session = session
-    request.state.dashboard_nonce = session.nonce if session else request.cookies.get(CSRF_COOKIE)
+    request.state.dashboard_nonce = session.token if session else request.cookies.get(CSRF_COOKIE)
     if session is None and not request.route_handler.opt.get("public"):
         target = "/app/"
         if request.method == "GET":

@@ -58,11 +58,11 @@ def secret_from_environment(environ: dict[str, str] | None = None) -> bytes:
 
 @dataclass(frozen=True)
 class Session:
-    """A signed-in browser: the project it sees, its key's scope, and the nonce its CSRF tokens are bound
-    to (the session's token)."""
+    """A signed-in browser: the project it sees, its key's scope, and the session's token (its cookie's
+    value, which its CSRF tokens are bound to)."""
 
     project_id: uuid.UUID
-    nonce: str
+    token: str
     scope: Scope
     #: The project's name, for the header.
     project_name: str = ""
