@@ -114,6 +114,10 @@ def _closed_port() -> int:
     return port
 
 
+#: The public id of the trigger a test delivery came of.
+TRIGGER = uuid.UUID("0e5c4d7a-39f1-4c65-9a43-5a1c8b6f2d10")
+
+
 def _rule(pool: ConnectionPool, project_id: uuid.UUID) -> uuid.UUID:
     actions = json.dumps([{"type": "send_webhook", "url": "http://example.invalid/hook"}])
     [(rule_id,)] = rows(
@@ -140,7 +144,7 @@ def _queue(
             conn,
             project_id,
             rule_id=rule_id,
-            trigger_id=42,
+            trigger_id=TRIGGER,
             url=url,
             payload=payload if payload is not None else {"event": "message.received"},
             now=clock.now(),
@@ -186,7 +190,7 @@ def test_a_delivery_arrives_signed_with_the_projects_secret(
     assert not verify_signature(secret, timestamp, request.body, "sha256=ünïcode")
 
     delivery = _delivery(pool, project.id, delivery_id)
-    assert (delivery.rule_id, delivery.trigger_id, delivery.url) == (rule_id, 42, receiver.url)
+    assert (delivery.rule_id, delivery.trigger_id, delivery.url) == (rule_id, TRIGGER, receiver.url)
     assert delivery.payload == payload
     # delivered: not attempted again
     assert deliver(pool, delivery_id, now=clock.advance(timedelta(hours=1))) is None

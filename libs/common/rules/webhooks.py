@@ -89,7 +89,8 @@ class Delivery(msgspec.Struct, kw_only=True, frozen=True):
     id: uuid.UUID
     project_id: uuid.UUID
     rule_id: uuid.UUID | None
-    trigger_id: int | None
+    #: The public id of the trigger it came of (None: queued by hand).
+    trigger_id: uuid.UUID | None
     url: str
     payload: dict[str, Any]
     status: str
@@ -142,7 +143,7 @@ def queue_delivery(
     project_id: uuid.UUID,
     *,
     rule_id: uuid.UUID | None,
-    trigger_id: int | None,
+    trigger_id: uuid.UUID | None,
     url: str,
     payload: dict[str, Any],
     now: datetime,
