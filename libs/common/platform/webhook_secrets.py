@@ -47,11 +47,7 @@ class RotateWebhookSecret(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
 
 def webhook_secret(conn: Connection[Any], project_id: uuid.UUID, *, now: datetime) -> WebhookSecret:
     """The project's signing secret, and the end of the overlap of the one it replaced (if running)."""
-    with conn.cursor(row_factory=class_row(WebhookSecret)) as cur:
-        found = cur.execute(QUERIES["webhook_secret"], {"project_id": project_id, "now": now}).fetchone()
-    if found is None:
-        raise NotFound("project not found", field="project_id")
-    return found
+    return _secret(conn, "webhook_secret", {"project_id": project_id, "now": now})
 
 
 def rotate_webhook_secret(
@@ -64,10 +60,7 @@ def rotate_webhook_secret(
         "until": now + overlap,
         "now": now,
     }
-    with conn.cursor(row_factory=class_row(WebhookSecret)) as cur:
-        rotated = cur.execute(QUERIES["rotate_webhook_secret"], params).fetchone()
-    if rotated is None:
-        raise NotFound("project not found", field="project_id")
+    rotated = _secret(conn, "rotate_webhook_secret", params)
     overlapping = "overlap" if rotated.previous_valid_until is not None else "immediate"
     extra = {
         "project_id": str(project_id),
@@ -82,3 +75,12 @@ def rotate_webhook_secret(
 
     after_commit(conn, Observe("webhook secret rotation", observe))
     return rotated
+
+
+def _secret(conn: Connection[Any], query: str, params: dict[str, Any]) -> WebhookSecret:
+    """The project's secret as ``query`` returns it (NotFound: no such project)."""
+    with conn.cursor(row_factory=class_row(WebhookSecret)) as cur:
+        row = cur.execute(QUERIES[query], params).fetchone()
+    if row is None:
+        raise NotFound("project not found", field="project_id")
+    return row
