@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import io
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,3 +90,15 @@ def test_the_skipped_contacts_of_the_api_and_the_dashboard_are_neutralised(
     page = app_client.get(f"/app/bulk/{job.json()['id']}/skipped.csv")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/csv")
     assert list(csv.reader(io.StringIO(page.text, newline=""))) == expected
+
+
+def test_every_csv_the_product_writes_goes_through_the_helper() -> None:
+    # the one helper is the only csv writer under libs/ and services/, and whatever serves text/csv uses it
+    root = Path(__file__).resolve().parent.parent
+    helper = root / "libs" / "common" / "core" / "csv_export.py"
+    sources = [path for top in ("libs", "services") for path in (root / top).rglob("*.py")]
+    writers = [p for p in sources if re.search(r"csv\.(writer|DictWriter)\(", p.read_text()) and p != helper]
+    assert writers == []
+    exports = [p for p in sources if "text/csv" in p.read_text()]
+    assert exports, "no CSV export found: the check looks in the wrong place"
+    assert [p for p in exports if "csv_chunks(" not in p.read_text()] == []
