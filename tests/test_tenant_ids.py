@@ -12,6 +12,7 @@ from litestar.testing import TestClient
 from libs.common.core.runtime import Runtime
 from tests.bulk_helpers import as_project
 from tests.conftest import Project
+from tests.delayed_rule_helpers import PENDING, change_status, fire, new_conversation, set_time
 from tests.helpers import rows
 from tests.rule_helpers import create_rule, post_event, process
 from tests.rule_trigger_helpers import new_contact
@@ -81,3 +82,31 @@ def _numbers(value: Any) -> set[int]:
     if isinstance(value, list):
         return set().union(*(_numbers(v) for v in value)) if value else set()
     return set()
+
+
+def test_a_delayed_rules_webhook_names_its_trigger_by_the_public_id(
+    client: TestClient[Any], runtime: Runtime, project: Project
+) -> None:
+    # Given a rule that posts a webhook 4 hours after a conversation went Pending
+    set_time(runtime, "2030-01-07T09:00")
+    rule = create_rule(client, "conversation.updated", HOOK, PENDING, execution_delay_minutes=240)
+    conversation = new_conversation(client)
+    set_time(runtime, "2030-01-07T10:00")
+    change_status(client, conversation, "pending")
+    process(runtime)
+
+    # When its time comes
+    set_time(runtime, "2030-01-07T14:00")
+    assert fire(runtime).claimed == 1
+
+    # Then the delivery and its body name the trigger that opened the episode by its public id
+    [(public,)] = rows(
+        runtime.pool,
+        "SELECT t.public_id FROM rule_pending_executions e JOIN followup_triggers t ON t.id = e.trigger_id"
+        " WHERE e.project_id = %s AND e.rule_id = %s",
+        project.id,
+        uuid.UUID(rule),
+    )
+    [delivery] = client.get("/v1/webhook-deliveries").json()["items"]
+    assert _random_uuid(delivery["trigger_id"]) == public
+    assert _random_uuid(delivery["payload"]["trigger_id"]) == public
