@@ -25,8 +25,8 @@ While a rotation of the secret overlaps (``libs.common.platform.webhook_secrets`
 lists one signature per valid secret, the new one first: ``sha256=<by the new>, sha256=<by the old>``.
 A receiver checks the signatures over the body bytes exactly as received, with :func:`verify_signature` or
 its equivalent (any one that matches its secret verifies), and should reject timestamps too far from its
-own clock (a replayed request). A delivery is
-at least once: a receiver deduplicates on ``X-Followups-Delivery``.
+own clock (a replayed request). A delivery is at least once: a receiver deduplicates on
+``X-Followups-Delivery``.
 """
 
 from __future__ import annotations
