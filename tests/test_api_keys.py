@@ -228,6 +228,7 @@ def test_each_scope_grants_what_it_says_and_a_403_names_the_missing_scope(client
         ("GET", "/v1/api-keys", None, {"admin"}),
         ("POST", "/v1/api-keys", {"name": "k", "scope": "read"}, {"admin"}),
         ("GET", "/v1/webhook-deliveries/secret", None, {"admin"}),
+        ("POST", "/v1/webhook-deliveries/secret/rotate", {"overlap_seconds": 60}, {"admin"}),
         ("POST", "/v1/events", event, {"admin", "write", "events"}),
         ("POST", "/v1/send-lane/claim", claim, {"admin", "write", "events"}),
     ]
@@ -260,7 +261,7 @@ def test_every_v1_route_authenticates_and_needs_a_scope(api_app: Litestar) -> No
     }
     assert set(table) == v1 and len(v1) > 50
     for (method, path), needed in table.items():
-        if path.startswith("/v1/api-keys") or path == "/v1/webhook-deliveries/secret":
+        if path.startswith(("/v1/api-keys", "/v1/webhook-deliveries/secret")):
             assert needed == "admin", (method, path)
         elif path in ("/v1/events", "/v1/send-lane/claim"):
             assert needed == "events", (method, path)

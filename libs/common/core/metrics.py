@@ -59,6 +59,12 @@ WEBHOOK_DELIVERIES: Final = Counter(
     "Webhook delivery attempts of rules, by outcome (delivered, retry: will be retried, failed: given up).",
     ["outcome"],
 )
+WEBHOOK_SECRET_ROTATIONS: Final = Counter(
+    "followups_webhook_secret_rotations_total",
+    "Webhook signing secrets rotated, by kind (overlap: the old one signs too until the overlap ends;"
+    " immediate: it ended at once).",
+    ["kind"],
+)
 AI_REQUESTS: Final = Counter(
     "whatstig_ai_requests_total",
     "Model requests, by kind and outcome.",

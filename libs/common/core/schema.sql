@@ -396,6 +396,7 @@ CREATE TABLE public.followup_triggers (
     last_error text,
     processed_at timestamp with time zone,
     outcome text,
+    public_id uuid DEFAULT gen_random_uuid() NOT NULL,
     CONSTRAINT followup_triggers_outcome_check CHECK ((outcome = ANY (ARRAY['processed'::text, 'failed'::text])))
 );
 
@@ -505,8 +506,11 @@ CREATE TABLE public.projects (
     max_active_enrollments integer,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     webhook_secret text DEFAULT replace(((gen_random_uuid())::text || (gen_random_uuid())::text), '-'::text, ''::text) NOT NULL,
+    webhook_secret_previous text,
+    webhook_secret_previous_until timestamp with time zone,
     CONSTRAINT projects_max_active_enrollments_check CHECK ((max_active_enrollments >= 0)),
-    CONSTRAINT projects_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200)))
+    CONSTRAINT projects_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT projects_webhook_secret_previous_check CHECK (((webhook_secret_previous IS NULL) = (webhook_secret_previous_until IS NULL)))
 );
 
 -- Name: rule_pending_executions; Type: TABLE
@@ -588,7 +592,6 @@ CREATE TABLE public.webhook_deliveries (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
     project_id uuid NOT NULL,
     rule_id uuid,
-    trigger_id bigint,
     url text NOT NULL,
     payload jsonb NOT NULL,
     status text DEFAULT 'pending'::text NOT NULL,
@@ -599,6 +602,7 @@ CREATE TABLE public.webhook_deliveries (
     created_at timestamp with time zone NOT NULL,
     delivered_at timestamp with time zone,
     updated_at timestamp with time zone NOT NULL,
+    trigger_id uuid,
     CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])))
 );
 

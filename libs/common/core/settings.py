@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from libs.common.contracts.limits import MAX_SECRET_OVERLAP_SECONDS
+
 Check = Callable[[Any], "str | None"]
 
 
@@ -73,6 +75,7 @@ class FollowupSettings(_Settings):
 class RuleSettings(_Settings):
     sweep_interval_seconds: float = 1.0
     execution_stale_after_seconds: float = 86400.0
+    webhook_secret_overlap_seconds: int = 86400
 
 
 class AiSettings(_Settings):
@@ -207,6 +210,13 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             86400.0,
             "A delayed rule found more than this late (the workers were down) is skipped `expired`.",
         ),
+        Variable(
+            "WEBHOOK_SECRET_OVERLAP_SECONDS",
+            "webhook_secret_overlap_seconds",
+            86400,
+            "How long a rotated webhook secret still signs deliveries beside the new one, unless the"
+            " rotation gives `overlap_seconds` (0 to 604800).",
+        ),
     ),
     AiSettings: (
         Variable(
@@ -268,6 +278,11 @@ def _not_negative(value: Any) -> str | None:
     return None if value >= 0 else "must not be negative"
 
 
+def _overlap(value: Any) -> str | None:
+    ok = 0 <= value <= MAX_SECRET_OVERLAP_SECONDS
+    return None if ok else f"must be between 0 and {MAX_SECRET_OVERLAP_SECONDS} (a week)"
+
+
 def _port(value: Any) -> str | None:
     return None if 0 <= value <= 65535 else "must be a TCP port (0-65535)"
 
@@ -315,6 +330,7 @@ CHECKS: dict[str, Check] = {
     "FOLLOWUP_BACKOFF_MAX_SECONDS": _positive,
     "RULES_SWEEP_INTERVAL_SECONDS": _positive,
     "RULES_EXECUTION_STALE_AFTER_SECONDS": _positive,
+    "WEBHOOK_SECRET_OVERLAP_SECONDS": _overlap,
     "AI_BASE_URL": _prefix("http://", "https://"),
     "AI_TIMEOUT_SECONDS": _positive,
     "FOLLOWUP_AI_LEASE_MS": _positive,
