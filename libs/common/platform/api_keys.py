@@ -67,7 +67,7 @@ class ApiKey(msgspec.Struct, kw_only=True, frozen=True):
     id: uuid.UUID
     name: str
     prefix: str
-    scope: str
+    scope: Scope
     created_at: datetime
     last_used_at: datetime | None
     expires_at: datetime | None
