@@ -235,3 +235,232 @@ def test_a_new_runtime_starts_with_empty_tables(runtime: Runtime) -> None:
     first = limits.tables(runtime)
     assert limits.tables(runtime) is first
     assert limits.tables(with_api(runtime)) is not first
+
+
+# --- deadlines over real sockets ---------------------------------------------------------------------------
+
+DEADLINES = {"header_timeout_seconds": 0.5, "body_timeout_seconds": 0.5}
+
+
+def test_connections_that_sent_half_a_header_are_closed_at_the_header_deadline(runtime: Runtime) -> None:
+    with serving(runtime, **DEADLINES) as address:
+        connections = [connect(address) for _ in range(50)]
+        for conn in connections:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\nX-Slow: ")
+        # each read returns once the server closed the connection (nothing answered: no request was asked)
+        assert [read_all(conn) for conn in connections] == [b""] * 50
+        for conn in connections:
+            conn.close()
+        # a connection that opened and sent nothing is closed the same
+        with closing(connect(address)) as idle:
+            assert read_all(idle) == b""
+
+
+def test_a_second_request_late_with_its_headers_is_closed_after_the_first_is_answered(
+    runtime: Runtime,
+) -> None:
+    with serving(runtime, **DEADLINES) as address, closing(connect(address)) as conn:
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+        first = b""
+        while b"\r\n\r\n" not in first or not first.endswith(b'"ok"}'):
+            first += conn.recv(65_536)
+        assert first.startswith(b"HTTP/1.1 200 ")
+        conn.sendall(b"GET /health HTTP/1.1\r\nHo")
+        assert read_all(conn) == b""
+
+
+def test_a_request_that_sent_half_its_body_is_answered_408_and_closed_at_the_body_deadline(
+    runtime: Runtime, project: Project
+) -> None:
+    head = (
+        "POST /v1/contacts HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {project.api_key}\r\nContent-Length: 100\r\n\r\n"
+    ).encode()
+    with serving(runtime, **DEADLINES) as address:
+        connections = [connect(address) for _ in range(20)]
+        for conn in connections:
+            conn.sendall(head + b'{"phone": "+1415')
+        answers = [read_all(conn) for conn in connections]
+        for conn in connections:
+            conn.close()
+        for answer in answers:
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+            body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+            assert body["status"] == 408 and body["title"] == "Request timeout", body
+        # and on a route that never reads its body (the body deadline runs after the answer too)
+        with closing(connect(address)) as conn:
+            conn.sendall(b"POST /nowhere HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\n{")
+            answer = read_all(conn)
+        assert answer.startswith(b"HTTP/1.1 404 ") or answer.startswith(b"HTTP/1.1 405 "), answer[:200]
+
+
+def test_a_request_in_time_is_served_over_a_kept_alive_connection(runtime: Runtime, project: Project) -> None:
+    with serving(runtime, header_timeout_seconds=5, body_timeout_seconds=5) as (host, port):
+        with httpx.Client(base_url=f"http://{host}:{port}", headers=project.headers) as client:
+            created = client.post("/v1/contacts", json={"phone": "+14155550123"})
+            assert created.status_code in (200, 201), created.text
+            assert [client.get("/v1/contacts").status_code for _ in range(5)] == [200] * 5
+
+
+# --- the client address: the socket's peer, X-Forwarded-For from trusted proxies only ----------------------
+
+
+def _wrong_key_statuses(address: tuple[str, int], forwarded_for: str, count: int) -> list[int]:
+    request = (
+        f"GET /v1/contacts HTTP/1.1\r\nHost: test\r\nConnection: close\r\nX-Forwarded-For: {forwarded_for}"
+        f"\r\nAuthorization: Bearer fu_{uuid.uuid4().hex}\r\n\r\n"
+    ).encode()
+    return [raw_status(address, request) for _ in range(count)]
+
+
+def test_x_forwarded_for_names_the_client_only_behind_a_trusted_proxy(runtime: Runtime) -> None:
+    with serving(runtime, auth_failures_per_minute=3, trusted_proxies="127.0.0.1") as address:
+        assert _wrong_key_statuses(address, "203.0.113.7", 4) == [401, 401, 401, 429]
+        # another client behind the same proxy has its own allowance
+        assert _wrong_key_statuses(address, "198.51.100.1, 203.0.113.8", 3) == [401, 401, 401]
+    with serving(runtime, auth_failures_per_minute=3) as address:
+        # untrusted: every forwarded address is the one peer, 127.0.0.1
+        statuses = [_wrong_key_statuses(address, f"203.0.113.{n}", 1)[0] for n in range(4)]
+        assert statuses == [401, 401, 401, 429]
+
+
+# --- no 500 on any header value ----------------------------------------------------------------------------
+
+ODD_VALUES = [
+    b"",
+    b" ",
+    b"\x00",
+    b"\x01\x02\x7f",
+    b"\xff\xfe\xfd",
+    "é😀".encode(),
+    b"a\rb",
+    b"a\nb",
+    b"a\r\nX-Injected: 1",
+    b"\t\t",
+    b"%00%0d%0a",
+    b"=" * 10,
+    b";;;,,,",
+    b'"',
+    b"x" * 60_000,
+    b"Bearer",
+    b"Bearer ",
+    b"Bearer \xff\xfe",
+    b"Bearer " + b"k" * 50_000,
+    b"Basic Zm9vOmJhcg==",
+    b"bearer\tfu_x",
+    b"a=b; c; =d; followups_session=\xff; followups_csrf=",
+    b"multipart/form-data; boundary=",
+    b"multipart/form-data; boundary=\xff",
+    b"application/json; charset=nonsense",
+    b"application/x-www-form-urlencoded; charset=\xff",
+    b"text/plain; ;;",
+    b"999.999.999.999, ::ffff:zz, unknown",
+    b"-1",
+    b"18446744073709551616",
+]
+HEADERS = [
+    b"Authorization",
+    b"Cookie",
+    b"Content-Type",
+    b"X-Forwarded-For",
+    b"Accept",
+    b"Accept-Encoding",
+    b"Host",
+    b"If-None-Match",
+    b"Origin",
+    b"Referer",
+    b"User-Agent",
+    b"X-CSRF-Token",
+    b"HX-Request",
+    b"Range",
+    b"Content-Encoding",
+    b"Transfer-Encoding",
+]
+ROUTES = [
+    (b"GET", b"/v1/contacts", b""),
+    (b"POST", b"/v1/contacts", b'{"phone": "+14155550123"}'),
+    (b"GET", b"/health", b""),
+    (b"GET", b"/metrics", b""),
+    (b"GET", b"/app/sign-in", b""),
+    (b"POST", b"/app/sign-in", b"api_key=x&_csrf=y"),
+    (b"GET", b"/app/sequences", b""),
+    (b"GET", b"/schema/openapi.json", b""),
+]
+
+
+def test_no_header_value_is_answered_500(runtime: Runtime, project: Project) -> None:
+    seen: dict[int, int] = {}
+    with serving(runtime, auth_failures_per_minute=100_000, signin_failures_per_minute=100_000) as address:
+        for method, path, body in ROUTES:
+            for name in HEADERS:
+                for value in ODD_VALUES:
+                    headers = [
+                        b"Host: test",
+                        b"Connection: close",
+                        f"Content-Length: {len(body)}".encode(),
+                    ]
+                    if name != b"Authorization":
+                        headers.append(f"Authorization: Bearer {project.api_key}".encode())
+                    if name != b"Content-Type" and body:
+                        kind = (
+                            b"application/json"
+                            if body.startswith(b"{")
+                            else b"application/x-www-form-urlencoded"
+                        )
+                        headers.append(b"Content-Type: " + kind)
+                    headers = [h for h in headers if not h.lower().startswith(name.lower() + b":")]
+                    headers.append(name + b": " + value)
+                    request = (
+                        method + b" " + path + b" HTTP/1.1\r\n" + b"\r\n".join(headers) + b"\r\n\r\n" + body
+                    )
+                    status = raw_status(address, request)
+                    seen[status] = seen.get(status, 0) + 1
+                    assert status < 500, (method, path, name, value[:80], status)
+    assert 400 in seen and 401 in seen and 200 in seen, seen  # the values reached the handlers too
+
+
+# --- /metrics: behind METRICS_TOKEN, or on a port of its own ----------------------------------------------
+
+METRICS_TOKEN = "m" * 12 + uuid.uuid4().hex
+
+
+def test_metrics_need_the_token_when_one_is_set(api_app: Litestar, runtime: Runtime) -> None:
+    with limited_client(api_app, runtime, metrics_token=METRICS_TOKEN) as client:
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get("/metrics", headers={"Authorization": f"Basic {METRICS_TOKEN}"}).status_code == 401
+        served = client.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+        assert served.status_code == 200
+        assert "followups_api_throttled_total" in served.text
+    with limited_client(api_app, runtime) as client:  # no token: public, as before
+        assert client.get("/metrics").status_code == 200
+
+
+def test_wrong_metrics_tokens_count_as_wrong_keys(api_app: Litestar, runtime: Runtime) -> None:
+    with limited_client(api_app, runtime, metrics_token=METRICS_TOKEN, auth_failures_per_minute=2) as client:
+        for _ in range(2):
+            assert client.get("/metrics", headers={"Authorization": "Bearer guess"}).status_code == 401
+        assert_429(client.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}))
+
+
+def _free_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_metrics_on_their_own_port_are_not_on_the_api_port(api_app: Litestar, runtime: Runtime) -> None:
+    port = _free_port()
+    with limited_client(api_app, runtime, metrics_port=port) as client:
+        assert client.get("/metrics").status_code == 404
+        serve_metrics(port)  # what `followups api` starts with API_METRICS_PORT set
+        exposed = wait_until(lambda: _metrics_text(port), what="metrics served on their port")
+        assert "followups_api_throttled_total" in exposed
+
+
+def _metrics_text(port: int) -> str | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except httpx.TransportError:
+        return None
