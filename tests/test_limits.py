@@ -14,7 +14,7 @@ import json
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from datetime import timedelta
 from typing import Any
@@ -30,6 +30,7 @@ from prometheus_client import REGISTRY
 from followups.runner import serve_metrics
 from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
+from libs.common.core.settings import Settings, SettingsError
 from services.api import server
 from services.api.app import create_app
 from services.api.limits import Limits, Rate
@@ -295,11 +296,13 @@ def test_a_request_that_sent_half_its_body_is_answered_408_and_closed_at_the_bod
 
 
 def test_a_request_in_time_is_served_over_a_kept_alive_connection(runtime: Runtime, project: Project) -> None:
-    with serving(runtime, header_timeout_seconds=5, body_timeout_seconds=5) as (host, port):
-        with httpx.Client(base_url=f"http://{host}:{port}", headers=project.headers) as client:
-            created = client.post("/v1/contacts", json={"phone": "+14155550123"})
-            assert created.status_code in (200, 201), created.text
-            assert [client.get("/v1/contacts").status_code for _ in range(5)] == [200] * 5
+    with (
+        serving(runtime, header_timeout_seconds=5, body_timeout_seconds=5) as (host, port),
+        httpx.Client(base_url=f"http://{host}:{port}", headers=project.headers) as client,
+    ):
+        created = client.post("/v1/contacts", json={"phone": "+14155550123"})
+        assert created.status_code in (200, 201), created.text
+        assert [client.get("/v1/contacts").status_code for _ in range(5)] == [200] * 5
 
 
 # --- the client address: the socket's peer, X-Forwarded-For from trusted proxies only ----------------------
@@ -388,6 +391,21 @@ ROUTES = [
 ]
 
 
+def test_no_forwarded_for_value_is_answered_500_behind_a_trusted_proxy(
+    runtime: Runtime, project: Project
+) -> None:
+    with serving(runtime, trusted_proxies="127.0.0.1", auth_failures_per_minute=100_000) as address:
+        for value in [*ODD_VALUES, b"[::1", b"[::1]:x", b"1.2.3.4:99999", b"::1, , ,", b"unknown:0"]:
+            for path in (b"/v1/contacts", b"/health"):
+                request = (
+                    b"GET " + path + b" HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
+                    b"Authorization: Bearer " + project.api_key.encode() + b"\r\n"
+                    b"X-Forwarded-For: " + value + b"\r\n\r\n"
+                )
+                status = raw_status(address, request)
+                assert status < 500, (path, value[:80], status)
+
+
 def test_no_header_value_is_answered_500(runtime: Runtime, project: Project) -> None:
     seen: dict[int, int] = {}
     with serving(runtime, auth_failures_per_minute=100_000, signin_failures_per_minute=100_000) as address:
@@ -464,3 +482,35 @@ def _metrics_text(port: int) -> str | None:
         return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
     except httpx.TransportError:
         return None
+
+
+# --- settings ----------------------------------------------------------------------------------------------
+
+
+def test_the_limits_settings_are_read_and_checked() -> None:
+    settings = Settings.from_env(
+        {
+            "API_KEY_REQUESTS_PER_MINUTE": "0",
+            "API_TRUSTED_PROXIES": "10.0.0.1, 192.168.0.0/16, ::1",
+            "API_HEADER_TIMEOUT_SECONDS": "2.5",
+            "METRICS_TOKEN": METRICS_TOKEN,
+            "API_METRICS_PORT": "9400",
+        }
+    ).api
+    assert settings.key_requests_per_minute == 0
+    assert settings.trusted_proxies == "10.0.0.1, 192.168.0.0/16, ::1"
+    assert settings.header_timeout_seconds == 2.5
+    assert (settings.metrics_token, settings.metrics_port) == (METRICS_TOKEN, 9400)
+    for name, value in [
+        ("API_TRUSTED_PROXIES", "proxy.internal"),
+        ("API_SIGNIN_FAILURES_PER_MINUTE", "0"),
+        ("API_KEY_REQUESTS_PER_MINUTE", "-1"),
+        ("API_LIMITER_MAX_ENTRIES", "0"),
+        ("API_BODY_TIMEOUT_SECONDS", "0"),
+        ("API_METRICS_PORT", "70000"),
+    ]:
+        with pytest.raises(SettingsError, match=name):
+            Settings.from_env({name: value})
+    with pytest.raises(SettingsError, match="METRICS_TOKEN") as error:
+        Settings.from_env({"METRICS_TOKEN": "short-secret"})
+    assert "short-secret" not in str(error.value)

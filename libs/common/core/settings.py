@@ -7,6 +7,7 @@ README's configuration table (a test keeps the two in step). A malformed value r
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -355,6 +356,19 @@ def _one_of(*choices: str) -> Check:
     return check
 
 
+def _addresses(value: Any) -> str | None:
+    """``*``, or comma-separated IP addresses and networks."""
+    items = [item.strip() for item in str(value).split(",")]
+    if items == ["*"]:
+        return None
+    for item in items:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            return f"{item!r} is not an IP address or network (or use *)"
+    return None
+
+
 #: Checks per variable, beyond the type conversion.
 CHECKS: dict[str, Check] = {
     "DATABASE_URL": _prefix("postgresql://", "postgres://"),
@@ -369,6 +383,7 @@ CHECKS: dict[str, Check] = {
     "API_AUTH_FAILURES_PER_MINUTE": _positive,
     "API_KEY_REQUESTS_PER_MINUTE": _not_negative,
     "API_LIMITER_MAX_ENTRIES": _positive,
+    "API_TRUSTED_PROXIES": _addresses,
     "API_HEADER_TIMEOUT_SECONDS": _positive,
     "API_BODY_TIMEOUT_SECONDS": _positive,
     "METRICS_TOKEN": _min_length(16),
