@@ -474,7 +474,7 @@ def test_metrics_on_their_own_port_are_not_on_the_api_port(api_app: Litestar, ru
         assert client.get("/metrics").status_code == 404
         serve_metrics(port)  # what `followups api` starts with API_METRICS_PORT set
         exposed = wait_until(lambda: _metrics_text(port), what="metrics served on their port")
-        assert "followups_api_throttled_total" in exposed
+        assert exposed is not None and "followups_api_throttled_total" in exposed
 
 
 def _metrics_text(port: int) -> str | None:
