@@ -103,8 +103,11 @@ def connect(address: tuple[str, int]) -> socket.socket:
 def read_all(conn: socket.socket) -> bytes:
     """Everything the server sends until it closes the connection."""
     data = b""
-    while chunk := conn.recv(65_536):
-        data += chunk
+    try:
+        while chunk := conn.recv(65_536):
+            data += chunk
+    except ConnectionResetError:  # closed while data of ours was unread: closed all the same
+        pass
     return data
 
 
@@ -245,11 +248,13 @@ DEADLINES = {"header_timeout_seconds": 0.5, "body_timeout_seconds": 0.5}
 
 def test_connections_that_sent_half_a_header_are_closed_at_the_header_deadline(runtime: Runtime) -> None:
     with serving(runtime, **DEADLINES) as address:
-        connections = [connect(address) for _ in range(50)]
-        for conn in connections:
+        connections = []
+        for _ in range(350):  # as many as the issue found still open after 30 s
+            conn = connect(address)
             conn.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\nX-Slow: ")
+            connections.append(conn)
         # each read returns once the server closed the connection (nothing answered: no request was asked)
-        assert [read_all(conn) for conn in connections] == [b""] * 50
+        assert [read_all(conn) for conn in connections] == [b""] * 350
         for conn in connections:
             conn.close()
         # a connection that opened and sent nothing is closed the same
@@ -278,9 +283,11 @@ def test_a_request_that_sent_half_its_body_is_answered_408_and_closed_at_the_bod
         f"Authorization: Bearer {project.api_key}\r\nContent-Length: 100\r\n\r\n"
     ).encode()
     with serving(runtime, **DEADLINES) as address:
-        connections = [connect(address) for _ in range(20)]
-        for conn in connections:
+        connections = []
+        for _ in range(100):
+            conn = connect(address)
             conn.sendall(head + b'{"phone": "+1415')
+            connections.append(conn)
         answers = [read_all(conn) for conn in connections]
         for conn in connections:
             conn.close()
