@@ -36,7 +36,7 @@ from services.api.app import create_app
 from services.api.limits import Limits, Rate
 from services.api.problems import PROBLEM_JSON
 from tests.conftest import Project, client_of
-from tests.helpers import wait_until
+from tests.helpers import followups, wait_until
 
 # --- helpers -----------------------------------------------------------------------------------------------
 
@@ -521,3 +521,38 @@ def test_the_limits_settings_are_read_and_checked() -> None:
     with pytest.raises(SettingsError, match="METRICS_TOKEN") as error:
         Settings.from_env({"METRICS_TOKEN": "short-secret"})
     assert "short-secret" not in str(error.value)
+
+
+# --- `followups api` serves with all of it ----------------------------------------------------------------
+
+
+def _answers(url: str) -> httpx.Response | None:
+    try:
+        return httpx.get(url, timeout=2)
+    except httpx.TransportError:
+        return None
+
+
+def test_followups_api_serves_with_the_deadlines_and_the_metrics_port(db_url: str, amqp_url: str) -> None:
+    port, metrics_port = _free_port(), _free_port()
+    env = {
+        "DATABASE_URL": db_url,
+        "AMQP_URL": amqp_url,
+        "API_PORT": str(port),
+        "API_HEADER_TIMEOUT_SECONDS": "0.5",
+        "API_METRICS_PORT": str(metrics_port),
+        "LOG_JSON": "true",
+    }
+    api = followups("api", env=env)
+    try:
+        health = wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), timeout=30, what="api up")
+        assert health is not None and health.status_code == 200
+        with closing(connect(("127.0.0.1", port))) as conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: te")
+            assert read_all(conn) == b""
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 404
+        exposed = wait_until(lambda: _metrics_text(metrics_port), what="metrics on their port")
+        assert exposed is not None and "followups_api_throttled_total" in exposed
+    finally:
+        api.stop()
+    assert "connection closed: request headers late" in api.output, api.output
