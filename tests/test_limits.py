@@ -13,6 +13,7 @@ import hashlib
 import json
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -300,6 +301,27 @@ def test_a_request_that_sent_half_its_body_is_answered_408_and_closed_at_the_bod
             conn.sendall(b"POST /nowhere HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\n{")
             answer = read_all(conn)
         assert answer.startswith(b"HTTP/1.1 404 ") or answer.startswith(b"HTTP/1.1 405 "), answer[:200]
+
+
+def test_a_body_sent_after_its_answer_ends_the_body_deadline(runtime: Runtime) -> None:
+    """A request may be answered before its body is read (a method the path does not take is 405); the
+    body that follows completes it, and the connection then awaits the next request's headers."""
+    head = (
+        b"POST /health HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: 27\r\n\r\n"
+    )
+    with (
+        serving(runtime, header_timeout_seconds=30, body_timeout_seconds=0.5) as address,
+        closing(connect(address)) as conn,
+    ):
+        conn.sendall(head)
+        answer = b""
+        while not answer.endswith(b"}"):
+            answer += conn.recv(65_536)
+        assert answer.startswith(b"HTTP/1.1 405 "), answer
+        conn.sendall(b'{"phone": "+14155550123"}\r\n')
+        time.sleep(1)  # past the body deadline: it must no longer run
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        assert read_all(conn).startswith(b"HTTP/1.1 200 ")
 
 
 def test_a_request_in_time_is_served_over_a_kept_alive_connection(runtime: Runtime, project: Project) -> None:

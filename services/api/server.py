@@ -95,32 +95,42 @@ class DeadlineProtocol(H11Protocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def _sending_body(self) -> bool:
+        """The client is still sending the current request's body (h11's view of it)."""
+        return self.conn.their_state is h11.SEND_BODY
+
     def handle_events(self) -> None:
         before = self.cycle
         super().handle_events()
         cycle = self.cycle
         if cycle is not None and cycle is not before:  # a request's headers are complete
-            self._disarm()
-            if cycle.more_body:
+            if self._sending_body():
                 self._arm("body")
-        elif cycle is not None and not cycle.more_body and self._awaiting == "body":
-            self._disarm()  # its body is complete: the handler takes the time it needs
+            else:
+                self._disarm()
+        elif self._awaiting == "body" and not self._sending_body():
+            # the body is complete: the handler takes the time it needs; if it has answered already
+            # (before reading the body), the next request's headers are awaited
+            if cycle is not None and cycle.response_complete:
+                self._arm("headers")
+            else:
+                self._disarm()
 
     def on_response_complete(self) -> None:
-        if self.cycle is None or not self.cycle.more_body:  # else the body deadline still runs
+        if not self._sending_body():  # else the body deadline still runs
             self._arm("headers")
         super().on_response_complete()
 
     def _headers_late(self) -> None:
-        self._deadline = None
+        self._deadline, self._awaiting = None, None
         if not self.transport.is_closing():
             self.logger.info("connection closed: request headers late", extra={"client": self.client})
             self.transport.close()
 
     def _body_late(self) -> None:
-        self._deadline = None
+        self._deadline, self._awaiting = None, None
         cycle = self.cycle
-        if self.transport.is_closing() or cycle is None or not cycle.more_body:
+        if self.transport.is_closing() or cycle is None or not self._sending_body():
             return
         self.logger.info("connection closed: request body late", extra={"client": self.client})
         if not cycle.response_started:
