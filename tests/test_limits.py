@@ -346,14 +346,16 @@ def _wrong_key_statuses(address: tuple[str, int], forwarded_for: str, count: int
 
 
 def test_x_forwarded_for_names_the_client_only_behind_a_trusted_proxy(runtime: Runtime) -> None:
-    with serving(runtime, auth_failures_per_minute=3, trusted_proxies="127.0.0.1") as address:
+    # the default trusts a proxy on the same host (the test's peer is 127.0.0.1)
+    with serving(runtime, auth_failures_per_minute=3) as address:
         assert _wrong_key_statuses(address, "203.0.113.7", 4) == [401, 401, 401, 429]
         # another client behind the same proxy has its own allowance
         assert _wrong_key_statuses(address, "198.51.100.1, 203.0.113.8", 3) == [401, 401, 401]
-    with serving(runtime, auth_failures_per_minute=3) as address:
-        # untrusted: every forwarded address is the one peer, 127.0.0.1
-        statuses = [_wrong_key_statuses(address, f"203.0.113.{n}", 1)[0] for n in range(4)]
-        assert statuses == [401, 401, 401, 429]
+    for untrusted in ("none", "192.0.2.1"):
+        with serving(runtime, auth_failures_per_minute=3, trusted_proxies=untrusted) as address:
+            # every forwarded address is the one peer, 127.0.0.1
+            statuses = [_wrong_key_statuses(address, f"203.0.113.{n}", 1)[0] for n in range(4)]
+            assert statuses == [401, 401, 401, 429], untrusted
 
 
 # --- no 500 on any header value ----------------------------------------------------------------------------
@@ -423,7 +425,7 @@ ROUTES = [
 def test_no_forwarded_for_value_is_answered_500_behind_a_trusted_proxy(
     runtime: Runtime, project: Project
 ) -> None:
-    with serving(runtime, trusted_proxies="127.0.0.1", auth_failures_per_minute=100_000) as address:
+    with serving(runtime, auth_failures_per_minute=100_000) as address:  # a trusted peer by default
         for value in [*ODD_VALUES, b"[::1", b"[::1]:x", b"1.2.3.4:99999", b"::1, , ,", b"unknown:0"]:
             for path in (b"/v1/contacts", b"/health"):
                 request = (
@@ -532,6 +534,7 @@ def test_the_limits_settings_are_read_and_checked() -> None:
     assert (settings.metrics_token, settings.metrics_port) == (METRICS_TOKEN, 9400)
     for name, value in [
         ("API_TRUSTED_PROXIES", "proxy.internal"),
+        ("API_TRUSTED_PROXIES", "none, 10.0.0.1"),
         ("API_SIGNIN_FAILURES_PER_MINUTE", "0"),
         ("API_KEY_REQUESTS_PER_MINUTE", "-1"),
         ("API_LIMITER_MAX_ENTRIES", "0"),

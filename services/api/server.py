@@ -15,7 +15,7 @@ connection (and, for a body, the handler awaiting it) for as long as it likes. :
 Both are per connection, in the event loop; the limits of whole processes (connections, rates) are the
 reverse proxy's (docs/operations.md, Limits). :func:`config` builds the uvicorn configuration that the CLI
 and ``followups dev`` run; it also decides whose ``X-Forwarded-For`` names the client
-(``API_TRUSTED_PROXIES``; nobody's by default, unlike uvicorn's default of 127.0.0.1).
+(``API_TRUSTED_PROXIES``: by default a proxy on the same host, as uvicorn's own default; ``none``: nobody).
 """
 
 from __future__ import annotations
@@ -43,15 +43,16 @@ class ServerConfig(uvicorn.Config):
 
 def config(app: Any, settings: ApiSettings, *, host: str, port: int, **options: Any) -> ServerConfig:
     """The uvicorn configuration of the API ``app`` under ``settings`` (deadlines, trusted proxies)."""
-    proxies = settings.trusted_proxies
+    proxies = [p.strip() for p in settings.trusted_proxies.split(",") if p.strip()]
+    trusted = proxies not in ([], ["none"])
     return ServerConfig(
         app,
         host=host,
         port=port,
         header_timeout=settings.header_timeout_seconds,
         body_timeout=settings.body_timeout_seconds,
-        proxy_headers=proxies is not None,
-        forwarded_allow_ips=[p.strip() for p in proxies.split(",") if p.strip()] if proxies else None,
+        proxy_headers=trusted,
+        forwarded_allow_ips=proxies if trusted else None,
         log_config=None,
         **options,
     )

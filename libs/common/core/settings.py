@@ -58,7 +58,7 @@ class ApiSettings(_Settings):
     auth_failures_per_minute: int = 30
     key_requests_per_minute: int = 6000
     limiter_max_entries: int = 100_000
-    trusted_proxies: str | None = None
+    trusted_proxies: str = "127.0.0.1,::1"
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 60.0
     metrics_token: str | None = None
@@ -177,9 +177,10 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
         Variable(
             "API_TRUSTED_PROXIES",
             "trusted_proxies",
-            None,
-            "Comma-separated addresses or networks of reverse proxies whose `X-Forwarded-For` names the"
-            " client (`*`: any). Unset: the client is the socket's peer and `X-Forwarded-For` is ignored.",
+            "127.0.0.1,::1",
+            "Comma-separated addresses or networks of reverse proxies whose `X-Forwarded-For` (and"
+            " `X-Forwarded-Proto`) name the client (`*`: any; `none`: nobody, the client is the socket's"
+            " peer). The default trusts only a proxy on the same host, as uvicorn does.",
         ),
         Variable(
             "API_HEADER_TIMEOUT_SECONDS",
@@ -357,9 +358,9 @@ def _one_of(*choices: str) -> Check:
 
 
 def _addresses(value: Any) -> str | None:
-    """``*``, or comma-separated IP addresses and networks."""
+    """``*``, ``none``, or comma-separated IP addresses and networks."""
     items = [item.strip() for item in str(value).split(",")]
-    if items == ["*"]:
+    if items in (["*"], ["none"]):
         return None
     for item in items:
         try:
