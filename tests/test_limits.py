@@ -351,6 +351,8 @@ def test_x_forwarded_for_names_the_client_only_behind_a_trusted_proxy(runtime: R
         assert _wrong_key_statuses(address, "203.0.113.7", 4) == [401, 401, 401, 429]
         # another client behind the same proxy has its own allowance
         assert _wrong_key_statuses(address, "198.51.100.1, 203.0.113.8", 3) == [401, 401, 401]
+        # what a client wrote in front of the address its proxy appended is not taken
+        assert _wrong_key_statuses(address, "198.51.100.99, 203.0.113.7", 1) == [429]
     for untrusted in ("none", "192.0.2.1"):
         with serving(runtime, auth_failures_per_minute=3, trusted_proxies=untrusted) as address:
             # every forwarded address is the one peer, 127.0.0.1
