@@ -393,6 +393,9 @@ ODD_VALUES = [
     b"999.999.999.999, ::ffff:zz, unknown",
     b"-1",
     b"18446744073709551616",
+    b"websocket",
+    b"100-continue",
+    b"https",
 ]
 HEADERS = [
     b"Authorization",
@@ -411,6 +414,9 @@ HEADERS = [
     b"Range",
     b"Content-Encoding",
     b"Transfer-Encoding",
+    b"Upgrade",
+    b"Expect",
+    b"X-Forwarded-Proto",
 ]
 ROUTES = [
     (b"GET", b"/v1/contacts", b""),

@@ -53,6 +53,7 @@ def config(app: Any, settings: ApiSettings, *, host: str, port: int, **options: 
         body_timeout=settings.body_timeout_seconds,
         proxy_headers=trusted,
         forwarded_allow_ips=proxies if trusted else None,
+        ws="none",  # no route is a WebSocket: an upgrade request is answered as plain HTTP
         log_config=None,
         **options,
     )
