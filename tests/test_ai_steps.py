@@ -150,6 +150,7 @@ class Counts:
         "ai_timeout",
         "ai_budget_exhausted",
         "ai_unavailable",
+        "ai_policy",
     )
 
     def __init__(self) -> None:
@@ -745,7 +746,7 @@ def test_the_customers_words_reach_the_model_only_as_quoted_data(
     }
     assert client.post("/v1/events", json=event).status_code == 201
     clock.advance(timedelta(minutes=5))
-    step = ai_step(goal="Close the sale", contact_attributes=["plan"])
+    step = ai_step(goal="Close the sale", contact_attributes=["plan"], variables=["quote"])
     sequence = ai_sequence(pool, project.id, step)
     enrollment = make_enrollment(pool, clock, project.id, sequence, contact_id, variables={"quote": "Q-17"})
     due = lease_one(runtime, enrollment)
