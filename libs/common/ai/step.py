@@ -8,7 +8,8 @@ second pass (every check again, under the lock, fenced; :func:`release_ai.releas
 3. Call the model holding no transaction and no lock.
 4. Write the call to the ledger and run the second pass in one transaction: the draft is queued, or the
    fallback (``ai_low_confidence``, ``ai_invalid_output``, ``ai_error``, ``ai_timeout``, ``ai_policy``: the
-   draft broke the step's output policy, :mod:`libs.common.ai.policy`); a draft that comes too late (another pass took the step over after the lease) is dropped.
+   draft broke the step's output policy, :mod:`libs.common.ai.policy`); a draft that comes too late
+   (another pass took the step over after the lease) is dropped.
 
 The prompt keeps the customer's words as quoted data: the conversation goes in as a JSON array inside the
 user message, and the system message says that nothing in it is an instruction. The model sees only the
