@@ -30,7 +30,7 @@ from libs.common.core.settings import DatabaseSettings, Settings, SettingsError
 from libs.common.followups.definition import MAX_AI_DOMAINS, MAX_AI_VARIABLES, AiStep, SkipFallback
 from libs.common.followups.transitions import Enrollment
 from tests.conftest import Project
-from tests.dashboard_helpers import field_error
+from tests.dashboard_helpers import add_step, draft_of_steps, errors_on, field_error, make_sequence_via_form
 from tests.factories import make_contact, make_enrollment
 from tests.helpers import rows
 from tests.test_ai_steps import (
@@ -453,3 +453,68 @@ def test_the_lists_of_an_ai_step_round_trip_and_unknown_names_are_fine(client: T
     [version] = client.get(f"/v1/sequences/{sequence_id}/versions").json()["items"]
     [step] = version["definition"]["steps"]
     assert {name: step[name] for name in lists} == lists
+
+
+# --- the step's lists in the dashboard's step form
+
+
+def test_the_dashboard_step_form_edits_an_ai_steps_lists_and_keeps_them(
+    signed_in: tuple[TestClient[Any], str], runtime: Runtime
+) -> None:
+    client, token = signed_in
+    sequence_id = make_sequence_via_form(client, token, "Coupons")
+    lists = {
+        "variables": "first_name\ncoupon",
+        "private": "coupon",
+        "contact_attributes": "plan",
+        "allowed_domains": "shop.example",
+    }
+    ai = {"kind": "ai", "instructions": "Offer the coupon", "fallback.kind": "skip"}
+    add_step(client, token, sequence_id, **ai, **lists)
+    [step] = draft_of_steps(runtime.pool, sequence_id)
+    stored = {name: step[name] for name in lists}
+    assert stored == {name: value.split("\n") for name, value in lists.items()}
+
+    # the edit form shows them, and saving it unchanged keeps them
+    edit = client.get(f"/app/sequences/{sequence_id}/steps/0").text
+    assert "first_name\ncoupon</textarea>" in edit and "shop.example</textarea>" in edit
+    saved = client.post(
+        f"/app/sequences/{sequence_id}/steps/0",
+        data={"_csrf": token, "timing": "wait", "wait_value": "0", "wait_unit": "hours", "_op": "save"}
+        | ai
+        | lists,
+        follow_redirects=False,
+    )
+    assert saved.status_code == 303, errors_on(saved.text)
+    [step] = draft_of_steps(runtime.pool, sequence_id)
+    assert {name: step[name] for name in lists} == stored
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("variables", "first_name\n2nd", "a variable's name"),
+        ("private", "vars.coupon", "a variable's name"),
+        ("allowed_domains", "https://shop.example", "a domain name in lowercase"),
+    ],
+)
+def test_a_bad_name_in_the_step_form_is_shown_next_to_its_list(
+    signed_in: tuple[TestClient[Any], str], runtime: Runtime, name: str, value: str, message: str
+) -> None:
+    client, token = signed_in
+    sequence_id = make_sequence_via_form(client, token, "Coupons")
+    data = {
+        "_csrf": token,
+        "kind": "ai",
+        "instructions": "Offer the coupon",
+        "fallback.kind": "skip",
+        "timing": "wait",
+        "wait_value": "0",
+        "wait_unit": "hours",
+        "_op": "save",
+        name: value,
+    }
+    response = client.post(f"/app/sequences/{sequence_id}/steps/new", data=data)
+    assert response.status_code == 422
+    assert message in field_error(response.text, name)
+    assert draft_of_steps(runtime.pool, sequence_id) == []

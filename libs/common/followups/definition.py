@@ -184,10 +184,16 @@ def decode_definition(raw: Any, field: str = "definition") -> Definition:
     try:
         return msgspec.convert(raw, Definition)
     except msgspec.ValidationError as exc:
-        message, _, path = str(exc).partition(" - at `")
-        message = next((v for k, v in _PATTERN_MEANING.items() if message.endswith(f"regex {k!r}")), message)
+        message, _, path = explained(exc).partition(" - at `")
         where = ".".join(part for part in (field, _field_path(path.rstrip("`"))) if part)
         raise InvalidInput(f"{where}: {message}", field=where) from None
+
+
+def explained(exc: msgspec.ValidationError) -> str:
+    """msgspec's message, with a value that does not match a pattern of this module said in words."""
+    message, at, path = str(exc).partition(" - at `")
+    message = next((v for k, v in _PATTERN_MEANING.items() if message.endswith(f"regex {k!r}")), message)
+    return message + at + path
 
 
 def _steps_field(field: str) -> str:
