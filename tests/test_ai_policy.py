@@ -251,6 +251,7 @@ def test_with_nothing_listed_an_obedient_model_has_nothing_to_leak(obedient: Obe
         ("Hi Ana, any news on the quote?", [], None),
         ("Prices from 3.50 to 12.99, e.g. the 2.0 plan, at 9 a.m.", [], None),
         ("Visit evil.example", [], Violation("host", "evil.example")),
+        ("Click here...evil.example!", [], Violation("host", "evil.example")),
         ("Visit http://EVIL.example:8080/x", ["shop.example"], Violation("host", "evil.example")),
         ("Mail ops@evil.example", ["shop.example"], Violation("host", "evil.example")),
         ("Go to ftp://203.0.113.9/file", ["shop.example"], Violation("host", "203.0.113.9")),

@@ -31,9 +31,10 @@ _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://([^\s/?#<>\"'()\[\]{}]*(?:\[[^\]\s
 #: Dots as IDNA reads them (the ideographic and full-width ones too).
 _DOT = "[.\u3002\uff0e\uff61]"
 _LABEL = r"[^\W_](?:[\w-]{0,61}[^\W_])?"
-#: A bare host name: labels, then a top-level label of letters (or an ``xn--`` one), not inside a word.
+#: A bare host name: labels, then a top-level label of letters (or an ``xn--`` one), not inside a word
+#: (nor starting at a later label of a longer name: each name is tried once, in time linear in its length).
 _NAME = re.compile(
-    rf"(?<![\w-])((?:{_LABEL}{_DOT})+(?:[^\W\d_]{{2,63}}|xn--[a-z0-9-]{{1,59}}))(?![\w-]|{_DOT}[^\W_])",
+    rf"(?<![\w-])(?<![^\W_]{_DOT})((?:{_LABEL}{_DOT})+(?:[^\W\d_]{{2,63}}|xn--[a-z0-9-]{{1,59}}))(?![\w-]|{_DOT}[^\W_])",
     re.IGNORECASE,
 )
 _NOT_ALNUM = re.compile(r"[\W_]+")
