@@ -320,6 +320,7 @@ def test_the_dashboard_refuses_a_budget_above_the_cap_next_to_its_field(
     client, token = signed_in
     page = client.get("/app/settings").text
     assert f"caps a project at {CAP} tokens a month" in page
+    assert f"Tokens used this month: 0 of {CAP}" in page  # no budget of its own: the cap
 
     response = client.post("/app/settings", data=settings_form(token, ai_monthly_token_budget=str(CAP + 1)))
 

@@ -114,7 +114,7 @@ def run_step(
             return None
         step = version_definition(conn, context["version_id"]).steps[due.step_index]
         assert isinstance(step, AiStep)
-        budget = project_settings.ai_token_budget(
+        budget = project_settings.ai_token_budget(  # the operator's cap is an AI setting: the client's
             project_settings.get_settings(conn, due.project_id).ai_monthly_token_budget,
             client.settings.max_monthly_tokens_per_project if client is not None else None,
         )
