@@ -440,12 +440,13 @@ def test_the_lists_of_an_ai_step_round_trip_and_unknown_names_are_fine(client: T
 # --- the step's lists in the dashboard's step form
 
 
-def test_the_dashboard_step_form_edits_an_ai_steps_lists_and_keeps_them(
+def test_the_dashboard_step_form_edits_what_an_ai_step_shows_the_model_and_keeps_it(
     signed_in: tuple[TestClient[Any], str], runtime: Runtime
 ) -> None:
     client, token = signed_in
     sequence_id = make_sequence_via_form(client, token, "Coupons")
     lists = {
+        "history_messages": "0",
         "variables": "first_name\ncoupon",
         "private": "coupon",
         "contact_attributes": "plan",
@@ -455,11 +456,18 @@ def test_the_dashboard_step_form_edits_an_ai_steps_lists_and_keeps_them(
     add_step(client, token, sequence_id, **ai, **lists)
     [step] = draft_of_steps(runtime.pool, sequence_id)
     stored = {name: step[name] for name in lists}
-    assert stored == {name: value.split("\n") for name, value in lists.items()}
+    assert stored == {
+        "history_messages": 0,
+        "variables": ["first_name", "coupon"],
+        "private": ["coupon"],
+        "contact_attributes": ["plan"],
+        "allowed_domains": ["shop.example"],
+    }
 
     # the edit form shows them, and saving it unchanged keeps them
     edit = client.get(f"/app/sequences/{sequence_id}/steps/0").text
     assert "first_name\ncoupon</textarea>" in edit and "shop.example</textarea>" in edit
+    assert 'name="history_messages" value="0"' in edit
     saved = client.post(
         f"/app/sequences/{sequence_id}/steps/0",
         data={"_csrf": token, "timing": "wait", "wait_value": "0", "wait_unit": "hours", "_op": "save"}
@@ -478,6 +486,7 @@ def test_the_dashboard_step_form_edits_an_ai_steps_lists_and_keeps_them(
         ("variables", "first_name\n2nd", "a variable's name"),
         ("private", "vars.coupon", "a variable's name"),
         ("allowed_domains", "https://shop.example", "a domain name in lowercase"),
+        ("history_messages", "51", "<= 50"),
     ],
 )
 def test_a_bad_name_in_the_step_form_is_shown_next_to_its_list(

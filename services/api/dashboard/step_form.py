@@ -20,7 +20,15 @@ import msgspec
 from libs.common.followups.definition import AiStep, MessageStep, Step, TemplateFallback, explained
 from libs.common.followups.send_window import WEEKDAYS
 from libs.common.followups.templates import RenderContext, TemplateError, render_message
-from services.api.dashboard.forms import SECOND_UNITS, Form, FormErrors, join_delay, lines, split_delay
+from services.api.dashboard.forms import (
+    SECOND_UNITS,
+    Form,
+    FormErrors,
+    join_delay,
+    lines,
+    split_delay,
+    whole_number,
+)
 
 KINDS = [("message", "Message"), ("ai", "AI-written message")]
 TIMINGS = [("wait", "After a wait"), ("anchor", "Relative to the anchor (a reminder)")]
@@ -69,6 +77,7 @@ class StepForm:
     fallback_kind: str = "template"
     fallback_text: str = ""
     min_confidence: str = "0.5"
+    history_messages: str = "10"
     timing: str = "wait"
     wait_value: str = ""
     wait_unit: str = "hours"
@@ -106,6 +115,7 @@ class StepForm:
         else:
             out.kind, out.instructions, out.goal = "ai", step.instructions, step.goal or ""
             out.min_confidence = str(step.min_confidence)
+            out.history_messages = str(step.history_messages)
             out.ai_lists = {name: "\n".join(getattr(step, name)) for name in AI_LISTS}
             if isinstance(step.fallback, TemplateFallback):
                 out.fallback_kind, out.fallback_text = "template", step.fallback.text
@@ -144,6 +154,7 @@ class StepForm:
             fallback_kind=form.get("fallback.kind") or "template",
             fallback_text=form.get("fallback.text"),
             min_confidence=form.get("min_confidence"),
+            history_messages=form.get("history_messages"),
             timing=form.get("timing") or "wait",
             wait_value=form.get("wait_value"),
             wait_unit=form.get("wait_unit") or "hours",
@@ -175,6 +186,8 @@ class StepForm:
                 else {"kind": "skip"}
             )
             out |= {name: lines(self.ai_lists.get(name, "")) for name in AI_LISTS}
+            history = whole_number(self.history_messages, "history_messages", errors)
+            out["history_messages"] = 10 if history is None else history
             confidence = self.min_confidence.strip() or "0.5"
             try:
                 out["min_confidence"] = float(confidence)
