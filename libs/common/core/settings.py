@@ -96,6 +96,8 @@ class AiSettings(_Settings):
     concurrency: int = 16
     prompt_price_per_million: float = 0.0
     completion_price_per_million: float = 0.0
+    #: The operator's cap on any project's monthly tokens (None: no cap).
+    max_monthly_tokens_per_project: int | None = None
 
 
 class LogSettings(_Settings):
@@ -317,6 +319,14 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             0.0,
             "Price of a million completion tokens: the ledger's cost of each call.",
         ),
+        Variable(
+            "AI_MAX_MONTHLY_TOKENS_PER_PROJECT",
+            "max_monthly_tokens_per_project",
+            None,
+            "The operator's cap on the model tokens any one project's AI steps use in a calendar month (UTC):"
+            " a project's `ai_monthly_token_budget` may not exceed it, and an unset budget means the cap."
+            " Unset: no cap (a project's budget, if any, is the only limit).",
+        ),
     ),
     LogSettings: (
         Variable("LOG_LEVEL", "level", "INFO", "DEBUG, INFO, WARNING or ERROR."),
@@ -421,10 +431,19 @@ CHECKS: dict[str, Check] = {
     "AI_CONCURRENCY": _positive,
     "AI_PROMPT_PRICE_PER_MILLION": _not_negative,
     "AI_COMPLETION_PRICE_PER_MILLION": _not_negative,
+    "AI_MAX_MONTHLY_TOKENS_PER_PROJECT": _positive,
     "LOG_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
 }
 
-_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "str | None": str, "bool | None": bool}
+_TYPES = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str | None": str,
+    "bool | None": bool,
+    "int | None": int,
+}
 
 
 #: Variables whose value may hold a secret: an error shows them with the secret masked.
