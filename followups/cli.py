@@ -267,9 +267,11 @@ def _print_keys(keys: Sequence[ApiKey]) -> None:
 def _run_api(runtime: Runtime, *, host: str, port: int) -> int:
     import uvicorn
 
+    from services.api import server
     from services.api.app import create_app
 
-    uvicorn.run(create_app(runtime), host=host, port=port, log_config=None)
+    serve_metrics(runtime.settings.api.metrics_port)
+    uvicorn.Server(server.config(create_app(runtime), runtime.settings.api, host=host, port=port)).run()
     runtime.invalidator.stop()
     runtime.pool.close()
     return 0

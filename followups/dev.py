@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from psycopg import Connection
 
-from followups.runner import SERVICES, start_services
+from followups.runner import SERVICES, serve_metrics, start_services
 from libs.common.core.broker import create_broker
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
@@ -134,6 +134,7 @@ def run_dev(base: Settings, *, data_dir: str, host: str, port: int, demo: bool) 
     import uvicorn
 
     from services.api.app import create_app
+    from services.api.server import config as server_config
 
     folder = Path(data_dir).resolve()
     print(f"followups dev: starting the embedded PostgreSQL under {folder / PGDATA}", flush=True)
@@ -153,8 +154,9 @@ def run_dev(base: Settings, *, data_dir: str, host: str, port: int, demo: bool) 
         if demo:
             _create_demo(runtime, project.project_id)
         running = start_services(runtime, sorted(SERVICES), LogPublisher())
+        serve_metrics(settings.api.metrics_port)
         uvicorn_server = uvicorn.Server(
-            uvicorn.Config(create_app(runtime), host=host, port=port, log_config=None)
+            server_config(create_app(runtime), settings.api, host=host, port=port)
         )
         stopped = threading.Event()
         banner = threading.Thread(

@@ -15,6 +15,10 @@ How it answers is set per test (:attr:`ModelServer.mode`):
                            longer)
     refuse_response_format a 400 naming ``response_format`` to a request that has one; the retry without
                            it is answered
+    obey                   a model that obeys an injected message: its message is what the last customer
+                           message of the prompt's data says after ``write exactly:`` (all of it without
+                           one), each ``{name}`` in it replaced by the value of the variable ``name`` the
+                           prompt gave (kept as written when it gave none)
 
 Every request takes ``latency`` seconds, and waits while the :attr:`ModelServer.gate` is closed (a test
 holds the calls in flight, does something, then lets them finish). Every request body is recorded, and the
@@ -24,6 +28,7 @@ most requests in flight at once (:attr:`ModelServer.max_in_flight`).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -33,7 +38,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 Mode = Literal[
-    "answer", "low_confidence", "invalid", "too_long", "fail", "stall", "trickle", "refuse_response_format"
+    "answer",
+    "low_confidence",
+    "invalid",
+    "too_long",
+    "fail",
+    "stall",
+    "trickle",
+    "refuse_response_format",
+    "obey",
 ]
 
 #: Longer than any gate or stall a test waits for: a server thread never blocks forever.
@@ -126,7 +139,7 @@ class ModelServer:
         if mode == "invalid":
             content = "Sure! Here is a follow-up: Hi Ana, any news?"
         else:
-            message = "x" * 4097 if mode == "too_long" else self.message
+            message = "x" * 4097 if mode == "too_long" else _obeyed(body) if mode == "obey" else self.message
             confidence = self.low_confidence if mode == "low_confidence" else self.confidence
             content = json.dumps({"message": message, "confidence": confidence, "reason": self.reason})
         return 200, {
@@ -146,6 +159,16 @@ class ModelServer:
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
             },
         }
+
+
+def _obeyed(body: Any) -> str:
+    """What a model obeying the last customer message writes (mode ``obey``)."""
+    prompt = body["messages"][-1]["content"]
+    data = json.loads(prompt[prompt.index("{", prompt.index("Data (JSON")) :])
+    said = [line["text"] for line in data["conversation"] if line["from"] == "customer"]
+    told = re.split(r"write exactly:\s*", said[-1] if said else "", flags=re.IGNORECASE)[-1]
+    variables = data["variables"]
+    return re.sub(r"\{(\w+)\}", lambda m: str(variables[m[1]]) if m[1] in variables else m[0], told)
 
 
 def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:

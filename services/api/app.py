@@ -9,7 +9,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from libs.common.core.runtime import Runtime
-from services.api import openapi, scopes
+from services.api import limits, openapi, scopes
 from services.api.body import MAX_BODY_BYTES, StrictRequest
 from services.api.dashboard import dashboard_router
 from services.api.deps import project_id
@@ -56,7 +56,9 @@ def create_app(runtime: Runtime) -> Litestar:
         exception_handlers=EXCEPTION_HANDLERS,
         request_class=StrictRequest,
         request_max_body_size=MAX_BODY_BYTES,
-        state=State({"runtime": runtime}),
+        state=State({"runtime": runtime, **limits.state()}),
+        middleware=[limits.middleware],  # throttling, before any handler (services.api.limits)
+        before_send=[limits.observe],
         on_startup=[size_request_threads],
         openapi_config=OpenAPIConfig(
             title="followups",

@@ -112,6 +112,12 @@ API_AUTH_REFUSALS: Final = Counter(
     ["reason"],
 )
 
+API_THROTTLED: Final = Counter(
+    "followups_api_throttled_total",
+    "Requests the API refused with 429, by limit (signin_failures, auth_failures, key_requests).",
+    ["limit"],
+)
+
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
 

@@ -7,6 +7,7 @@ README's configuration table (a test keeps the two in step). A malformed value r
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -56,6 +57,15 @@ class ApiSettings(_Settings):
     threads: int = 100
     dashboard_secret: str | None = None
     dashboard_session_seconds: int = 43_200
+    signin_failures_per_minute: int = 10
+    auth_failures_per_minute: int = 30
+    key_requests_per_minute: int = 6000
+    limiter_max_entries: int = 100_000
+    trusted_proxies: str = "127.0.0.1,::1"
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 60.0
+    metrics_token: str | None = None
+    metrics_port: int = 0
 
 
 class WorkerSettings(_Settings):
@@ -87,6 +97,8 @@ class AiSettings(_Settings):
     concurrency: int = 16
     prompt_price_per_million: float = 0.0
     completion_price_per_million: float = 0.0
+    #: The operator's cap on any project's monthly tokens (None: no cap).
+    max_monthly_tokens_per_project: int | None = None
 
 
 class LogSettings(_Settings):
@@ -148,6 +160,67 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             43_200,
             "How long a dashboard session lasts after signing in (12 hours); it ends sooner at sign-out or"
             " when its API key is revoked or expires.",
+        ),
+        Variable(
+            "API_SIGNIN_FAILURES_PER_MINUTE",
+            "signin_failures_per_minute",
+            10,
+            "Failed dashboard sign-ins one client address may make a minute (then 429 with `Retry-After`;"
+            " docs/operations.md, Limits).",
+        ),
+        Variable(
+            "API_AUTH_FAILURES_PER_MINUTE",
+            "auth_failures_per_minute",
+            30,
+            "Requests with a wrong bearer key (401) one client address may make a minute; then its bearer"
+            " requests are 429.",
+        ),
+        Variable(
+            "API_KEY_REQUESTS_PER_MINUTE",
+            "key_requests_per_minute",
+            6000,
+            "Requests one API key may make a minute, in bursts of as many (0: no limit); then 429.",
+        ),
+        Variable(
+            "API_LIMITER_MAX_ENTRIES",
+            "limiter_max_entries",
+            100_000,
+            "Addresses or keys each limit remembers at most (the oldest is forgotten first).",
+        ),
+        Variable(
+            "API_TRUSTED_PROXIES",
+            "trusted_proxies",
+            "127.0.0.1,::1",
+            "Comma-separated addresses or networks of reverse proxies whose `X-Forwarded-For` (and"
+            " `X-Forwarded-Proto`) name the client (`*`: any; `none`: nobody, the client is the socket's"
+            " peer). The default trusts only a proxy on the same host, as uvicorn does.",
+        ),
+        Variable(
+            "API_HEADER_TIMEOUT_SECONDS",
+            "header_timeout_seconds",
+            10.0,
+            "Longest a connection may take to send a request's headers (from its opening or its previous"
+            " response); then it is closed.",
+        ),
+        Variable(
+            "API_BODY_TIMEOUT_SECONDS",
+            "body_timeout_seconds",
+            60.0,
+            "Longest a request may take to send its body after its headers; then 408 and the connection is"
+            " closed.",
+        ),
+        Variable(
+            "METRICS_TOKEN",
+            "metrics_token",
+            None,
+            "When set, the API's `/metrics` needs `Authorization: Bearer <token>` (16 characters or more).",
+        ),
+        Variable(
+            "API_METRICS_PORT",
+            "metrics_port",
+            0,
+            "When set, the API serves its Prometheus metrics on this port instead of `/metrics` of"
+            " `API_PORT` (0: on `/metrics`).",
         ),
     ),
     WorkerSettings: (
@@ -254,6 +327,14 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             0.0,
             "Price of a million completion tokens: the ledger's cost of each call.",
         ),
+        Variable(
+            "AI_MAX_MONTHLY_TOKENS_PER_PROJECT",
+            "max_monthly_tokens_per_project",
+            None,
+            "The operator's cap on the model tokens any one project's AI steps use in a calendar month (UTC):"
+            " a project's `ai_monthly_token_budget` may not exceed it, and an unset budget means the cap."
+            " Unset: no cap (a project's budget, if any, is the only limit).",
+        ),
     ),
     LogSettings: (
         Variable("LOG_LEVEL", "level", "INFO", "DEBUG, INFO, WARNING or ERROR."),
@@ -309,6 +390,19 @@ def _one_of(*choices: str) -> Check:
     return check
 
 
+def _addresses(value: Any) -> str | None:
+    """``*``, ``none``, or comma-separated IP addresses and networks."""
+    items = [item.strip() for item in str(value).split(",")]
+    if items in (["*"], ["none"]):
+        return None
+    for item in items:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            return f"{item!r} is not an IP address or network (or use *)"
+    return None
+
+
 #: Checks per variable, beyond the type conversion.
 CHECKS: dict[str, Check] = {
     "DATABASE_URL": _prefix("postgresql://", "postgres://"),
@@ -320,6 +414,15 @@ CHECKS: dict[str, Check] = {
     "API_THREADS": _positive,
     "DASHBOARD_SECRET": _min_length(32),
     "DASHBOARD_SESSION_SECONDS": _positive,
+    "API_SIGNIN_FAILURES_PER_MINUTE": _positive,
+    "API_AUTH_FAILURES_PER_MINUTE": _positive,
+    "API_KEY_REQUESTS_PER_MINUTE": _not_negative,
+    "API_LIMITER_MAX_ENTRIES": _positive,
+    "API_TRUSTED_PROXIES": _addresses,
+    "API_HEADER_TIMEOUT_SECONDS": _positive,
+    "API_BODY_TIMEOUT_SECONDS": _positive,
+    "METRICS_TOKEN": _min_length(16),
+    "API_METRICS_PORT": _port,
     "WORKER_POLL_INTERVAL_SECONDS": _positive,
     "WORKER_IDLE_MAX_SLEEP_SECONDS": _positive,
     "WORKER_THREADS": _positive,
@@ -337,15 +440,24 @@ CHECKS: dict[str, Check] = {
     "AI_CONCURRENCY": _positive,
     "AI_PROMPT_PRICE_PER_MILLION": _not_negative,
     "AI_COMPLETION_PRICE_PER_MILLION": _not_negative,
+    "AI_MAX_MONTHLY_TOKENS_PER_PROJECT": _positive,
     "LOG_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
 }
 
-_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "str | None": str, "bool | None": bool}
+_TYPES = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str | None": str,
+    "bool | None": bool,
+    "int | None": int,
+}
 
 
 #: Variables whose value may hold a secret: an error shows them with the secret masked.
 _SECRET_URLS = frozenset({"DATABASE_URL", "AMQP_URL", "AI_BASE_URL"})
-_SECRETS = frozenset({"AI_API_KEY", "DASHBOARD_SECRET"})
+_SECRETS = frozenset({"AI_API_KEY", "DASHBOARD_SECRET", "METRICS_TOKEN"})
 
 
 def _shown(name: str, raw: str) -> str:
