@@ -42,6 +42,16 @@ from tests.helpers import followups, wait_until
 # --- helpers -----------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def limits_on_the_test_clock(api_app: Litestar, clock: ManualClock) -> Iterator[None]:
+    """The shared app's limiter paced by the test's clock (in production: the monotonic clock), so a test
+    moves time past a Retry-After instead of sleeping through it."""
+    before = api_app.state.limits
+    api_app.state.limits = Limits(timer=lambda: clock.now().timestamp())
+    yield
+    api_app.state.limits = before
+
+
 def with_api(runtime: Runtime, **api: Any) -> Runtime:
     """``runtime`` with some of its API settings changed (same pool, broker and clock)."""
     settings = dataclasses.replace(runtime.settings, api=msgspec.structs.replace(runtime.settings.api, **api))

@@ -28,7 +28,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,15 +105,17 @@ class _Tables:
             Rate(api.key_requests_per_minute, size) if api.key_requests_per_minute else None,
         )
 
-    def now(self) -> float:
-        return self.runtime.clock.now().timestamp()
-
 
 class Limits:
-    """The limiter of one API app (kept in its state as ``limits``)."""
+    """The limiter of one API app (kept in its state as ``limits``).
 
-    def __init__(self) -> None:
+    It paces by ``timer`` (seconds), the process's monotonic clock by default: a limit is about how fast
+    requests really come, not about the runtime's clock of due times, which tests and simulations move
+    back and forth."""
+
+    def __init__(self, timer: Callable[[], float] = time.monotonic) -> None:
         self._tables: _Tables | None = None
+        self._timer = timer
 
     def tables(self, runtime: Runtime) -> _Tables:
         if self._tables is None or self._tables.runtime is not runtime:
@@ -121,7 +125,7 @@ class Limits:
     def refusal(self, scope: Scope) -> tuple[str, float] | None:
         """The limit a request is over and the seconds to wait, or None (a key's request then counted)."""
         tables = self.tables(_runtime_of(scope))
-        now, request = tables.now(), _Request.of(scope)
+        now, request = self._timer(), _Request.of(scope)
         if request.signs_in:
             wait = tables.signin_failures.wait(request.client, now)
             return (SIGNIN_FAILURES, wait) if wait else None
@@ -150,7 +154,7 @@ class Limits:
     def _fail(self, limit: str, scope: Scope, client: str) -> None:
         tables = self.tables(_runtime_of(scope))
         rate: Rate = getattr(tables, limit)
-        now = tables.now()
+        now = self._timer()
         was_free = rate.wait(client, now) == 0.0
         rate.charge(client, now)
         if was_free and rate.wait(client, now) > 0.0:
@@ -219,12 +223,13 @@ def middleware(app: ASGIApp) -> ASGIApp:
             if refused is not None:
                 limit, wait = refused
                 metrics.API_THROTTLED.labels(limit=limit).inc()
-                detail = f"too many requests ({limit.replace('_', ' ')}): retry after Retry-After seconds"
+                seconds = retry_after(wait)
+                detail = f"too many requests ({limit.replace('_', ' ')}): retry after {seconds} seconds"
                 body = msgspec.json.encode(problem_body(429, detail))
                 headers = [
                     (b"content-type", PROBLEM_JSON.encode()),
                     (b"content-length", str(len(body)).encode()),
-                    (b"retry-after", retry_after(wait).encode()),
+                    (b"retry-after", seconds.encode()),
                 ]
                 await send({"type": "http.response.start", "status": 429, "headers": headers})
                 await send({"type": "http.response.body", "body": body, "more_body": False})
