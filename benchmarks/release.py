@@ -91,7 +91,13 @@ def _seed(url: str, count: int, settings: dict[str, Any] | None = None) -> None:
         seed_history(conn, project_id, before=datetime.now(UTC))
         if settings is not None:
             with_numbers(conn, project_id, NUMBERS)
-            put_settings(conn, project_id, msgspec.convert(settings, ProjectSettings), now=datetime.now(UTC))
+            put_settings(
+                conn,
+                project_id,
+                msgspec.convert(settings, ProjectSettings),
+                now=datetime.now(UTC),
+                ai_token_cap=None,
+            )
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ANALYZE")
 

@@ -7,23 +7,29 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
+from psycopg_pool import ConnectionPool
 
-from followups.dev import DEFAULT_DATA_DIR, NoEmbeddedDatabase, embedded_database
+from followups.dev import DEFAULT_DATA_DIR, PROJECT_FILE, NoEmbeddedDatabase, embedded_database
 from followups.runner import SERVICES, serve_metrics, shutdown_requested, start_services
 from libs.common.core.broker import create_broker
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
-from libs.common.core.errors import InvalidInput
+from libs.common.core.errors import FollowupsError, InvalidInput
 from libs.common.core.invalidation import Invalidator
 from libs.common.core.logs import configure_logging
 from libs.common.core.migrate import migrate
 from libs.common.core.outbox import AmqpPublisher
 from libs.common.core.runtime import Runtime
 from libs.common.core.settings import LogSettings, Settings, SettingsError
+from libs.common.platform import api_keys
+from libs.common.platform.api_keys import SCOPES, ApiKey, ApiKeyCreate
 from libs.common.platform.projects import create_project
 
 log = logging.getLogger("followups")
@@ -79,7 +85,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="the data folder of `followups dev` (e.g. .followups): create the project in its embedded"
         " database, started for the moment if no `followups dev` runs on it (instead of DATABASE_URL)",
     )
+    _add_api_key_commands(commands)
     return parser
+
+
+_DATA_DIR_HELP = (
+    "the data folder of `followups dev` (e.g. .followups): use its embedded database, started for the"
+    " moment if no `followups dev` runs on it (instead of DATABASE_URL)"
+)
+
+
+def _add_api_key_commands(commands: Any) -> None:
+    """``followups api-key create|list|revoke``: a project's keys, as ``/v1/api-keys`` manages them."""
+    api_key = commands.add_parser(
+        "api-key",
+        help="create, list or revoke a project's API keys",
+        description="Manage a project's API keys in the database of DATABASE_URL, or with --data-dir in"
+        " the embedded database of `followups dev` (whose project is the default there).",
+    )
+    actions = api_key.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="create a key and print it (shown only here)")
+    listing = actions.add_parser("list", help="list the project's keys (never the keys themselves)")
+    revoke = actions.add_parser("revoke", help="revoke a key (not the project's last admin key)")
+    for action in (create, listing, revoke):
+        action.add_argument(
+            "--project", help="the project's id (default with --data-dir: the dev folder's project)"
+        )
+        action.add_argument("--data-dir", help=_DATA_DIR_HELP)
+    create.add_argument("--name", required=True, help="what the key is for")
+    create.add_argument("--scope", required=True, choices=SCOPES, help="what the key may do (docs/api.md)")
+    create.add_argument("--expires-at", help="when it stops working (RFC 3339, with a zone); default never")
+    revoke.add_argument("key_id", help="the id of the key (`followups api-key list` shows it)")
 
 
 def _log_settings(settings: Settings, command: str) -> LogSettings:
@@ -116,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "create-project":
         return _create_project(settings, args.name, timezone=args.timezone, data_dir=args.data_dir)
+    if args.command == "api-key":
+        return _api_key(settings, args)
     if not settings.broker.amqp_url:
         print(
             "followups: configuration error: AMQP_URL is required (use `followups dev` without RabbitMQ)",
@@ -135,16 +173,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run_worker(runtime, args.service)
 
 
-def _create_project(settings: Settings, name: str, *, timezone: str, data_dir: str | None) -> int:
-    """Create a project in DATABASE_URL's database, or in the embedded one of a ``followups dev`` data
-    folder; never in a default database nobody named."""
+@contextlib.contextmanager
+def _database(settings: Settings, command: str, data_dir: str | None) -> Iterator[ConnectionPool | None]:
+    """A pool on DATABASE_URL's database, or on the embedded one of a ``followups dev`` data folder; None
+    (the reason printed) when neither is named: never a default database nobody named."""
     if data_dir is None and not os.environ.get("DATABASE_URL"):
         print(
-            "followups: create-project needs a database: set DATABASE_URL, or pass --data-dir with the data"
+            f"followups: {command} needs a database: set DATABASE_URL, or pass --data-dir with the data"
             f" folder of `followups dev` (--data-dir {DEFAULT_DATA_DIR} unless it was given another)",
             file=sys.stderr,
         )
-        return 2
+        yield None
+        return
     with contextlib.ExitStack() as stack:
         database = settings.database
         if data_dir is not None:
@@ -152,9 +192,18 @@ def _create_project(settings: Settings, name: str, *, timezone: str, data_dir: s
                 url = stack.enter_context(embedded_database(Path(data_dir)))
             except NoEmbeddedDatabase as exc:
                 print(f"followups: {exc}", file=sys.stderr)
-                return 2
+                yield None
+                return
             database = msgspec.structs.replace(database, url=url, pool_min_size=1, pool_max_size=1)
-        pool = stack.enter_context(create_pool(database, name="followups-create-project"))
+        yield stack.enter_context(create_pool(database, name=f"followups-{command}"))
+
+
+def _create_project(settings: Settings, name: str, *, timezone: str, data_dir: str | None) -> int:
+    """Create a project in DATABASE_URL's database, or in the embedded one of a ``followups dev`` data
+    folder."""
+    with _database(settings, "create-project", data_dir) as pool:
+        if pool is None:
+            return 2
         try:
             with pool.connection() as conn:
                 project = create_project(conn, name, timezone=timezone)
@@ -165,12 +214,78 @@ def _create_project(settings: Settings, name: str, *, timezone: str, data_dir: s
     return 0
 
 
+def _api_key(settings: Settings, args: argparse.Namespace) -> int:
+    """``followups api-key create|list|revoke``: the same domain functions as ``/v1/api-keys``."""
+    try:
+        project_id = _project_of(args.project, args.data_dir)
+        with _database(settings, "api-key", args.data_dir) as pool:
+            if pool is None:
+                return 2
+            with pool.connection() as conn:
+                now = SYSTEM_CLOCK.now()
+                if args.action == "create":
+                    expires_at = _time(args.expires_at, "--expires-at") if args.expires_at else None
+                    data = ApiKeyCreate(name=args.name, scope=args.scope, expires_at=expires_at)
+                    created = api_keys.create_key(conn, project_id, data, now=now)
+                    print(f"api_key: {created.api_key}")
+                    _print_keys([created.key])
+                elif args.action == "list":
+                    _print_keys(api_keys.list_keys(conn, project_id, limit=10_000))
+                else:
+                    key_id = _uuid(args.key_id, "KEY_ID")
+                    _print_keys([api_keys.revoke_key(conn, project_id, key_id, now=now)])
+    except FollowupsError as exc:
+        print(f"followups: api-key {args.action}: {exc.message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _project_of(given: str | None, data_dir: str | None) -> uuid.UUID:
+    """``--project``, else the project of the ``followups dev`` data folder."""
+    if given is not None:
+        return _uuid(given, "--project")
+    if data_dir is None:
+        raise InvalidInput("--project is required (without --data-dir)", field="project")
+    try:
+        return _uuid((Path(data_dir) / PROJECT_FILE).read_text().strip(), "--project")
+    except FileNotFoundError:
+        raise InvalidInput(f"{data_dir} has no project yet: pass --project", field="project") from None
+
+
+def _uuid(text: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise InvalidInput(f"{what} must be an id (a UUID), not {text!r}", field=what) from None
+
+
+def _time(text: str, what: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(f"{what} must be an RFC 3339 time, not {text!r}", field=what) from None
+    if moment.tzinfo is None:
+        raise InvalidInput(f"{what} needs a zone (2031-01-01T00:00:00Z)", field=what)
+    return moment
+
+
+def _print_keys(keys: Sequence[ApiKey]) -> None:
+    """One line per key, tab-separated, under a header."""
+    columns = ("id", "name", "prefix", "scope", "created_at", "last_used_at", "expires_at", "revoked_at")
+    print("\t".join(columns))
+    for key in keys:
+        values = [getattr(key, column) for column in columns]
+        print("\t".join("-" if value is None else str(value) for value in values))
+
+
 def _run_api(runtime: Runtime, *, host: str, port: int) -> int:
     import uvicorn
 
+    from services.api import server
     from services.api.app import create_app
 
-    uvicorn.run(create_app(runtime), host=host, port=port, log_config=None)
+    serve_metrics(runtime.settings.api.metrics_port)
+    uvicorn.Server(server.config(create_app(runtime), runtime.settings.api, host=host, port=port)).run()
     runtime.invalidator.stop()
     runtime.pool.close()
     return 0

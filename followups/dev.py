@@ -26,6 +26,7 @@ import threading
 import uuid
 import warnings
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ import msgspec
 from psycopg import Connection
 
 from followups import local_model as local
-from followups.runner import SERVICES, start_services
+from followups.runner import SERVICES, serve_metrics, start_services
 from libs.common.core.broker import create_broker
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
@@ -46,8 +47,9 @@ from libs.common.core.settings import Settings
 from libs.common.followups.definition import Definition, MessageStep
 from libs.common.followups.enrollments import EnrollRequest, enroll
 from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
+from libs.common.platform.api_keys import ApiKeyCreate, authenticate, create_key
 from libs.common.platform.contacts import ContactFields, upsert_contact
-from libs.common.platform.projects import authenticate, create_api_key, create_project
+from libs.common.platform.projects import create_project
 
 if TYPE_CHECKING:
     import uvicorn
@@ -160,6 +162,7 @@ def _run_dev(
     import uvicorn
 
     from services.api.app import create_app
+    from services.api.server import config as server_config
 
     folder = Path(data_dir).resolve()
     print(f"followups dev: starting the embedded PostgreSQL under {folder / PGDATA}", flush=True)
@@ -179,8 +182,9 @@ def _run_dev(
         if demo:
             _create_demo(runtime, project.project_id)
         running = start_services(runtime, sorted(SERVICES), LogPublisher())
+        serve_metrics(settings.api.metrics_port)
         uvicorn_server = uvicorn.Server(
-            uvicorn.Config(create_app(runtime), host=host, port=port, log_config=None)
+            server_config(create_app(runtime), settings.api, host=host, port=port)
         )
         stopped = threading.Event()
         banner = threading.Thread(
@@ -273,14 +277,16 @@ def dev_project(runtime: Runtime, folder: Path) -> DevProject:
     with runtime.pool.connection() as conn:
         project_id = _stored_project(conn, project_file)
         if project_id is None:
-            project = create_project(conn, "dev")
+            project = create_project(conn, "dev", now=runtime.clock.now())
             _write_private(key_file, project.api_key)
             project_file.write_text(f"{project.project_id}\n")
             return DevProject(project.project_id, project.api_key, created=True, new_key=True)
-        api_key = _stored_key(conn, key_file, project_id)
+        api_key = _stored_key(conn, key_file, project_id, now=runtime.clock.now())
         if api_key is not None:
             return DevProject(project_id, api_key, created=False, new_key=False)
-        api_key = create_api_key(conn, project_id, name="dev")
+        api_key = create_key(
+            conn, project_id, ApiKeyCreate(name="dev", scope="admin"), now=runtime.clock.now()
+        ).api_key
         _write_private(key_file, api_key)
         return DevProject(project_id, api_key, created=False, new_key=True)
 
@@ -295,7 +301,7 @@ def _stored_project(conn: Connection[Any], project_file: Path) -> uuid.UUID | No
     return project_id
 
 
-def _stored_key(conn: Connection[Any], key_file: Path, project_id: uuid.UUID) -> str | None:
+def _stored_key(conn: Connection[Any], key_file: Path, project_id: uuid.UUID, *, now: datetime) -> str | None:
     """The stored API key when it still authenticates as the project."""
     try:
         api_key = key_file.read_text().strip()
@@ -303,7 +309,7 @@ def _stored_key(conn: Connection[Any], key_file: Path, project_id: uuid.UUID) ->
         return None
     key_file.chmod(0o600)  # in case it was copied or restored with looser permissions
     try:
-        return api_key if authenticate(conn, api_key) == project_id else None
+        return api_key if authenticate(conn, api_key, now=now).project_id == project_id else None
     except Unauthorized:
         return None
 

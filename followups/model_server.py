@@ -17,6 +17,10 @@ How it answers is set per test (:attr:`ModelServer.mode`):
                            it is answered
     refuse_json_schema     as the llama.cpp server: a 500 naming ``response_format`` to ``json_schema``,
                            ``json_object`` (with its ``schema``) answered
+    obey                   a model that obeys an injected message: its message is what the last customer
+                           message of the prompt's data says after ``write exactly:`` (all of it without
+                           one), each ``{name}`` in it replaced by the value of the variable ``name`` the
+                           prompt gave (kept as written when it gave none)
 
 Every request takes ``latency`` seconds, and waits while the :attr:`ModelServer.gate` is closed (a test
 holds the calls in flight, does something, then lets them finish). With :attr:`ModelServer.upstream` set
@@ -28,6 +32,7 @@ request body is recorded, and the most requests in flight at once (:attr:`ModelS
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -48,6 +53,7 @@ Mode = Literal[
     "trickle",
     "refuse_response_format",
     "refuse_json_schema",
+    "obey",
 ]
 
 #: Longer than any gate or stall a test waits for: a server thread never blocks forever.
@@ -162,7 +168,7 @@ class ModelServer:
         if mode == "invalid":
             content = "Sure! Here is a follow-up: Hi Ana, any news?"
         else:
-            message = "x" * 4097 if mode == "too_long" else self.message
+            message = "x" * 4097 if mode == "too_long" else _obeyed(body) if mode == "obey" else self.message
             confidence = self.low_confidence if mode == "low_confidence" else self.confidence
             content = json.dumps({"message": message, "confidence": confidence, "reason": self.reason})
         return 200, {
@@ -182,6 +188,16 @@ class ModelServer:
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
             },
         }
+
+
+def _obeyed(body: Any) -> str:
+    """What a model obeying the last customer message writes (mode ``obey``)."""
+    prompt = body["messages"][-1]["content"]
+    data = json.loads(prompt[prompt.index("{", prompt.index("Data (JSON")) :])
+    said = [line["text"] for line in data["conversation"] if line["from"] == "customer"]
+    told = re.split(r"write exactly:\s*", said[-1] if said else "", flags=re.IGNORECASE)[-1]
+    variables = data["variables"]
+    return re.sub(r"\{(\w+)\}", lambda m: str(variables[m[1]]) if m[1] in variables else m[0], told)
 
 
 def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:

@@ -399,7 +399,7 @@ def test_the_skipped_contacts_are_a_csv_with_their_reason(
         ["position", "contact_id", "phone", "reason"],
         ["2", opted, "", "opted_out"],
         ["3", unknown_id, "", "unknown_contact"],
-        ["5", "", unknown_phone, "unknown_contact"],
+        ["5", "", f"'{unknown_phone}", "unknown_contact"],
         ["6", "", "not a phone", "invalid_phone"],
     ]
 
@@ -424,5 +424,5 @@ def test_a_long_skipped_list_streams_whole(client: TestClient[Any], runtime: Run
     drain(runtime)
     lines = client.get(f"{BULK}/{job['id']}/skipped").text.splitlines()
     assert len(lines) == 3001
-    assert lines[1] == f"1,,{phones[0]},unknown_contact"
-    assert lines[-1] == f"3000,,{phones[-1]},unknown_contact"
+    assert lines[1] == f"1,,'{phones[0]},unknown_contact"
+    assert lines[-1] == f"3000,,'{phones[-1]},unknown_contact"

@@ -237,9 +237,50 @@ def test_keyboard_and_a_phone_screen(page: Page, project: Project) -> None:
     expect(page.locator("#f-actions-0-labels-error")).to_contain_text("labels has 1 to 20 items")
     # at 390 x 844 nothing is wider than the screen
     page.set_viewport_size(PHONE)
-    for path in ("/app/rules/new", "/app/sequences", "/app/settings", "/app/enrollments"):
+    for path in ("/app/rules/new", "/app/sequences", "/app/settings", "/app/enrollments", "/app/api-keys"):
         page.goto(path)
         width = page.evaluate("document.documentElement.scrollWidth")
         assert width <= PHONE["width"], (path, width)
     page.goto("/app/sequences")
     screenshot(page, "sequences-phone")
+
+
+def test_revoking_the_key_signs_the_browser_out_at_its_next_page(page: Page, project: Project) -> None:
+    # Given a browser signed in with a write key made for it
+    admin = {"Authorization": f"Bearer {project.api_key}"}
+    created = page.request.post("/v1/api-keys", data={"name": "laptop", "scope": "write"}, headers=admin)
+    assert created.status == 201, created.text()
+    key = created.json()
+    sign_in(page, Project(project.id, key["api_key"]))
+    page.get_by_role("link", name="Rules").first.click()
+    expect(page.get_by_role("heading", name="Rules", exact=True)).to_be_visible()
+    # When the key is revoked through the API
+    revoked = page.request.post(f"/v1/api-keys/{key['key']['id']}/revoke", headers=admin)
+    assert revoked.status == 200, revoked.text()
+    # Then the next page the browser loads is the sign-in, and back there it is still signed out
+    page.get_by_role("link", name="Sequences").first.click()
+    expect(page).to_have_url(re.compile(r".*/app/sign-in\?next=/app/sequences$"))
+    expect(page.get_by_label("API key")).to_be_visible()
+    page.go_back()
+    page.reload()
+    expect(page).to_have_url(re.compile(r".*/app/sign-in\?next=/app/rules$"))
+
+
+def test_create_a_key_see_it_once_and_revoke_it(page: Page, project: Project, runtime: Runtime) -> None:
+    sign_in(page, project)
+    page.get_by_role("link", name="API keys").click()
+    page.get_by_label("Name (what it is for)").fill("send lane")
+    page.get_by_label("Scope").select_option("events")
+    page.get_by_role("button", name="Create key").click()
+    shown = page.get_by_label("API key", exact=True)
+    expect(shown).to_have_value(re.compile(r"^fu_"))
+    key = shown.input_value()
+    [(scope,)] = rows(runtime.pool, "SELECT scope FROM api_keys WHERE prefix = %s", key[:8])
+    assert scope == "events"
+    screenshot(page, "api-keys")
+    page.get_by_role("button", name="Revoke send lane").click()
+    expect(page.get_by_role("status")).to_contain_text("Revoked")
+    expect(page.get_by_label("API key", exact=True)).to_have_count(0)  # shown once: not after that
+    assert rows(runtime.pool, "SELECT revoked_at IS NOT NULL FROM api_keys WHERE prefix = %s", key[:8]) == [
+        (True,)
+    ]

@@ -91,6 +91,19 @@ def _create_project(name: str, data_dir: Path) -> dict[str, str]:
     return dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
 
 
+def _api_key(*args: str, data_dir: Path) -> str:
+    """``followups api-key ARGS --data-dir DIR`` (the dev folder's project): what it prints."""
+    result = subprocess.run(
+        [sys.executable, "-m", "followups", "api-key", *args, "--data-dir", str(data_dir)],
+        env=os.environ | ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
 def _contacts(port: int, key: str) -> httpx.Response:
     return httpx.get(
         f"http://127.0.0.1:{port}/v1/contacts", headers={"Authorization": f"Bearer {key}"}, timeout=10
@@ -128,6 +141,20 @@ def test_dev_keeps_its_key_prints_it_last_and_creates_projects_on_its_database(d
         # Then its key works against the running API
         assert second["api_key"] != key
         assert _contacts(port, second["api_key"]).status_code == 200
+
+        # And a read key of the dev project, made on the running dev's database, reads but changes nothing
+        created = _api_key("create", "--name", "reports", "--scope", "read", data_dir=data_dir)
+        read_key = created.splitlines()[0].removeprefix("api_key: ")
+        assert _contacts(port, read_key).status_code == 200
+        refused = httpx.post(
+            f"http://127.0.0.1:{port}/v1/contacts",
+            json={"phone": "+14155550100"},
+            headers={"Authorization": f"Bearer {read_key}"},
+            timeout=10,
+        )
+        assert refused.status_code == 403 and refused.json()["code"] == "missing_scope"
+        listed = _api_key("list", data_dir=data_dir)
+        assert "\treports\t" in listed and "\tdefault\t" in listed and read_key not in listed
     finally:
         code = dev.stop(signal.SIGINT)
     assert code == 0, dev.output

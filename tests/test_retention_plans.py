@@ -14,6 +14,7 @@ from libs.common.core import outbox
 from libs.common.core.db import create_pool
 from libs.common.core.settings import DatabaseSettings
 from libs.common.followups import transitions
+from libs.common.platform import sessions
 from libs.common.platform.projects import create_project
 from libs.common.rules import purge as rules_purge
 from tests.conftest import database_from, with_database
@@ -23,7 +24,7 @@ from tests.test_query_plans import explain, index_names, seq_scanned
 NOW = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
 ROWS = 20_000
 #: The owners' batched deletes the retention job calls.
-QUERIES = transitions.QUERIES | rules_purge.QUERIES | outbox.QUERIES
+QUERIES = transitions.QUERIES | rules_purge.QUERIES | outbox.QUERIES | sessions.QUERIES
 
 
 def _seed(pool: ConnectionPool, project_id: uuid.UUID) -> None:
@@ -117,7 +118,18 @@ def _seed(pool: ConnectionPool, project_id: uuid.UUID) -> None:
             """,
             params | {"sequence": sequence[0]},
         )
+        # dashboard sessions: most live, a tenth expired
+        conn.execute(
+            """
+            INSERT INTO dashboard_sessions (project_id, api_key_id, token_hash, created_at, expires_at)
+            SELECT %(project_id)s, k.id, sha256(g::text::bytea), %(now)s,
+                   %(now)s + CASE WHEN g %% 10 = 9 THEN interval '-1 hour' ELSE interval '1 hour' END
+            FROM generate_series(1, %(n)s) g, (SELECT id FROM api_keys WHERE project_id = %(project_id)s) k
+            """,
+            params,
+        )
         for table in (
+            "dashboard_sessions",
             "followup_enrollments",
             "followup_triggers",
             "outbox",
@@ -156,6 +168,7 @@ def db_url(server_url: str, seeded_database: str) -> Iterator[str]:
         ("bulk_jobs", "followup_bulk_jobs", "followup_bulk_jobs_finished_idx"),
         ("webhook_deliveries", "webhook_deliveries", "webhook_deliveries_done_idx"),
         ("published_outbox", "outbox", "outbox_published_idx"),
+        ("purge_expired_sessions", "dashboard_sessions", "dashboard_sessions_expires_idx"),
     ],
 )
 def test_each_retention_delete_walks_its_index(

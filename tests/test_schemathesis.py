@@ -119,6 +119,7 @@ def _seed(client: TestClient[Any]) -> dict[str, str]:
     )
     campaign = str(uuid.uuid4())
     _created(client, "PUT", f"/v1/campaigns/{campaign}", {"sequence_id": sequence["id"], "name": "fuzz"})
+    key = _created(client, "POST", "/v1/api-keys", {"name": "fuzz", "scope": "write"})
     return {
         "contact_id": contact["id"],
         "sequence_id": sequence["id"],
@@ -128,6 +129,7 @@ def _seed(client: TestClient[Any]) -> dict[str, str]:
         "rule_id": rule["id"],
         "job_id": job["id"],
         "campaign_id": campaign,
+        "key_id": key["key"]["id"],
         "phone": contact["phone"],
         "tag": "vip",
     }

@@ -10,12 +10,15 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from litestar.testing import TestClient
+from prometheus_client import REGISTRY
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
@@ -52,6 +55,9 @@ class Receiver:
     plan: list[int | str] = field(default_factory=list)
     default: int | str = 200
     sleep_s: float = 1.0
+    #: The webhook secret the receiver holds: set, it answers 401 to a request whose signature it cannot
+    #: verify with it (as a receiver should).
+    holds: str | None = None
     released: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -66,6 +72,12 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             answer = receiver.next_answer(Received(self.path, dict(self.headers.items()), body))
+            signature = self.headers.get("X-Followups-Signature", "")
+            timestamp = self.headers.get("X-Followups-Timestamp", "")
+            if receiver.holds is not None and not verify_signature(
+                receiver.holds, timestamp, body, signature
+            ):
+                answer = 401
             if answer == "sleep":
                 receiver.released.wait(receiver.sleep_s)
                 answer = 200
@@ -93,6 +105,13 @@ class _Server(ThreadingHTTPServer):
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
+    with _serving() as receiver:
+        yield receiver
+
+
+@contextmanager
+def _serving() -> Iterator[Receiver]:
+    """A local HTTP server receiving webhooks, for as long as the block runs."""
     server = _Server(("127.0.0.1", 0), BaseHTTPRequestHandler)
     receiver = Receiver(url=f"http://127.0.0.1:{server.server_address[1]}/hook")
     server.RequestHandlerClass = _handler(receiver)
@@ -112,6 +131,10 @@ def _closed_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+#: The public id of the trigger a test delivery came of.
+TRIGGER = uuid.UUID("0e5c4d7a-39f1-4c65-9a43-5a1c8b6f2d10")
 
 
 def _rule(pool: ConnectionPool, project_id: uuid.UUID) -> uuid.UUID:
@@ -140,7 +163,7 @@ def _queue(
             conn,
             project_id,
             rule_id=rule_id,
-            trigger_id=42,
+            trigger_id=TRIGGER,
             url=url,
             payload=payload if payload is not None else {"event": "message.received"},
             now=clock.now(),
@@ -186,7 +209,7 @@ def test_a_delivery_arrives_signed_with_the_projects_secret(
     assert not verify_signature(secret, timestamp, request.body, "sha256=ünïcode")
 
     delivery = _delivery(pool, project.id, delivery_id)
-    assert (delivery.rule_id, delivery.trigger_id, delivery.url) == (rule_id, 42, receiver.url)
+    assert (delivery.rule_id, delivery.trigger_id, delivery.url) == (rule_id, TRIGGER, receiver.url)
     assert delivery.payload == payload
     # delivered: not attempted again
     assert deliver(pool, delivery_id, now=clock.advance(timedelta(hours=1))) is None
@@ -403,3 +426,135 @@ def test_only_http_and_https_urls_are_queued(
         with pytest.raises(InvalidInput) as invalid:
             _queue(pool, clock, project.id, url)
         assert invalid.value.field == "url"
+
+
+# --- rotating the signing secret
+
+
+def _secret(client: TestClient[Any]) -> dict[str, Any]:
+    response = client.get("/v1/webhook-deliveries/secret")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _rotate(client: TestClient[Any], body: dict[str, Any] | None = None) -> dict[str, Any]:
+    response = client.post("/v1/webhook-deliveries/secret/rotate", json=body)
+    assert response.status_code == 200, response.text
+    rotated: dict[str, Any] = response.json()
+    return rotated
+
+
+def _rotations(kind: str) -> float:
+    value = REGISTRY.get_sample_value("followups_webhook_secret_rotations_total", {"kind": kind})
+    return value or 0.0
+
+
+def _signatures(received: Received) -> list[str]:
+    return [s.strip() for s in received.headers["X-Followups-Signature"].split(",")]
+
+
+def test_a_rotated_secret_signs_beside_the_new_one_during_the_overlap_then_only_the_new_one(
+    client: TestClient[Any],
+    pool: ConnectionPool,
+    clock: ManualClock,
+    project: Project,
+    other_project: Project,
+) -> None:
+    # Given two receivers of the project's webhooks: one holds the secret of today, one will hold the next
+    old = _secret(client)
+    assert old["previous_valid_until"] is None
+    [(theirs_before,)] = rows(pool, "SELECT webhook_secret FROM projects WHERE id = %s", other_project.id)
+    with _serving() as keeps_old, _serving() as takes_new:
+        keeps_old.holds = old["secret"]
+        assert deliver(pool, _queue(pool, clock, project.id, keeps_old.url), now=clock.now()) is not None
+        [before] = keeps_old.requests
+        assert _signatures(before) == [
+            webhooks.sign(old["secret"], before.headers["X-Followups-Timestamp"], before.body)
+        ]
+
+        # When the secret is rotated (the default overlap: WEBHOOK_SECRET_OVERLAP_SECONDS, a day)
+        counted = _rotations("overlap")
+        rotated = _rotate(client)
+        assert _rotations("overlap") == counted + 1
+        assert rotated["secret"] != old["secret"] and len(rotated["secret"]) == 64
+        until = datetime.fromisoformat(rotated["previous_valid_until"])
+        assert until == clock.now() + timedelta(days=1)
+        assert _secret(client) == rotated
+        takes_new.holds = rotated["secret"]
+
+        # Then during the overlap each delivery carries both signatures, the new one first: each receiver
+        # verifies it with the secret it holds
+        clock.advance(timedelta(hours=23, minutes=59))
+        for receiver in (keeps_old, takes_new):
+            state = deliver(pool, _queue(pool, clock, project.id, receiver.url), now=clock.now())
+            assert state is not None and (state.status, state.last_status_code) == ("delivered", 200)
+        during = takes_new.requests[-1]
+        stamp = during.headers["X-Followups-Timestamp"]
+        by_new, by_old = (webhooks.sign(k, stamp, during.body) for k in (rotated["secret"], old["secret"]))
+        assert during.headers["X-Followups-Signature"] == f"{by_new}, {by_old}"
+        for secret in (rotated["secret"], old["secret"]):
+            assert verify_signature(secret, stamp, during.body, during.headers["X-Followups-Signature"])
+        assert not verify_signature(
+            "another secret", stamp, during.body, during.headers["X-Followups-Signature"]
+        )
+
+        # And once the overlap ended only the new secret signs: the receiver still on the old one refuses it
+        clock.advance(timedelta(minutes=1))
+        assert _secret(client) == {"secret": rotated["secret"], "previous_valid_until": None}
+        refused = deliver(pool, _queue(pool, clock, project.id, keeps_old.url), now=clock.now())
+        assert refused is not None and (refused.status, refused.last_status_code) == ("pending", 401)
+        after = keeps_old.requests[-1]
+        assert _signatures(after) == [
+            webhooks.sign(rotated["secret"], after.headers["X-Followups-Timestamp"], after.body)
+        ]
+        state = deliver(pool, _queue(pool, clock, project.id, takes_new.url), now=clock.now())
+        assert state is not None and state.status == "delivered"
+    # and the other project's secret did not change
+    assert rows(pool, "SELECT webhook_secret FROM projects WHERE id = %s", other_project.id) == [
+        (theirs_before,)
+    ]
+
+
+def test_a_rotation_without_overlap_ends_the_old_secret_at_once_and_two_are_valid_at_most(
+    client: TestClient[Any], pool: ConnectionPool, clock: ManualClock, project: Project, receiver: Receiver
+) -> None:
+    first = _secret(client)["secret"]
+    # a leaked secret: rotated with no overlap, it signs nothing more
+    counted = _rotations("immediate")
+    second = _rotate(client, {"overlap_seconds": 0})
+    assert _rotations("immediate") == counted + 1
+    assert second["previous_valid_until"] is None
+    assert deliver(pool, _queue(pool, clock, project.id, receiver.url), now=clock.now()) is not None
+    assert _signatures(receiver.requests[-1]) == [
+        webhooks.sign(
+            second["secret"],
+            receiver.requests[-1].headers["X-Followups-Timestamp"],
+            receiver.requests[-1].body,
+        )
+    ]
+    # a rotation with an hour's overlap, then another one during it: the oldest secret is dropped at once
+    third = _rotate(client, {"overlap_seconds": 3600})
+    assert datetime.fromisoformat(third["previous_valid_until"]) == clock.now() + timedelta(hours=1)
+    fourth = _rotate(client, {"overlap_seconds": 600})
+    assert deliver(pool, _queue(pool, clock, project.id, receiver.url), now=clock.now()) is not None
+    last = receiver.requests[-1]
+    stamp = last.headers["X-Followups-Timestamp"]
+    assert _signatures(last) == [
+        webhooks.sign(s, stamp, last.body) for s in (fourth["secret"], third["secret"])
+    ]
+    assert len({first, second["secret"], third["secret"], fourth["secret"]}) == 4
+
+
+@pytest.mark.parametrize("overlap", [-1, 604801, "3600", 1.5])
+def test_a_bad_overlap_is_refused_naming_the_field_and_changes_nothing(
+    client: TestClient[Any], overlap: Any
+) -> None:
+    before = _secret(client)
+    response = client.post("/v1/webhook-deliveries/secret/rotate", json={"overlap_seconds": overlap})
+    assert response.status_code == (400 if isinstance(overlap, str | float) else 422), response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert "overlap_seconds" in {error["field"] for error in response.json()["errors"]}
+    assert _secret(client) == before
+    unknown = client.post("/v1/webhook-deliveries/secret/rotate", json={"overlap": 60})
+    assert unknown.status_code == 400 and _secret(client) == before

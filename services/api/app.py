@@ -9,11 +9,12 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from libs.common.core.runtime import Runtime
-from services.api import openapi
+from services.api import limits, openapi, scopes
 from services.api.body import MAX_BODY_BYTES, StrictRequest
 from services.api.dashboard import dashboard_router
 from services.api.deps import project_id
 from services.api.problems import EXCEPTION_HANDLERS
+from services.api.routes.api_keys import ApiKeysController
 from services.api.routes.bulk import BulkEnrollmentsController, CampaignsController
 from services.api.routes.contacts import ContactsController
 from services.api.routes.conversations import ConversationsController
@@ -48,13 +49,16 @@ def create_app(runtime: Runtime) -> Litestar:
             WebhookDeliveriesController,
             BulkEnrollmentsController,
             CampaignsController,
+            ApiKeysController,
             dashboard_router(),  # the web dashboard under /app/ (services.api.dashboard)
         ],
         dependencies={"project_id": Provide(project_id, sync_to_thread=True)},
         exception_handlers=EXCEPTION_HANDLERS,
         request_class=StrictRequest,
         request_max_body_size=MAX_BODY_BYTES,
-        state=State({"runtime": runtime}),
+        state=State({"runtime": runtime, **limits.state()}),
+        middleware=[limits.middleware],  # throttling, before any handler (services.api.limits)
+        before_send=[limits.observe],
         on_startup=[size_request_threads],
         openapi_config=OpenAPIConfig(
             title="followups",
@@ -68,5 +72,6 @@ def create_app(runtime: Runtime) -> Litestar:
         debug=False,
         logging_config=None,
     )
+    scopes.check_routes(app)  # every /v1 route authenticates and needs a scope (services.api.scopes)
     openapi.complete(app)  # errors, security and bounds of every operation (services.api.openapi)
     return app

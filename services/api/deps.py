@@ -13,11 +13,12 @@ from litestar.di import NamedDependency
 from litestar.params import QueryParameter
 from psycopg import Connection
 
-from libs.common.core import effects
+from libs.common.core import effects, metrics
 from libs.common.core.db import map_errors
-from libs.common.core.errors import Unauthorized
+from libs.common.core.errors import Forbidden, Unauthorized
 from libs.common.core.runtime import Runtime
-from libs.common.platform.projects import authenticate
+from libs.common.platform.api_keys import authenticate
+from services.api import scopes
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +45,34 @@ ProjectId = NamedDependency[uuid.UUID]
 
 
 def project_id(request: Request[Any, Any, Any]) -> uuid.UUID:
-    """The project of the request's bearer API key (401 without a valid one)."""
+    """The project of the request's bearer API key: 401 without a valid one (unknown, revoked, expired),
+    403 when the key's scope does not grant what the route needs (:mod:`services.api.scopes`)."""
+    runtime = runtime_of(request)
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        raise Unauthorized()
-    with transaction(runtime_of(request)) as conn:
-        return authenticate(conn, key.strip())
+    try:
+        if scheme.lower() != "bearer" or not key.strip():
+            raise Unauthorized()
+        with transaction(runtime) as conn:
+            caller = authenticate(conn, key.strip(), now=runtime.clock.now())
+    except Unauthorized:
+        metrics.API_AUTH_REFUSALS.labels("unauthorized").inc()
+        raise
+    try:
+        scopes.require(caller.scope, request.route_handler, request.method)
+    except Forbidden:
+        metrics.API_AUTH_REFUSALS.labels("missing_scope").inc()
+        log.info(
+            "request refused: scope",
+            extra={
+                "project_id": str(caller.project_id),
+                "api_key_id": str(caller.key_id),
+                "scope": caller.scope,
+                "path": request.url.path,
+                "method": request.method,
+            },
+        )
+        raise
+    return caller.project_id
 
 
 class _HasId(Protocol):

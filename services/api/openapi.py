@@ -3,9 +3,10 @@
 Litestar documents what a handler returns and a generic 400. :func:`complete` adds what the application
 around the handlers does, derived from each handler so a new route is documented the same way:
 
-- 401 (with ``WWW-Authenticate``) and the bearer requirement where the handler takes ``project_id``
-  (its caller's project); every other operation (``/health``, ``/ready``) overrides the document's
-  bearer requirement with none;
+- 401 (with ``WWW-Authenticate``), 429 (with ``Retry-After``: :mod:`services.api.limits`) and the bearer
+  requirement where the handler takes ``project_id`` (its caller's project), and 403 naming the scope the
+  operation needs (:mod:`services.api.scopes`); every other operation (``/health``, ``/ready``) overrides
+  the document's bearer requirement with none;
 - 400 where the operation takes a body, a query or a free-text path parameter (a path that is not a UUID
   where one is expected matches no route: 404); 404 where its path names a resource; 413 and 422 where
   it takes a body, 422 where it takes a query or a free-text path parameter; 503 (with ``Retry-After``)
@@ -42,6 +43,7 @@ from litestar.openapi.spec import (
 )
 from litestar.routes import HTTPRoute
 
+from services.api import scopes
 from services.api.problems import PROBLEM_JSON, RETRY_AFTER_SECONDS
 
 #: The security scheme of ``/v1/``: a project's API key as a bearer token.
@@ -86,6 +88,8 @@ _DESCRIPTIONS = {
     409: "The request conflicts with the stored state.",
     413: "The request body is larger than the operation takes.",
     422: "A well-formed value the server refuses: out of its bounds, unknown, or invalid.",
+    429: "Too many requests from this API key, or too many wrong keys from this address; retry after "
+    "`Retry-After` seconds (docs/api.md, Limits).",
     503: "The database is unreachable; retry after `Retry-After` seconds.",
 }
 
@@ -93,6 +97,13 @@ _HEADERS = {
     401: {
         "WWW-Authenticate": OpenAPIHeader(
             schema=Schema(type=OpenAPIType.STRING), description="`Bearer`", required=True
+        )
+    },
+    429: {
+        "Retry-After": OpenAPIHeader(
+            schema=Schema(type=OpenAPIType.INTEGER, minimum=1),
+            description="seconds until the limit allows one more request",
+            required=True,
         )
     },
     503: {
@@ -156,7 +167,7 @@ def _error_statuses(handler: HTTPRouteHandler, route: HTTPRoute, method: str) ->
     if takes_body or queries or free_text_path:  # a malformed UUID in the path matches no route: 404
         statuses.add(400)
     if authenticated:
-        statuses |= {401, 503}
+        statuses |= {401, 403, 429, 503}
     if path_names:
         statuses.add(404)
     if takes_body:
@@ -182,7 +193,13 @@ def _complete_operation(
     own = handler.responses or {}
     for status in sorted(_error_statuses(handler, route, method) | {code for code in own if code >= 400}):
         spec = own.get(status)  # a route's own description (what a 409 conflicts with) is kept
-        responses[str(status)] = _problem_response(status, spec.description if spec is not None else None)
+        description = spec.description if spec is not None else None
+        if status == 403:
+            description = (
+                "The API key's scope does not allow this operation: it needs the "
+                f"`{scopes.needed_scope(handler, method)}` scope (`code` is `missing_scope`)."
+            )
+        responses[str(status)] = _problem_response(status, description)
     operation.responses = dict(sorted(responses.items()))
     operation.security = [{BEARER: []}] if "project_id" in handler.parsed_fn_signature.parameters else []
 

@@ -26,6 +26,7 @@ from libs.common.core.errors import (
     Conflict,
     DatabaseUnavailable,
     FollowupsError,
+    Forbidden,
     InvalidInput,
     NotFound,
     Unauthorized,
@@ -47,6 +48,7 @@ STATUS_OF: dict[type[FollowupsError], int] = {
     InvalidInput: 422,
     Conflict: 409,
     Unauthorized: 401,
+    Forbidden: 403,
     DatabaseUnavailable: 503,
 }
 
@@ -57,9 +59,11 @@ TITLES = {
     403: "Forbidden",
     404: "Not found",
     405: "Method not allowed",
+    408: "Request timeout",
     409: "Conflict",
     413: "Content too large",
     422: "Invalid input",
+    429: "Too many requests",
     500: "Internal error",
     503: "Unavailable",
 }
@@ -95,6 +99,14 @@ def problem(
     headers: dict[str, str] | None = None,
     code: str | None = None,
 ) -> Response[Any]:
+    body = problem_body(status, detail, errors=errors, code=code)
+    return Response(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def problem_body(
+    status: int, detail: str, *, errors: list[dict[str, str]] | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """A problem's JSON body (for an answer written below Litestar, as the server's 408)."""
     body: dict[str, Any] = {
         "type": "about:blank",
         "title": title_of(status),
@@ -105,7 +117,7 @@ def problem(
         body["code"] = code
     if errors:
         body["errors"] = errors
-    return Response(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+    return body
 
 
 def _field_of(message: str, key: str | None, source: str | None = None) -> str:

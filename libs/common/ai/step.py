@@ -3,15 +3,18 @@ second pass (every check again, under the lock, fenced; :func:`release_ai.releas
 
 1. Read what the prompt needs, without locks, through its owners (the leased enrollment, its contact, the
    conversation's last messages); a step no longer under this fence is dropped at once.
-2. Over the project's monthly token budget: the fallback (``ai_budget_exhausted``) without a call.
+2. Over the project's monthly token budget (never more than the operator's cap,
+   ``AI_MAX_MONTHLY_TOKENS_PER_PROJECT``): the fallback (``ai_budget_exhausted``) without a call.
 3. Call the model holding no transaction and no lock.
 4. Judge the answer (:mod:`libs.common.ai.judge`: a draft breaking a rule is ``ai_invalid_output``).
 5. Write the call to the ledger and run the second pass in one transaction: the draft is queued, or the
-   fallback (``ai_low_confidence``, ``ai_invalid_output``, ``ai_error``, ``ai_timeout``); a draft that
-   comes too late (another pass took the step over after the lease) is dropped.
+   fallback (``ai_low_confidence``, ``ai_invalid_output``, ``ai_error``, ``ai_timeout``, ``ai_policy``: the
+   draft broke the step's output policy, :mod:`libs.common.ai.policy`); a draft that comes too late
+   (another pass took the step over after the lease) is dropped.
 
 The prompt keeps the customer's words as quoted data: the conversation goes in as a JSON array inside the
-user message, and the system message says that nothing in it is an instruction.
+user message, and the system message says that nothing in it is an instruction. The model sees only the
+variables and contact attributes the step lists (none by default).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
+from libs.common.ai import policy
 from libs.common.ai.client import ModelAnswer, ModelClient
 from libs.common.ai.judge import judge
 from libs.common.core.clock import Clock
@@ -72,14 +76,16 @@ def month_tokens(conn: Connection[Any], project_id: uuid.UUID, now: datetime) ->
 def build_prompt(
     step: AiStep, context: dict[str, Any], history: list[dict[str, Any]]
 ) -> list[dict[str, str]]:
-    """The chat messages of an AI step: the business's goal and instructions, then the data."""
+    """The chat messages of an AI step: the business's goal and instructions, then the data (of the
+    contact's attributes and the enrollment's variables, only those the step lists)."""
     attributes = context["contact_attributes"] or {}
+    variables = context["variables"] or {}
     data = {
         "contact": {
             "name": context["contact_name"],
             "attributes": {key: attributes.get(key) for key in step.contact_attributes if key in attributes},
         },
-        "variables": context["variables"],
+        "variables": {name: variables[name] for name in step.variables if name in variables},
         "conversation": [
             {
                 "from": "customer" if row["direction"] == "inbound" else "business",
@@ -111,7 +117,10 @@ def run_step(
             return None
         step = version_definition(conn, context["version_id"]).steps[due.step_index]
         assert isinstance(step, AiStep)
-        budget = project_settings.get_settings(conn, due.project_id).ai_monthly_token_budget
+        budget = project_settings.ai_token_budget(  # the operator's cap is an AI setting: the client's
+            project_settings.get_settings(conn, due.project_id).ai_monthly_token_budget,
+            client.settings.max_monthly_tokens_per_project if client is not None else None,
+        )
         used = month_tokens(conn, due.project_id, clock.now())
         history = (
             recent_messages(
@@ -132,7 +141,7 @@ def run_step(
         draft = AiDraft(fallback_reason="ai_budget_exhausted")
     else:
         called = client.complete(build_prompt(step, context, history))
-        draft, problem = _draft(called, step)
+        draft, problem = _draft(called, step, context["variables"] or {}, context_ids)
     now = clock.now()
     try:
         with pool.connection() as conn:
@@ -186,7 +195,9 @@ def _context(conn: Connection[Any], due: StepDue) -> dict[str, Any] | None:
     }
 
 
-def _draft(called: ModelAnswer, step: AiStep) -> tuple[AiDraft, str | None]:
+def _draft(
+    called: ModelAnswer, step: AiStep, variables: dict[str, Any], ids: dict[str, Any]
+) -> tuple[AiDraft, str | None]:
     """The draft or the fallback of an answer, and the rule the judge found it breaking."""
     if called.answer is None:
         return AiDraft(fallback_reason=called.failure or "ai_error"), None
@@ -195,4 +206,13 @@ def _draft(called: ModelAnswer, step: AiStep) -> tuple[AiDraft, str | None]:
         return AiDraft(fallback_reason="ai_invalid_output"), problem
     if called.answer.confidence < step.min_confidence:
         return AiDraft(fallback_reason="ai_low_confidence"), None
+    violation = policy.check_draft(
+        called.answer.message, allowed_domains=step.allowed_domains, private=step.private, variables=variables
+    )
+    if violation is not None:
+        log.warning(
+            "ai draft refused by the step's output policy",
+            extra=ids | {"rule": violation.rule, "detail": violation.detail},
+        )
+        return AiDraft(fallback_reason="ai_policy"), None
     return AiDraft(text=called.answer.message), None

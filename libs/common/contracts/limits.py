@@ -34,6 +34,8 @@ MAX_LABELS = 100
 MAX_JSON_BYTES = 16 * 1024
 #: Longest text of any field without a lower limit of its own (an inbound message's body, an error).
 MAX_TEXT_LENGTH = 65_536
+#: Longest overlap of a webhook secret's rotation (the old secret signs too meanwhile): a week.
+MAX_SECRET_OVERLAP_SECONDS = 7 * 86400
 
 #: A name: 1 to 200 characters.
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_LENGTH)]

@@ -6,6 +6,7 @@
      ├── Conflict                 the request contradicts stored state
      │    └── AlreadyExists       a unique natural key is taken
      ├── Unauthorized             missing or unknown API key
+     ├── Forbidden                the caller may not do this (its API key's scope is too narrow)
      └── DatabaseUnavailable      PostgreSQL cannot be reached
 
 Each subclass's docstring is its default message. Driver errors are mapped to these at the database
@@ -45,6 +46,12 @@ class AlreadyExists(Conflict):
 
 class Unauthorized(FollowupsError):
     """A valid API key is required (Authorization: Bearer <key>)."""
+
+
+class Forbidden(FollowupsError):
+    """This API key's scope does not allow this request."""
+
+    code = "missing_scope"
 
 
 class DatabaseUnavailable(FollowupsError):

@@ -59,6 +59,12 @@ WEBHOOK_DELIVERIES: Final = Counter(
     "Webhook delivery attempts of rules, by outcome (delivered, retry: will be retried, failed: given up).",
     ["outcome"],
 )
+WEBHOOK_SECRET_ROTATIONS: Final = Counter(
+    "followups_webhook_secret_rotations_total",
+    "Webhook signing secrets rotated, by kind (overlap: the old one signs too until the overlap ends;"
+    " immediate: it ended at once).",
+    ["kind"],
+)
 AI_REQUESTS: Final = Counter(
     "whatstig_ai_requests_total",
     "Model requests, by kind and outcome.",
@@ -103,6 +109,18 @@ LAST_JOB_SUCCESS: Final = Gauge(
     "Unix time of the last successful run of a scheduled job (for example followup-retention).",
     ["job"],
     multiprocess_mode="max",
+)
+API_AUTH_REFUSALS: Final = Counter(
+    "followups_api_auth_refusals_total",
+    "REST requests refused by their API key, by reason (unauthorized: no live key, 401; missing_scope: "
+    "its scope does not grant the route, 403).",
+    ["reason"],
+)
+
+API_THROTTLED: Final = Counter(
+    "followups_api_throttled_total",
+    "Requests the API refused with 429, by limit (signin_failures, auth_failures, key_requests).",
+    ["limit"],
 )
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST

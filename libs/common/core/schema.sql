@@ -134,7 +134,12 @@ CREATE TABLE public.api_keys (
     prefix text NOT NULL,
     key_hash bytea NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    revoked_at timestamp with time zone
+    revoked_at timestamp with time zone,
+    scope text NOT NULL,
+    expires_at timestamp with time zone,
+    last_used_at timestamp with time zone,
+    CONSTRAINT api_keys_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT api_keys_scope_check CHECK ((scope = ANY (ARRAY['admin'::text, 'write'::text, 'read'::text, 'events'::text])))
 );
 
 -- Name: contacts; Type: TABLE
@@ -184,6 +189,17 @@ CREATE TABLE public.conversations (
     CONSTRAINT conversations_status_check CHECK ((status = ANY (ARRAY['open'::text, 'pending'::text, 'snoozed'::text, 'resolved'::text])))
 )
 WITH (fillfactor='85', autovacuum_vacuum_scale_factor='0.05', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.05');
+
+-- Name: dashboard_sessions; Type: TABLE
+
+CREATE TABLE public.dashboard_sessions (
+    project_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    api_key_id uuid NOT NULL,
+    token_hash bytea NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
 
 -- Name: deals; Type: TABLE
 
@@ -380,6 +396,7 @@ CREATE TABLE public.followup_triggers (
     last_error text,
     processed_at timestamp with time zone,
     outcome text,
+    public_id uuid DEFAULT gen_random_uuid() NOT NULL,
     CONSTRAINT followup_triggers_outcome_check CHECK ((outcome = ANY (ARRAY['processed'::text, 'failed'::text])))
 );
 
@@ -489,8 +506,11 @@ CREATE TABLE public.projects (
     max_active_enrollments integer,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     webhook_secret text DEFAULT replace(((gen_random_uuid())::text || (gen_random_uuid())::text), '-'::text, ''::text) NOT NULL,
+    webhook_secret_previous text,
+    webhook_secret_previous_until timestamp with time zone,
     CONSTRAINT projects_max_active_enrollments_check CHECK ((max_active_enrollments >= 0)),
-    CONSTRAINT projects_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200)))
+    CONSTRAINT projects_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT projects_webhook_secret_previous_check CHECK (((webhook_secret_previous IS NULL) = (webhook_secret_previous_until IS NULL)))
 );
 
 -- Name: rule_pending_executions; Type: TABLE
@@ -572,7 +592,6 @@ CREATE TABLE public.webhook_deliveries (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
     project_id uuid NOT NULL,
     rule_id uuid,
-    trigger_id bigint,
     url text NOT NULL,
     payload jsonb NOT NULL,
     status text DEFAULT 'pending'::text NOT NULL,
@@ -583,6 +602,7 @@ CREATE TABLE public.webhook_deliveries (
     created_at timestamp with time zone NOT NULL,
     delivered_at timestamp with time zone,
     updated_at timestamp with time zone NOT NULL,
+    trigger_id uuid,
     CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])))
 );
 
@@ -606,6 +626,11 @@ ALTER TABLE ONLY public.api_keys
 ALTER TABLE ONLY public.api_keys
     ADD CONSTRAINT api_keys_pkey PRIMARY KEY (id);
 
+-- Name: api_keys api_keys_project_id_id_key; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.api_keys
+    ADD CONSTRAINT api_keys_project_id_id_key UNIQUE (project_id, id);
+
 -- Name: contacts contacts_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.contacts
@@ -620,6 +645,16 @@ ALTER TABLE ONLY public.contacts
 
 ALTER TABLE ONLY public.conversations
     ADD CONSTRAINT conversations_pkey PRIMARY KEY (project_id, id);
+
+-- Name: dashboard_sessions dashboard_sessions_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.dashboard_sessions
+    ADD CONSTRAINT dashboard_sessions_pkey PRIMARY KEY (project_id, id);
+
+-- Name: dashboard_sessions dashboard_sessions_token_hash_key; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.dashboard_sessions
+    ADD CONSTRAINT dashboard_sessions_token_hash_key UNIQUE (token_hash);
 
 -- Name: deals deals_pkey; Type: CONSTRAINT
 
@@ -764,10 +799,6 @@ CREATE INDEX activities_contact_idx ON public.activities USING btree (contact_id
 
 CREATE INDEX ai_budget_ledger_project_idx ON public.ai_budget_ledger USING btree (project_id, kind, occurred_at);
 
--- Name: api_keys_project_idx; Type: INDEX
-
-CREATE INDEX api_keys_project_idx ON public.api_keys USING btree (project_id);
-
 -- Name: contacts_tags_idx; Type: INDEX
 
 CREATE INDEX contacts_tags_idx ON public.contacts USING gin (tags);
@@ -779,6 +810,14 @@ CREATE INDEX conversations_contact_idx ON public.conversations USING btree (cont
 -- Name: conversations_open_idx; Type: INDEX
 
 CREATE INDEX conversations_open_idx ON public.conversations USING btree (contact_id, created_at DESC) WHERE (status <> 'resolved'::text);
+
+-- Name: dashboard_sessions_expires_idx; Type: INDEX
+
+CREATE INDEX dashboard_sessions_expires_idx ON public.dashboard_sessions USING btree (expires_at);
+
+-- Name: dashboard_sessions_key_idx; Type: INDEX
+
+CREATE INDEX dashboard_sessions_key_idx ON public.dashboard_sessions USING btree (project_id, api_key_id);
 
 -- Name: deals_contact_idx; Type: INDEX
 
@@ -991,6 +1030,16 @@ ALTER TABLE ONLY public.conversations
 
 ALTER TABLE ONLY public.conversations
     ADD CONSTRAINT conversations_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
+
+-- Name: dashboard_sessions dashboard_sessions_project_id_api_key_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.dashboard_sessions
+    ADD CONSTRAINT dashboard_sessions_project_id_api_key_id_fkey FOREIGN KEY (project_id, api_key_id) REFERENCES public.api_keys(project_id, id) ON DELETE CASCADE;
+
+-- Name: dashboard_sessions dashboard_sessions_project_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.dashboard_sessions
+    ADD CONSTRAINT dashboard_sessions_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
 
 -- Name: deals deals_contact_id_fkey; Type: FK CONSTRAINT
 

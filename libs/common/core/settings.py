@@ -7,6 +7,7 @@ README's configuration table (a test keeps the two in step). A malformed value r
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
+
+from libs.common.contracts.limits import MAX_SECRET_OVERLAP_SECONDS
 
 Check = Callable[[Any], "str | None"]
 
@@ -53,6 +56,16 @@ class ApiSettings(_Settings):
     port: int = 8000
     threads: int = 100
     dashboard_secret: str | None = None
+    dashboard_session_seconds: int = 43_200
+    signin_failures_per_minute: int = 10
+    auth_failures_per_minute: int = 30
+    key_requests_per_minute: int = 6000
+    limiter_max_entries: int = 100_000
+    trusted_proxies: str = "127.0.0.1,::1"
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 60.0
+    metrics_token: str | None = None
+    metrics_port: int = 0
 
 
 class WorkerSettings(_Settings):
@@ -72,6 +85,7 @@ class FollowupSettings(_Settings):
 class RuleSettings(_Settings):
     sweep_interval_seconds: float = 1.0
     execution_stale_after_seconds: float = 86400.0
+    webhook_secret_overlap_seconds: int = 86400
 
 
 class AiSettings(_Settings):
@@ -83,6 +97,8 @@ class AiSettings(_Settings):
     concurrency: int = 16
     prompt_price_per_million: float = 0.0
     completion_price_per_million: float = 0.0
+    #: The operator's cap on any project's monthly tokens (None: no cap).
+    max_monthly_tokens_per_project: int | None = None
     #: How the JSON schema of the answer is asked for: ``json_schema`` (OpenAI, vLLM) or ``json_object``
     #: with a ``schema`` beside it (the llama.cpp server).
     response_format: str = "json_schema"
@@ -138,8 +154,76 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             "DASHBOARD_SECRET",
             "dashboard_secret",
             None,
-            "Signs the dashboard's sessions and CSRF tokens (32 characters or more); every API process"
-            " behind one address needs the same. Unset: a random one per process (a restart signs out).",
+            "Signs the dashboard's CSRF tokens (32 characters or more); every API process behind one"
+            " address needs the same. Unset: a random one per process (a restart makes open forms stale).",
+        ),
+        Variable(
+            "DASHBOARD_SESSION_SECONDS",
+            "dashboard_session_seconds",
+            43_200,
+            "How long a dashboard session lasts after signing in (12 hours); it ends sooner at sign-out or"
+            " when its API key is revoked or expires.",
+        ),
+        Variable(
+            "API_SIGNIN_FAILURES_PER_MINUTE",
+            "signin_failures_per_minute",
+            10,
+            "Failed dashboard sign-ins one client address may make a minute (then 429 with `Retry-After`;"
+            " docs/operations.md, Limits).",
+        ),
+        Variable(
+            "API_AUTH_FAILURES_PER_MINUTE",
+            "auth_failures_per_minute",
+            30,
+            "Requests with a wrong bearer key (401) one client address may make a minute; then its bearer"
+            " requests are 429.",
+        ),
+        Variable(
+            "API_KEY_REQUESTS_PER_MINUTE",
+            "key_requests_per_minute",
+            6000,
+            "Requests one API key may make a minute, in bursts of as many (0: no limit); then 429.",
+        ),
+        Variable(
+            "API_LIMITER_MAX_ENTRIES",
+            "limiter_max_entries",
+            100_000,
+            "Addresses or keys each limit remembers at most (the oldest is forgotten first).",
+        ),
+        Variable(
+            "API_TRUSTED_PROXIES",
+            "trusted_proxies",
+            "127.0.0.1,::1",
+            "Comma-separated addresses or networks of reverse proxies whose `X-Forwarded-For` (and"
+            " `X-Forwarded-Proto`) name the client (`*`: any; `none`: nobody, the client is the socket's"
+            " peer). The default trusts only a proxy on the same host, as uvicorn does.",
+        ),
+        Variable(
+            "API_HEADER_TIMEOUT_SECONDS",
+            "header_timeout_seconds",
+            10.0,
+            "Longest a connection may take to send a request's headers (from its opening or its previous"
+            " response); then it is closed.",
+        ),
+        Variable(
+            "API_BODY_TIMEOUT_SECONDS",
+            "body_timeout_seconds",
+            60.0,
+            "Longest a request may take to send its body after its headers; then 408 and the connection is"
+            " closed.",
+        ),
+        Variable(
+            "METRICS_TOKEN",
+            "metrics_token",
+            None,
+            "When set, the API's `/metrics` needs `Authorization: Bearer <token>` (16 characters or more).",
+        ),
+        Variable(
+            "API_METRICS_PORT",
+            "metrics_port",
+            0,
+            "When set, the API serves its Prometheus metrics on this port instead of `/metrics` of"
+            " `API_PORT` (0: on `/metrics`).",
         ),
     ),
     WorkerSettings: (
@@ -202,6 +286,13 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             86400.0,
             "A delayed rule found more than this late (the workers were down) is skipped `expired`.",
         ),
+        Variable(
+            "WEBHOOK_SECRET_OVERLAP_SECONDS",
+            "webhook_secret_overlap_seconds",
+            86400,
+            "How long a rotated webhook secret still signs deliveries beside the new one, unless the"
+            " rotation gives `overlap_seconds` (0 to 604800).",
+        ),
     ),
     AiSettings: (
         Variable(
@@ -240,6 +331,14 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             "Price of a million completion tokens: the ledger's cost of each call.",
         ),
         Variable(
+            "AI_MAX_MONTHLY_TOKENS_PER_PROJECT",
+            "max_monthly_tokens_per_project",
+            None,
+            "The operator's cap on the model tokens any one project's AI steps use in a calendar month (UTC):"
+            " a project's `ai_monthly_token_budget` may not exceed it, and an unset budget means the cap."
+            " Unset: no cap (a project's budget, if any, is the only limit).",
+        ),
+        Variable(
             "AI_RESPONSE_FORMAT",
             "response_format",
             "json_schema",
@@ -269,6 +368,11 @@ def _positive(value: Any) -> str | None:
 
 def _not_negative(value: Any) -> str | None:
     return None if value >= 0 else "must not be negative"
+
+
+def _overlap(value: Any) -> str | None:
+    ok = 0 <= value <= MAX_SECRET_OVERLAP_SECONDS
+    return None if ok else f"must be between 0 and {MAX_SECRET_OVERLAP_SECONDS} (a week)"
 
 
 def _port(value: Any) -> str | None:
@@ -304,6 +408,19 @@ def _one_of(*choices: str) -> Check:
     return check
 
 
+def _addresses(value: Any) -> str | None:
+    """``*``, ``none``, or comma-separated IP addresses and networks."""
+    items = [item.strip() for item in str(value).split(",")]
+    if items in (["*"], ["none"]):
+        return None
+    for item in items:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            return f"{item!r} is not an IP address or network (or use *)"
+    return None
+
+
 #: Checks per variable, beyond the type conversion.
 CHECKS: dict[str, Check] = {
     "DATABASE_URL": _prefix("postgresql://", "postgres://"),
@@ -314,6 +431,16 @@ CHECKS: dict[str, Check] = {
     "API_PORT": _port,
     "API_THREADS": _positive,
     "DASHBOARD_SECRET": _min_length(32),
+    "DASHBOARD_SESSION_SECONDS": _positive,
+    "API_SIGNIN_FAILURES_PER_MINUTE": _positive,
+    "API_AUTH_FAILURES_PER_MINUTE": _positive,
+    "API_KEY_REQUESTS_PER_MINUTE": _not_negative,
+    "API_LIMITER_MAX_ENTRIES": _positive,
+    "API_TRUSTED_PROXIES": _addresses,
+    "API_HEADER_TIMEOUT_SECONDS": _positive,
+    "API_BODY_TIMEOUT_SECONDS": _positive,
+    "METRICS_TOKEN": _min_length(16),
+    "API_METRICS_PORT": _port,
     "WORKER_POLL_INTERVAL_SECONDS": _positive,
     "WORKER_IDLE_MAX_SLEEP_SECONDS": _positive,
     "WORKER_THREADS": _positive,
@@ -324,22 +451,32 @@ CHECKS: dict[str, Check] = {
     "FOLLOWUP_BACKOFF_MAX_SECONDS": _positive,
     "RULES_SWEEP_INTERVAL_SECONDS": _positive,
     "RULES_EXECUTION_STALE_AFTER_SECONDS": _positive,
+    "WEBHOOK_SECRET_OVERLAP_SECONDS": _overlap,
     "AI_BASE_URL": _prefix("http://", "https://"),
     "AI_TIMEOUT_SECONDS": _positive,
     "FOLLOWUP_AI_LEASE_MS": _positive,
     "AI_CONCURRENCY": _positive,
     "AI_PROMPT_PRICE_PER_MILLION": _not_negative,
     "AI_COMPLETION_PRICE_PER_MILLION": _not_negative,
+    "AI_MAX_MONTHLY_TOKENS_PER_PROJECT": _positive,
     "AI_RESPONSE_FORMAT": _exactly_one_of("json_schema", "json_object"),
     "LOG_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
 }
 
-_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "str | None": str, "bool | None": bool}
+_TYPES = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str | None": str,
+    "bool | None": bool,
+    "int | None": int,
+}
 
 
 #: Variables whose value may hold a secret: an error shows them with the secret masked.
 _SECRET_URLS = frozenset({"DATABASE_URL", "AMQP_URL", "AI_BASE_URL"})
-_SECRETS = frozenset({"AI_API_KEY", "DASHBOARD_SECRET"})
+_SECRETS = frozenset({"AI_API_KEY", "DASHBOARD_SECRET", "METRICS_TOKEN"})
 
 
 def _shown(name: str, raw: str) -> str:

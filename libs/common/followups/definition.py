@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from libs.common.contracts.limits import (
+    MAX_KEY_LENGTH,
     MAX_MESSAGE_LENGTH,
     Key,
     MessageText,
@@ -26,7 +27,7 @@ from libs.common.contracts.limits import (
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput
 from libs.common.followups.send_window import SendWindow, validate_window
-from libs.common.followups.templates import TemplateError, parse_template
+from libs.common.followups.templates import SEGMENT_PATTERN, TemplateError, parse_template
 
 #: Most steps one sequence may have.
 MAX_STEPS = 50
@@ -38,14 +39,31 @@ MAX_GOAL_LENGTH = 1024
 #: Most parameters of a WhatsApp template, and the longest one (WhatsApp's limit for a body parameter).
 MAX_TEMPLATE_PARAMETERS = 100
 MAX_TEMPLATE_PARAMETER_LENGTH = 1024
-#: Most custom attributes an AI step may show the model.
+#: Most custom attributes an AI step may show the model, and most variables it may show or mark private.
 MAX_AI_ATTRIBUTES = 50
+MAX_AI_VARIABLES = 50
+#: Most domains an AI step's drafts may link to.
+MAX_AI_DOMAINS = 20
+#: Longest domain name (DNS's limit).
+MAX_DOMAIN_LENGTH = 253
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0, le=MAX_DELAY_SECONDS)]
 Offset = Annotated[int, msgspec.Meta(ge=-MAX_DELAY_SECONDS, le=MAX_DELAY_SECONDS)]
 #: An AI step's instructions: as long as a message may be.
 Instructions = Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_LENGTH)]
 TemplateParameter = Annotated[str, msgspec.Meta(max_length=MAX_TEMPLATE_PARAMETER_LENGTH)]
+
+_VARIABLE_NAME = f"^{SEGMENT_PATTERN}$"
+_DOMAIN = r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$"
+#: The name of one of the enrollment's variables (a top-level key, as in ``{{vars.first_name}}``).
+VariableName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KEY_LENGTH, pattern=_VARIABLE_NAME)]
+#: A domain name, lowercase ASCII (an internationalised one in its ``xn--`` form): ``example.com``.
+Domain = Annotated[str, msgspec.Meta(max_length=MAX_DOMAIN_LENGTH, pattern=_DOMAIN)]
+#: What a value that does not match a pattern must be, in words (msgspec's message shows the regex).
+_PATTERN_MEANING = {
+    _VARIABLE_NAME: "must be a variable's name: letters, digits and underscores, not starting with a digit",
+    _DOMAIN: "must be a domain name in lowercase, such as example.com (an internationalised one as xn--)",
+}
 
 #: ``only_if`` conditions: the step is skipped unless every one holds at release.
 OnlyIf = Literal["no_reply_since_previous_step", "no_reply_since_enrollment", "previous_not_read"]
@@ -111,6 +129,21 @@ class AiStep(_Step, kw_only=True, tag="ai", tag_field="kind"):
     contact_attributes: Annotated[list[Key], msgspec.Meta(max_length=MAX_AI_ATTRIBUTES)] = msgspec.field(
         default_factory=list
     )
+    #: The enrollment's variables the model may see (none by default; a name the enrollment lacks is left
+    #: out).
+    variables: Annotated[list[VariableName], msgspec.Meta(max_length=MAX_AI_VARIABLES)] = msgspec.field(
+        default_factory=list
+    )
+    #: Variables whose values a draft must never contain (the model may see them): a draft that repeats
+    #: one takes the fallback (``ai_policy``).
+    private: Annotated[list[VariableName], msgspec.Meta(max_length=MAX_AI_VARIABLES)] = msgspec.field(
+        default_factory=list
+    )
+    #: The domains a draft may link to (their subdomains too); a draft naming any other host takes the
+    #: fallback (``ai_policy``). None listed: a draft may name no host at all.
+    allowed_domains: Annotated[list[Domain], msgspec.Meta(max_length=MAX_AI_DOMAINS)] = msgspec.field(
+        default_factory=list
+    )
     #: How many of the conversation's last messages the model sees.
     history_messages: Annotated[int, msgspec.Meta(ge=0, le=50)] = 10
     #: The language the message is written in (``en``, ``pt_BR``): the prompt asks for it, and a draft
@@ -154,9 +187,16 @@ def decode_definition(raw: Any, field: str = "definition") -> Definition:
     try:
         return msgspec.convert(raw, Definition)
     except msgspec.ValidationError as exc:
-        message, _, path = str(exc).partition(" - at `")
+        message, _, path = explained(exc).partition(" - at `")
         where = ".".join(part for part in (field, _field_path(path.rstrip("`"))) if part)
         raise InvalidInput(f"{where}: {message}", field=where) from None
+
+
+def explained(exc: msgspec.ValidationError) -> str:
+    """msgspec's message, with a value that does not match a pattern of this module said in words."""
+    message, at, path = str(exc).partition(" - at `")
+    message = next((v for k, v in _PATTERN_MEANING.items() if message.endswith(f"regex {k!r}")), message)
+    return message + at + path
 
 
 def _steps_field(field: str) -> str:

@@ -17,6 +17,7 @@ from psycopg import Connection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from libs.common.core.errors import InvalidInput
 from libs.common.core.sql import load_queries
 from libs.common.followups.send_window import SendWindow, validate_window
 
@@ -51,7 +52,8 @@ class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     #: The project's business hours (in its time zone): a rule may count its delay in them only.
     business_hours: SendWindow | None = None
     #: Most model tokens the project's AI steps use in a calendar month (UTC); over it, AI steps take their
-    #: fallback (``ai_budget_exhausted``) without calling the model. Null: no budget.
+    #: fallback (``ai_budget_exhausted``) without calling the model. Null: no budget, or the operator's cap
+    #: (``AI_MAX_MONTHLY_TOKENS_PER_PROJECT``) when one is set; a budget may not exceed the cap.
     ai_monthly_token_budget: Annotated[int, msgspec.Meta(ge=1, le=10_000_000_000)] | None = None
 
 
@@ -74,10 +76,32 @@ def get_settings(conn: Connection[Any], project_id: uuid.UUID) -> ProjectSetting
     return settings_from_row(row)
 
 
+def ai_token_budget(budget: int | None, cap: int | None) -> int | None:
+    """The monthly tokens a project's AI steps may use: its ``ai_monthly_token_budget``, never more than
+    the operator's cap (a budget stored above a cap lowered since is held to the cap; none set: the cap);
+    None: no limit at all."""
+    if budget is None or cap is None:
+        return cap if budget is None else budget
+    return min(budget, cap)
+
+
 def put_settings(
-    conn: Connection[Any], project_id: uuid.UUID, settings: ProjectSettings, *, now: datetime
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    settings: ProjectSettings,
+    *,
+    now: datetime,
+    ai_token_cap: int | None,
 ) -> ProjectSettings:
-    """Replace the project's settings (validated first: nothing is stored half)."""
+    """Replace the project's settings (validated first: nothing is stored half). ``ai_token_cap`` is the
+    operator's cap (``AI_MAX_MONTHLY_TOKENS_PER_PROJECT``): a budget above it is refused."""
+    budget = settings.ai_monthly_token_budget
+    if ai_token_cap is not None and budget is not None and budget > ai_token_cap:
+        raise InvalidInput(
+            f"ai_monthly_token_budget may be at most {ai_token_cap} (this deployment's cap on a project's"
+            " monthly tokens); leave it empty to use the cap",
+            field="ai_monthly_token_budget",
+        )
     for name in ("send_window", "business_hours"):
         window = getattr(settings, name)
         if window is not None:

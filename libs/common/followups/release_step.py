@@ -114,7 +114,8 @@ class _Claim:
 @dataclass(frozen=True)
 class AiDraft:
     """What the model call of an AI step came to: the message to send, or why its fallback is taken
-    (``ai_low_confidence``, ``ai_invalid_output``, ``ai_error``, ``ai_timeout``, ``ai_budget_exhausted``)."""
+    (``ai_low_confidence``, ``ai_invalid_output``, ``ai_error``, ``ai_timeout``, ``ai_budget_exhausted``,
+    ``ai_policy``)."""
 
     text: str | None = None
     fallback_reason: str | None = None

@@ -83,7 +83,9 @@ _PLACEHOLDER = re.compile(r'\{\{((?:[^"{}]|"(?:[^"\\]|\\.)*"|\}(?!\}))*)\}\}', r
 _BODY = re.compile(r"\s*([^|]*?)\s*(?:\|(.*))?", re.DOTALL)
 _FALLBACK = re.compile(r'\s*"((?:[^"\\]|\\["\\])*)"\s*', re.DOTALL)
 _FALLBACK_ESCAPE = re.compile(r"\\(.)")
-_SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: One segment of a placeholder's path (``first_name`` in ``vars.first_name``): a variable's name.
+SEGMENT_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
+_SEGMENT = re.compile(SEGMENT_PATTERN)
 
 Kind = Literal["vars", "anchor", "contact_name", "contact_phone", "contact_attribute"]
 

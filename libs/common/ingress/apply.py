@@ -47,8 +47,9 @@ class EventResult(msgspec.Struct, kw_only=True):
     resumed_enrollment_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
     #: The enrollment a released campaign recipient got.
     enrollment_id: uuid.UUID | None = None
-    #: Triggers recorded for the rules that listen for this event.
-    trigger_ids: list[int] = msgspec.field(default_factory=list)
+    #: Triggers recorded for the rules that listen for this event (public ids: random, they tell nothing of
+    #: other projects' volume).
+    trigger_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
 
 
 def stop(
@@ -83,8 +84,9 @@ def record(
     contact_id: uuid.UUID,
     conversation_id: uuid.UUID | None = None,
     **payload: Any,
-) -> list[int]:
-    """Record a trigger for ``event`` (when a rule listens); its id goes on the result (if one is given)."""
+) -> list[uuid.UUID]:
+    """Record a trigger for ``event`` (when a rule listens); its public id goes on the result (if one is
+    given)."""
     trigger_id = record_trigger(
         conn,
         project_id,

@@ -1,11 +1,11 @@
 """The platform core: the parts of a messaging platform the engine needs, owned here so the engine runs on
-its own. Projects and API keys, contacts (opt-out, consent, erasure, activities), conversations, messages
-(the one shared send function, inbound and human messages, cancellation), the send lane's claim and
-status reports, leads and deals.
+its own. Projects, API keys and dashboard sessions, contacts (opt-out, consent, erasure, activities),
+conversations, messages (the one shared send function, inbound and human messages, cancellation), the send
+lane's claim and status reports, leads and deals.
 
-Owns: ``projects``, ``api_keys``, ``numbers``, ``contacts``, ``activities``, ``conversations``,
-``messages``, ``message_status_events``, ``message_counters`` (kept by a trigger on ``messages``),
-``usage_counters``, ``leads``, ``deals``.
+Owns: ``projects``, ``api_keys``, ``dashboard_sessions``, ``numbers``, ``contacts``, ``activities``,
+``conversations``, ``messages``, ``message_status_events``, ``message_counters`` (kept by a trigger on
+``messages``), ``usage_counters``, ``leads``, ``deals``.
 May import: ``core``, ``contracts``. Knows nothing of follow-ups: stop paths run above it (``ingress``).
 """
 
@@ -18,6 +18,7 @@ OWNS: Final = frozenset(
     {
         "projects",
         "api_keys",
+        "dashboard_sessions",
         "numbers",
         "contacts",
         "activities",

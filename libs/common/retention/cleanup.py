@@ -3,7 +3,7 @@
 the machine), until nothing is left, and counts what it deleted in
 ``whatstig_retention_rows_deleted_total{table}``. Retention owns no table: the deletes are the owners'
 (:mod:`~libs.common.followups.transitions`, :mod:`~libs.common.rules.purge`,
-:mod:`~libs.common.core.outbox`).
+:mod:`~libs.common.core.outbox`, :mod:`~libs.common.platform.sessions`).
 
     followup_enrollments     finished, older than the project's retention_days (default 90; step runs go too)
     followup_triggers        processed, older than 7 days (rule runs go too), unless a pending delayed
@@ -12,6 +12,7 @@ the machine), until nothing is left, and counts what it deleted in
     followup_bulk_jobs       finished, older than 30 days (with their contacts)
     webhook_deliveries       delivered or given up, older than 30 days
     outbox                   published more than 7 days ago
+    dashboard_sessions       expired (past DASHBOARD_SESSION_SECONDS; never valid after that anyway)
 
 The job runs in one process at a time (an advisory lock): another replica finds it taken and does nothing.
 It returns whether every step succeeded; ``last_job_success`` is set by the caller only then.
@@ -32,6 +33,7 @@ from libs.common.core import outbox
 from libs.common.core.metrics import RETENTION_DELETED
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
+from libs.common.platform import sessions
 from libs.common.rules import purge as rules_purge
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ STEPS: Final[tuple[tuple[str, Purge, int], ...]] = (
     ("followup_bulk_jobs", rules_purge.purge_bulk_jobs, 1),  # a job takes its (up to 100,000) contacts
     ("webhook_deliveries", rules_purge.purge_webhook_deliveries, BATCH),
     ("outbox", outbox.purge_published, BATCH),
+    ("dashboard_sessions", sessions.purge_expired, BATCH),
 )
 
 

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 import psycopg
@@ -211,6 +211,10 @@ def cancel_job(conn: Connection[Any], project_id: uuid.UUID, job_id: uuid.UUID, 
     conn.execute(QUERIES["request_cancel"], {"project_id": project_id, "id": job_id, "now": now})
     after_commit(conn, NudgeTriggers(project_id))
     return get_job(conn, project_id, job_id)
+
+
+#: The columns of :func:`skipped_rows`, the skipped CSV's header.
+SKIPPED_HEADER: Final = ("position", "contact_id", "phone", "reason")
 
 
 def skipped_rows(

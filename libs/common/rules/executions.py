@@ -270,6 +270,7 @@ def _execute(
     assert rule is not None
     subject = Subject(
         trigger_id=row["trigger_id"],
+        trigger_public_id=row["trigger_public_id"],
         type=row["trigger_type"],
         project_id=row["project_id"],
         contact_id=row["contact_id"],

@@ -48,7 +48,7 @@ SELECT e.id, e.project_id, e.rule_id, e.conversation_id, e.contact_id, e.trigger
        r.id IS NOT NULL AND r.active AS rule_active,
        v.id IS NOT NULL AS conversation_exists,
        v.status_changed_at, v.last_incoming_message_id, v.waiting_since,
-       t.type AS trigger_type, t.payload, t.occurred_at
+       t.type AS trigger_type, t.public_id AS trigger_public_id, t.payload, t.occurred_at
 FROM rule_pending_executions e
 LEFT JOIN rules r ON r.id = e.rule_id
 LEFT JOIN conversations v ON v.project_id = e.project_id AND v.id = e.conversation_id

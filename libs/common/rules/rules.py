@@ -107,7 +107,8 @@ class Rule(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class RuleRun(msgspec.Struct, kw_only=True, frozen=True):
-    trigger_id: int
+    #: The trigger's public id (random: it tells nothing of other projects' volume).
+    trigger_id: uuid.UUID
     outcome: str
     detail: str | None
     ran_at: datetime

@@ -75,9 +75,9 @@ def record_trigger(
     conversation_id: uuid.UUID | None = None,
     payload: dict[str, Any] | None = None,
     now: datetime,
-) -> int | None:
+) -> uuid.UUID | None:
     """Record a trigger for ``event`` in the caller's transaction when the project has an active rule for
-    it; returns its id (None: no rule listens)."""
+    it; returns its public id, the one the project sees (None: no rule listens)."""
     if not RULES.rules(conn, project_id, event):
         return None
     params = {
@@ -90,14 +90,15 @@ def record_trigger(
     }
     row = conn.execute(QUERIES["insert_trigger"], params).fetchone()
     assert row is not None
-    trigger_id: int = row[0]
+    public_id: uuid.UUID = row[0]
     after_commit(conn, NudgeTriggers(project_id))  # the triggers service acts on it once it committed
-    return trigger_id
+    return public_id
 
 
 @dataclass(frozen=True)
 class _Claimed:
     id: int
+    public_id: uuid.UUID
     type: str
     project_id: uuid.UUID
     contact_id: uuid.UUID
@@ -290,6 +291,7 @@ def _subject(trigger: _Claimed) -> Subject:
     """What the trigger is about, as its rules' actions (and a delayed rule's re-check) see it."""
     return Subject(
         trigger_id=trigger.id,
+        trigger_public_id=trigger.public_id,
         type=trigger.type,
         project_id=trigger.project_id,
         contact_id=trigger.contact_id,

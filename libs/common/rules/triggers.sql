@@ -13,11 +13,11 @@ SELECT %(project_id)s, %(type)s, %(contact_id)s, %(conversation_id)s,
            FROM conversations v
            WHERE v.project_id = %(project_id)s AND v.id = %(conversation_id)s::uuid)),
        %(now)s, %(now)s
-RETURNING id
+RETURNING public_id
 
 -- name: claim_triggers
 -- A batch of due triggers, oldest first; triggers locked by another worker are skipped.
-SELECT id, type, project_id, contact_id, conversation_id, payload, occurred_at, attempts
+SELECT id, public_id, type, project_id, contact_id, conversation_id, payload, occurred_at, attempts
 FROM followup_triggers
 WHERE processed_at IS NULL AND next_attempt_at <= %(now)s
 ORDER BY next_attempt_at, id

@@ -21,9 +21,12 @@ Each request carries::
     X-Followups-Timestamp: <unix seconds>
     X-Followups-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" keyed by the project's secret>
 
-A receiver checks the signature over the body bytes exactly as received, with :func:`verify_signature` or
-its equivalent, and should reject timestamps too far from its own clock (a replayed request). A delivery is
-at least once: a receiver deduplicates on ``X-Followups-Delivery``.
+While a rotation of the secret overlaps (``libs.common.platform.webhook_secrets``), the signature header
+lists one signature per valid secret, the new one first: ``sha256=<by the new>, sha256=<by the old>``.
+A receiver checks the signatures over the body bytes exactly as received, with :func:`verify_signature` or
+its equivalent (any one that matches its secret verifies), and should reject timestamps too far from its
+own clock (a replayed request). A delivery is at least once: a receiver deduplicates on
+``X-Followups-Delivery``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import ssl
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
@@ -89,7 +92,8 @@ class Delivery(msgspec.Struct, kw_only=True, frozen=True):
     id: uuid.UUID
     project_id: uuid.UUID
     rule_id: uuid.UUID | None
-    trigger_id: int | None
+    #: The public id of the trigger it came of (None: queued by hand).
+    trigger_id: uuid.UUID | None
     url: str
     payload: dict[str, Any]
     status: str
@@ -126,6 +130,8 @@ class _Claimed(msgspec.Struct, kw_only=True, frozen=True):
     payload: dict[str, Any]
     attempts: int
     secret: str
+    #: The secret a rotation replaced, while its overlap runs (it signs too).
+    previous_secret: str | None
 
 
 class _Result(msgspec.Struct, kw_only=True, frozen=True):
@@ -142,7 +148,7 @@ def queue_delivery(
     project_id: uuid.UUID,
     *,
     rule_id: uuid.UUID | None,
-    trigger_id: int | None,
+    trigger_id: uuid.UUID | None,
     url: str,
     payload: dict[str, Any],
     now: datetime,
@@ -314,20 +320,29 @@ def list_deliveries(
 
 
 def sign(secret: str, timestamp: int | str, body: bytes) -> str:
-    """The ``X-Followups-Signature`` value of ``body`` sent at ``timestamp`` (unix seconds)."""
+    """The signature of ``body`` sent at ``timestamp`` (unix seconds) with ``secret``: ``sha256=<hex>``."""
     digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
     return SIGNATURE_PREFIX + digest
 
 
-def verify_signature(secret: str, timestamp: int | str, body: bytes | str, signature: str) -> bool:
-    """Whether ``signature`` (the ``X-Followups-Signature`` header) signs ``body`` (the request body, as
-    received) at ``timestamp`` (the ``X-Followups-Timestamp`` header) with the project's webhook secret.
+def signature_header(secrets: Sequence[str], timestamp: int | str, body: bytes) -> str:
+    """The ``X-Followups-Signature`` value: one signature per valid secret, newest first, comma-separated
+    (one signature, as ever, outside a rotation's overlap)."""
+    return ", ".join(sign(secret, timestamp, body) for secret in secrets)
 
-    The comparison takes the same time wherever the signatures differ. It does not judge the timestamp's
+
+def verify_signature(secret: str, timestamp: int | str, body: bytes | str, signature: str) -> bool:
+    """Whether ``signature`` (the ``X-Followups-Signature`` header: one signature, or a comma-separated
+    list during a rotation's overlap) signs ``body`` (the request body, as received) at ``timestamp`` (the
+    ``X-Followups-Timestamp`` header) with ``secret``, the webhook secret the receiver holds: any one of the
+    listed signatures that matches verifies.
+
+    Each comparison takes the same time wherever the signatures differ. It does not judge the timestamp's
     age: a receiver should also reject one too far from its own clock (five minutes, say)."""
     raw = body.encode() if isinstance(body, str) else body
-    expected = sign(secret, str(timestamp).strip(), raw)
-    return hmac.compare_digest(expected.encode(), signature.strip().encode())
+    expected = sign(secret, str(timestamp).strip(), raw).encode()
+    listed = [candidate.strip().encode() for candidate in signature.split(",")]
+    return any([hmac.compare_digest(expected, candidate) for candidate in listed])
 
 
 def validate_url(url: str, *, field: str = "url") -> str:
@@ -346,15 +361,6 @@ def validate_url(url: str, *, field: str = "url") -> str:
     if len(url) > 2000:
         raise InvalidInput("the webhook URL has at most 2000 characters", field=field)
     return url
-
-
-def webhook_secret(conn: Connection[Any], project_id: uuid.UUID) -> str:
-    """The key that signs the project's webhooks."""
-    row = conn.execute(QUERIES["webhook_secret"], {"project_id": project_id}).fetchone()
-    if row is None:
-        raise NotFound("project not found", field="project_id")
-    secret: str = row[0]
-    return secret
 
 
 def _opener() -> urllib.request.OpenerDirector:
@@ -379,7 +385,7 @@ def _post(claimed: _Claimed, *, now: datetime, timeout_s: float) -> _Result:
             "User-Agent": USER_AGENT,
             "X-Followups-Delivery": str(claimed.id),
             "X-Followups-Timestamp": str(timestamp),
-            "X-Followups-Signature": sign(claimed.secret, timestamp, body),
+            "X-Followups-Signature": signature_header(_secrets(claimed), timestamp, body),
         },
     )
     try:
@@ -395,6 +401,11 @@ def _post(claimed: _Claimed, *, now: datetime, timeout_s: float) -> _Result:
     except (OSError, http.client.HTTPException, ValueError) as exc:
         return _Result(status_code=None, error=_short(exc))
     return _Result(status_code=code, error=None if 200 <= code < 300 else f"HTTP {code}")
+
+
+def _secrets(claimed: _Claimed) -> list[str]:
+    """The secrets that sign the claimed delivery, newest first."""
+    return [claimed.secret] if claimed.previous_secret is None else [claimed.secret, claimed.previous_secret]
 
 
 def _short(exc: BaseException | str) -> str:

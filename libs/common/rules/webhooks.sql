@@ -7,7 +7,8 @@ RETURNING id
 
 -- name: claim_delivery
 -- Claim a due pending delivery for one attempt (SKIP LOCKED: a busy one is left alone): the attempt is
--- counted and the row leased (next_attempt_at moved past the call's deadline), with the project's secret.
+-- counted and the row leased (next_attempt_at moved past the call's deadline), with the project's secret
+-- and, while a rotation's overlap runs, the secret it replaced.
 WITH picked AS (
     SELECT id FROM webhook_deliveries
     WHERE id = %(id)s AND status = 'pending' AND next_attempt_at <= %(now)s
@@ -19,7 +20,8 @@ WITH picked AS (
     RETURNING d.id, d.project_id, d.rule_id, d.url, d.payload, d.attempts
 )
 SELECT claimed.id, claimed.project_id, claimed.rule_id, claimed.url, claimed.payload, claimed.attempts,
-       p.webhook_secret AS secret
+       p.webhook_secret AS secret,
+       CASE WHEN p.webhook_secret_previous_until > %(now)s THEN p.webhook_secret_previous END AS previous_secret
 FROM claimed JOIN projects p ON p.id = claimed.project_id
 
 -- name: record_attempt
@@ -61,7 +63,3 @@ WHERE project_id = %(project_id)s
   AND (%(status)s::text IS NULL OR status = %(status)s::text)
 ORDER BY id
 LIMIT %(limit)s
-
--- name: webhook_secret
--- The key that signs a project's webhooks.
-SELECT webhook_secret FROM projects WHERE id = %(project_id)s

@@ -15,6 +15,7 @@ from litestar import Router
 from litestar.static_files import create_static_files_router
 
 from services.api.dashboard import hooks
+from services.api.dashboard.api_keys import ApiKeysController
 from services.api.dashboard.auth import AuthController
 from services.api.dashboard.bulk import BulkController
 from services.api.dashboard.contacts import ContactsController
@@ -45,6 +46,7 @@ def dashboard_router(secret: bytes | None = None) -> Router:
             RulesController,
             ContactsController,
             SettingsController,
+            ApiKeysController,
         ],
         before_request=hooks.before_request,
         exception_handlers=hooks.EXCEPTION_HANDLERS,

@@ -16,10 +16,11 @@ import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
 
+from libs.common.core.csv_export import csv_chunks
 from libs.common.core.errors import FollowupsError, NotFound
 from libs.common.followups import sequences
 from libs.common.rules import bulk
-from libs.common.rules.bulk import MAX_CONTACTS, BulkCreate
+from libs.common.rules.bulk import MAX_CONTACTS, SKIPPED_HEADER, BulkCreate
 from services.api.body import MAX_BULK_BODY_BYTES
 from services.api.dashboard.base import paged, project_of, query_uuid, see_other
 from services.api.dashboard.forms import Form, FormErrors, error_of, key_values, validation_error
@@ -176,15 +177,10 @@ class BulkController(Controller):
     @get("/{job_id:uuid}/skipped.csv", sync_to_thread=True)
     def skipped(self, request: Request[Any, Any, Any], job_id: FromPath[uuid.UUID]) -> Response[str]:
         project_id = project_of(request)
-        out = io.StringIO()
-        writer = csv.writer(out)
-        writer.writerow(["position", "contact_id", "phone", "reason"])
         with transaction(runtime_of(request)) as conn:
-            bulk.get_job(conn, project_id, job_id)
-            for row in bulk.skipped_rows(conn, project_id, job_id):
-                writer.writerow(["" if value is None else value for value in row])
+            text = "".join(csv_chunks(SKIPPED_HEADER, bulk.skipped_rows(conn, project_id, job_id)))
         return Response(
-            out.getvalue(),
+            text,
             media_type="text/csv",
             headers={
                 **SECURITY_HEADERS,

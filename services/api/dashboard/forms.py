@@ -200,14 +200,14 @@ def back_to_card(request: Any, default: str) -> str:
     return default
 
 
-def anchor_time(raw: str, errors: FormErrors, field: str) -> datetime | None:
-    """An anchor time typed as ``YYYY-MM-DDTHH:MM`` (a datetime-local input), taken as UTC without an
-    offset; None when empty, or when malformed (then an error on ``field``)."""
+def anchor_time(raw: str, errors: FormErrors, field: str, what: str = "the anchor") -> datetime | None:
+    """A time (an anchor, an expiry) typed as ``YYYY-MM-DDTHH:MM`` (a datetime-local input), taken as UTC
+    without an offset; None when empty, or when malformed (then an error on ``field`` about ``what``)."""
     if not raw.strip():
         return None
     try:
         moment = datetime.fromisoformat(raw.strip())
     except ValueError:
-        errors.add(field, "the anchor is a date and time such as 2025-03-01T14:00")
+        errors.add(field, f"{what} is a date and time such as 2025-03-01T14:00")
         return None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

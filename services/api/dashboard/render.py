@@ -19,6 +19,7 @@ from litestar import Request, Response
 from litestar.enums import MediaType
 from markupsafe import Markup
 
+from libs.common.platform.api_keys import allows
 from services.api.dashboard.forms import FormErrors, field_id
 from services.api.dashboard.session import CSRF_FIELD, Session, Signer
 
@@ -34,19 +35,21 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 
-#: The navigation: (path, label).
+#: The navigation: (path, label, the scope a session needs to see the link).
 NAVIGATION = (
-    ("/app/sequences", "Sequences"),
-    ("/app/enrollments", "Enrollments"),
-    ("/app/rules", "Rules"),
-    ("/app/contacts", "Contacts"),
-    ("/app/settings", "Settings"),
+    ("/app/sequences", "Sequences", "read"),
+    ("/app/enrollments", "Enrollments", "read"),
+    ("/app/rules", "Rules", "read"),
+    ("/app/contacts", "Contacts", "read"),
+    ("/app/settings", "Settings", "read"),
+    ("/app/api-keys", "API keys", "admin"),
 )
 
 
 #: What a page says after an action redirected to it (``?notice=saved``): fixed texts, never the URL's.
 NOTICES = {
     "signed_out": "You are signed out.",
+    "revoked": "Revoked: the key authenticates as nothing, and its dashboard sessions have ended.",
     "saved": "Saved.",
     "created": "Created.",
     "deleted": "Deleted.",
@@ -101,7 +104,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(when=when, duration=duration, short=short)
-    env.globals.update(percent=percent, navigation=NAVIGATION, field_id=field_id)
+    env.globals.update(percent=percent, navigation=NAVIGATION, field_id=field_id, allows=allows)
     return env
 
 

@@ -24,6 +24,7 @@ from services.api.dashboard.queries import project_header
 from services.api.dashboard.render import page
 from services.api.dashboard.sequences import builder_page, definition_of, step_errors
 from services.api.dashboard.step_form import (
+    AI_LISTS,
     KINDS,
     MEDIA_KINDS,
     ONLY_IF,
@@ -232,6 +233,7 @@ class SequenceStepsController(Controller):
             units=UNIT_CHOICES,
             weekdays=WEEKDAYS,
             variables=VARIABLES,
+            ai_lists=AI_LISTS,
             contacts=[("", "choose…")] + [(str(c.id), c.name or c.phone or str(c.id)) for c in found],
             preview_contact=contact_id,
             preview_variables=variables_text,

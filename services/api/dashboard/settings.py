@@ -97,7 +97,13 @@ class SettingsController(Controller):
         try:
             settings = msgspec.convert(payload, ProjectSettings)
             with transaction(runtime) as conn:
-                project_settings.put_settings(conn, project_of(request), settings, now=runtime.clock.now())
+                project_settings.put_settings(
+                    conn,
+                    project_of(request),
+                    settings,
+                    now=runtime.clock.now(),
+                    ai_token_cap=runtime.settings.ai.max_monthly_tokens_per_project,
+                )
         except msgspec.ValidationError as exc:
             return self._page(request, values, validation_error(exc), status=422)
         except FollowupsError as exc:
@@ -126,4 +132,9 @@ class SettingsController(Controller):
             ai_model=ai.model,
             ai_configured=ai.base_url is not None,
             ai_tokens=tokens,
+            ai_token_cap=ai.max_monthly_tokens_per_project,
+            ai_budget=project_settings.ai_token_budget(
+                int(typed) if (typed := values["ai_monthly_token_budget"]).isdigit() else None,
+                ai.max_monthly_tokens_per_project,
+            ),
         )

@@ -17,10 +17,18 @@ from typing import Any
 
 import msgspec
 
-from libs.common.followups.definition import AiStep, MessageStep, Step, TemplateFallback
+from libs.common.followups.definition import AiStep, MessageStep, Step, TemplateFallback, explained
 from libs.common.followups.send_window import WEEKDAYS
 from libs.common.followups.templates import RenderContext, TemplateError, render_message
-from services.api.dashboard.forms import SECOND_UNITS, Form, FormErrors, join_delay, lines, split_delay
+from services.api.dashboard.forms import (
+    SECOND_UNITS,
+    Form,
+    FormErrors,
+    join_delay,
+    lines,
+    split_delay,
+    whole_number,
+)
 
 KINDS = [("message", "Message"), ("ai", "AI-written message")]
 TIMINGS = [("wait", "After a wait"), ("anchor", "Relative to the anchor (a reminder)")]
@@ -37,6 +45,13 @@ MEDIA_KINDS = [
     ("document", "document"),
 ]
 UNIT_CHOICES = [(unit, unit) for unit in SECOND_UNITS]
+#: An AI step's lists of names, each a textarea of one name a line, and its label.
+AI_LISTS = {
+    "variables": "Variables the model sees (one name a line; none: no variable)",
+    "private": "Private variables: the model may see them, the message may not repeat them (one a line)",
+    "contact_attributes": "Contact attributes the model sees (one key a line)",
+    "allowed_domains": "Domains the message may link to, with their subdomains (one a line; none: no link)",
+}
 #: The template variables a step's text may use (shown beside the text).
 VARIABLES = (
     "{{contact.name}}",
@@ -62,6 +77,7 @@ class StepForm:
     fallback_kind: str = "template"
     fallback_text: str = ""
     min_confidence: str = "0.5"
+    history_messages: str = "10"
     language: str = ""
     timing: str = "wait"
     wait_value: str = ""
@@ -79,6 +95,8 @@ class StepForm:
     template_name: str = ""
     template_language: str = "en"
     template_parameters: str = ""
+    #: An AI step's lists (one name a line): what the model sees, what it must not repeat, where it may link.
+    ai_lists: dict[str, str] = field(default_factory=lambda: dict.fromkeys(AI_LISTS, ""))
 
     @classmethod
     def preset(cls, kind: str, index: int) -> StepForm:
@@ -98,6 +116,8 @@ class StepForm:
         else:
             out.kind, out.instructions, out.goal = "ai", step.instructions, step.goal or ""
             out.min_confidence = str(step.min_confidence)
+            out.history_messages = str(step.history_messages)
+            out.ai_lists = {name: "\n".join(getattr(step, name)) for name in AI_LISTS}
             out.language = step.language or ""
             if isinstance(step.fallback, TemplateFallback):
                 out.fallback_kind, out.fallback_text = "template", step.fallback.text
@@ -136,6 +156,7 @@ class StepForm:
             fallback_kind=form.get("fallback.kind") or "template",
             fallback_text=form.get("fallback.text"),
             min_confidence=form.get("min_confidence"),
+            history_messages=form.get("history_messages"),
             language=form.get("language"),
             timing=form.get("timing") or "wait",
             wait_value=form.get("wait_value"),
@@ -153,6 +174,7 @@ class StepForm:
             template_name=form.get("whatsapp_template.name"),
             template_language=form.get("whatsapp_template.language"),
             template_parameters=form.get("whatsapp_template.parameters"),
+            ai_lists={name: form.get(name) for name in AI_LISTS},
         )
 
     def payload(self, errors: FormErrors) -> dict[str, Any]:
@@ -166,6 +188,9 @@ class StepForm:
                 if self.fallback_kind == "template"
                 else {"kind": "skip"}
             )
+            out |= {name: lines(self.ai_lists.get(name, "")) for name in AI_LISTS}
+            history = whole_number(self.history_messages, "history_messages", errors)
+            out["history_messages"] = 10 if history is None else history
             confidence = self.min_confidence.strip() or "0.5"
             try:
                 out["min_confidence"] = float(confidence)
@@ -214,7 +239,10 @@ class StepForm:
 
 def decode_step(payload: dict[str, Any]) -> Step:
     """The step a payload describes; msgspec.ValidationError names the field."""
-    step: Step = msgspec.convert(payload, Step)
+    try:
+        step: Step = msgspec.convert(payload, Step)
+    except msgspec.ValidationError as exc:
+        raise msgspec.ValidationError(explained(exc)) from None
     return step
 
 

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,10 +12,11 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.response import Stream
 
+from libs.common.core.csv_export import csv_chunks
 from libs.common.followups import campaigns
 from libs.common.followups.campaigns import Campaign, CampaignPut
 from libs.common.rules import bulk
-from libs.common.rules.bulk import BulkCreate, BulkJob
+from libs.common.rules.bulk import SKIPPED_HEADER, BulkCreate, BulkJob
 from services.api.body import MAX_BULK_BODY_BYTES
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 from services.api.openapi import conflict, not_found
@@ -96,17 +95,8 @@ class BulkEnrollmentsController(Controller):
             bulk.get_job(conn, project_id, job_id)  # 404 before the stream starts
 
         def lines() -> Iterator[str]:
-            out = io.StringIO()
-            writer = csv.writer(out)
-            writer.writerow(["position", "contact_id", "phone", "reason"])
             with transaction(runtime) as conn:
-                for row in bulk.skipped_rows(conn, project_id, job_id):
-                    writer.writerow(["" if value is None else value for value in row])
-                    if out.tell() > 64_000:
-                        yield out.getvalue()
-                        out.seek(0)
-                        out.truncate()
-            yield out.getvalue()
+                yield from csv_chunks(SKIPPED_HEADER, bulk.skipped_rows(conn, project_id, job_id))
 
         return Stream(
             lines(),

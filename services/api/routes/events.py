@@ -12,6 +12,7 @@ from libs.common.contracts.platform_events import PlatformEvent
 from libs.common.ingress import EventResult, handle_event
 from services.api.deps import ProjectId, runtime_of
 from services.api.openapi import conflict, not_found
+from services.api.scopes import scope
 
 #: Events that create something: 201 the first time, 200 when repeated.
 _CREATING = {"message.inbound", "message.human", "lead.created", "conversation.created"}
@@ -20,6 +21,7 @@ _CREATING = {"message.inbound", "message.human", "lead.created", "conversation.c
 class EventsController(Controller):
     path = "/v1/events"
     tags = ["platform events"]
+    opt = scope("events")
 
     @post(
         "/",

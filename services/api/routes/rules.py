@@ -4,11 +4,14 @@ deliveries and the key that signs them."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any, Literal
 
 from litestar import Controller, Request, delete, get, patch, post
 from litestar.params import FromPath, FromQuery, JSONBody
 
+from libs.common.platform import webhook_secrets
+from libs.common.platform.webhook_secrets import RotateWebhookSecret, WebhookSecret
 from libs.common.rules import executions, rules, webhooks
 from libs.common.rules.executions import Execution, ExecutionStatus
 from libs.common.rules.rules import Event, Rule, RuleCreate, RuleRun, RuleUpdate
@@ -16,6 +19,7 @@ from libs.common.rules.webhooks import Delivery
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 from services.api.openapi import conflict, not_found
 from services.api.routes import Items, Page, as_items, as_page
+from services.api.scopes import scope
 
 #: A sequence an ``enroll_in_sequence`` action names that is not one of the project's.
 _UNKNOWN_SEQUENCE = not_found("A sequence an action names is not one of the project's.")
@@ -180,9 +184,29 @@ class WebhookDeliveriesController(Controller):
         with transaction(runtime_of(request)) as conn:
             return webhooks.get_delivery(conn, project_id, delivery_id)
 
-    @get("/secret", sync_to_thread=True)
-    def secret(self, request: Request[Any, Any, Any], project_id: ProjectId) -> dict[str, str]:
+    @get("/secret", sync_to_thread=True, opt=scope("admin"))
+    def secret(self, request: Request[Any, Any, Any], project_id: ProjectId) -> WebhookSecret:
         """The key that signs the project's webhooks: ``X-Followups-Signature`` is ``sha256=`` and the hex
-        HMAC-SHA256 of ``<X-Followups-Timestamp>.<body>``."""
-        with transaction(runtime_of(request)) as conn:
-            return {"secret": webhooks.webhook_secret(conn, project_id)}
+        HMAC-SHA256 of ``<X-Followups-Timestamp>.<body>`` (during a rotation's overlap, until
+        ``previous_valid_until``, a comma-separated list: by this key, then by the one it replaced). A secret:
+        admin keys only."""
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            return webhook_secrets.webhook_secret(conn, project_id, now=runtime.clock.now())
+
+    @post("/secret/rotate", sync_to_thread=True, status_code=200, opt=scope("admin"))
+    def rotate_secret(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        data: JSONBody[RotateWebhookSecret | None] = None,
+    ) -> WebhookSecret:
+        """Replace the signing key; the old one still signs every delivery for ``overlap_seconds`` (default
+        ``WEBHOOK_SECRET_OVERLAP_SECONDS``; 0 ends it at once), so receivers can switch without losing one."""
+        runtime = runtime_of(request)
+        given = data.overlap_seconds if data is not None else None
+        seconds = runtime.settings.rules.webhook_secret_overlap_seconds if given is None else given
+        with transaction(runtime) as conn:
+            return webhook_secrets.rotate_webhook_secret(
+                conn, project_id, overlap=timedelta(seconds=seconds), now=runtime.clock.now()
+            )

@@ -9,11 +9,13 @@ from litestar.params import JSONBody
 
 from libs.common.platform.send_lane import ClaimedMessage, ClaimRequest, claim_messages
 from services.api.deps import ProjectId, runtime_of, transaction
+from services.api.scopes import scope
 
 
 class SendLaneController(Controller):
     path = "/v1/send-lane"
     tags = ["send lane"]
+    opt = scope("events")
 
     @post("/claim", sync_to_thread=True, status_code=200)
     def claim(

@@ -27,7 +27,14 @@ class SettingsController(Controller):
         self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[ProjectSettings]
     ) -> ProjectSettings:
         """Replace the settings (an absent field takes its default). Every release from the next one on
-        obeys them, in every process."""
+        obeys them, in every process. An ``ai_monthly_token_budget`` above the operator's cap
+        (``AI_MAX_MONTHLY_TOKENS_PER_PROJECT``) is refused, 422."""
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
-            return project_settings.put_settings(conn, project_id, data, now=runtime.clock.now())
+            return project_settings.put_settings(
+                conn,
+                project_id,
+                data,
+                now=runtime.clock.now(),
+                ai_token_cap=runtime.settings.ai.max_monthly_tokens_per_project,
+            )

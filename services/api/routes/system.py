@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from litestar import Litestar, Request, Response, get
+from litestar.exceptions import NotFoundException
 
 from libs.common.core import metrics
 from libs.common.core.db import ping
-from libs.common.core.errors import DatabaseUnavailable
+from libs.common.core.errors import DatabaseUnavailable, Unauthorized
 from libs.common.core.runtime import Runtime
 from services.api.deps import runtime_of
 from services.api.problems import problem
@@ -42,8 +44,17 @@ async def ready(request: Request[Any, Any, Any]) -> Response[Any]:
 
 
 @get("/metrics", sync_to_thread=False, tags=["system"], include_in_schema=False)
-def prometheus_metrics() -> Response[bytes]:
-    """Prometheus exposition."""
+def prometheus_metrics(request: Request[Any, Any, Any]) -> Response[Any]:
+    """Prometheus exposition: 404 when ``API_METRICS_PORT`` serves it instead; with ``METRICS_TOKEN``,
+    only to ``Authorization: Bearer <token>`` (compared in constant time)."""
+    api = runtime_of(request).settings.api
+    if api.metrics_port:
+        raise NotFoundException()
+    if api.metrics_token is not None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = token.strip().encode("latin-1")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, api.metrics_token.encode()):
+            raise Unauthorized("/metrics needs the METRICS_TOKEN as a bearer token")
     # the content type carries its own charset: as a header it is sent as it is (media_type would add one)
     return Response(metrics.render(), headers={"content-type": metrics.CONTENT_TYPE})
 

@@ -54,7 +54,10 @@ BUSINESS_ERRORS: tuple[type[FollowupsError], ...] = (ActionRejected, EnrollmentR
 class Subject:
     """What a trigger is about, as recorded when its event happened."""
 
+    #: The internal key (rule runs, episodes); never shown to the project.
     trigger_id: int
+    #: The id the project sees (a webhook's body, a delivery): random, it tells nothing of other projects.
+    trigger_public_id: uuid.UUID
     type: str
     project_id: uuid.UUID
     contact_id: uuid.UUID

@@ -27,7 +27,7 @@ class SendWebhook(BaseAction, kw_only=True, tag="send_webhook"):
         payload = {
             "event": subject.type,
             "rule_id": str(rule_id),
-            "trigger_id": subject.trigger_id,
+            "trigger_id": str(subject.trigger_public_id),
             "project_id": str(subject.project_id),
             "contact_id": str(subject.contact_id),
             "conversation_id": str(subject.conversation_id) if subject.conversation_id else None,
@@ -39,7 +39,7 @@ class SendWebhook(BaseAction, kw_only=True, tag="send_webhook"):
             conn,
             subject.project_id,
             rule_id=rule_id,
-            trigger_id=subject.trigger_id,
+            trigger_id=subject.trigger_public_id,
             url=self.url,
             payload=payload,
             now=now,
