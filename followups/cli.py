@@ -285,10 +285,14 @@ def _run_api(runtime: Runtime, *, host: str, port: int) -> int:
     from services.api.app import create_app
 
     serve_metrics(runtime.settings.api.metrics_port)
-    uvicorn.Server(server.config(create_app(runtime), runtime.settings.api, host=host, port=port)).run()
-    runtime.invalidator.stop()
-    runtime.pool.close()
-    return 0
+    api = uvicorn.Server(server.config(create_app(runtime), runtime.settings.api, host=host, port=port))
+    server.stop_on_signals(api)
+    try:
+        api.run()
+    finally:
+        runtime.invalidator.stop()
+        runtime.pool.close()
+    return 0 if api.started else 1
 
 
 def _run_worker(runtime: Runtime, service: str) -> int:

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import uuid
@@ -28,7 +27,6 @@ import warnings
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -163,6 +161,7 @@ def _run_dev(
 
     from services.api.app import create_app
     from services.api.server import config as server_config
+    from services.api.server import stop_on_signals
 
     folder = Path(data_dir).resolve()
     print(f"followups dev: starting the embedded PostgreSQL under {folder / PGDATA}", flush=True)
@@ -194,7 +193,7 @@ def _run_dev(
             daemon=True,
         )
         banner.start()
-        _stop_on_signals(uvicorn_server)
+        stop_on_signals(uvicorn_server)
         try:
             uvicorn_server.run()
         finally:
@@ -205,20 +204,6 @@ def _run_dev(
             running.stop()
         pool.close()
         server.cleanup()
-
-
-def _stop_on_signals(server: uvicorn.Server) -> None:
-    """Ctrl-C and SIGTERM stop uvicorn, and then everything else, cleanly.
-
-    uvicorn puts back the handlers it found and sends the signal again once it has stopped: these, not
-    Python's defaults (KeyboardInterrupt, or death without clean-up on SIGTERM, leaving PostgreSQL up).
-    """
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        server.should_exit = True
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, stop)
 
 
 def _print_when_started(server: uvicorn.Server, stopped: threading.Event, text: str) -> None:

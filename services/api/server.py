@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+from types import FrameType
 from typing import Any
 
 import h11
@@ -155,3 +157,17 @@ class DeadlineProtocol(H11Protocol):
         cycle.disconnected = True
         cycle.message_event.set()
         self.transport.close()
+
+
+def stop_on_signals(server: uvicorn.Server) -> None:
+    """Ctrl-C and SIGTERM stop uvicorn, and then the caller's clean-up (pool, workers, embedded database).
+
+    uvicorn puts back the handlers it found and sends the signal again once it has stopped: these, not
+    Python's defaults (KeyboardInterrupt, or death by SIGTERM without clean-up and an exit code of -15).
+    """
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        server.should_exit = True
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
