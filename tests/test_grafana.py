@@ -52,6 +52,8 @@ REQUIRED_METRICS = frozenset(
         "whatstig_rule_pending_executions",
         "whatstig_webhook_deliveries_total",
         "whatstig_ai_requests_total",
+        "followups_api_throttled_total",
+        "followups_api_auth_refusals_total",
         "followups_outbox_oldest_unpublished_seconds",
         "followups_outbox_published_total",
         "whatstig_retention_rows_deleted_total",
