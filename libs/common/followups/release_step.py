@@ -46,7 +46,7 @@ from libs.common.followups.definition import (
     step_due_at,
 )
 from libs.common.followups.release_claim import ClaimedEnrollment
-from libs.common.followups.sequences import version_definition
+from libs.common.followups.sequences import version_definition, version_number
 from libs.common.followups.templates import RenderContext, render, render_message
 from libs.common.followups.transitions import FinalStatus
 from libs.common.platform.messages import Activity, ConversationBusy, OutboundMessage, queue_contact_message
@@ -326,6 +326,8 @@ def _queue(
             conversation_id=row.conversation_id,
             followup_enrollment_id=claim.id,
             followup_step_index=row.step_index,
+            sequence_id=row.sequence_id,
+            sequence_version=version_number(conn, row.version_id) if row.sequence_id is not None else None,
             template_name=content.template.name if content.template else None,
             template_language=content.template.language if content.template else None,
             template_parameters=content.parameters,

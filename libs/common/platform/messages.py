@@ -59,6 +59,12 @@ class OutboundMessage:
     conversation_id: uuid.UUID | None = None
     followup_enrollment_id: uuid.UUID | None = None
     followup_step_index: int | None = None
+    #: What sent it (shown by ``GET /v1/messages``): a follow-up's sequence (None for a one-off) and the
+    #: number of its pinned version; a rule and, for a delayed one, its execution.
+    sequence_id: uuid.UUID | None = None
+    sequence_version: int | None = None
+    rule_id: uuid.UUID | None = None
+    rule_execution_id: uuid.UUID | None = None
     #: An approved WhatsApp template, sent instead of a text (outside the 24-hour service window).
     template_name: str | None = None
     template_language: str | None = None
@@ -115,6 +121,10 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
         "media_kind": message.media_kind,
         "followup_enrollment_id": message.followup_enrollment_id,
         "followup_step_index": message.followup_step_index,
+        "sequence_id": message.sequence_id,
+        "sequence_version": message.sequence_version,
+        "rule_id": message.rule_id,
+        "rule_execution_id": message.rule_execution_id,
         "template_name": message.template_name,
         "template_language": message.template_language,
         "template_parameters": Jsonb(message.template_parameters)

@@ -25,13 +25,14 @@ LIMIT 1
 WITH message AS (
     INSERT INTO messages (
         id, project_id, contact_id, conversation_id, number_id, direction, status, source, priority, body,
-        media_url, media_kind, followup_enrollment_id, followup_step_index, template_name, template_language,
-        template_parameters, created_at, status_changed_at
+        media_url, media_kind, followup_enrollment_id, followup_step_index, sequence_id, sequence_version,
+        rule_id, rule_execution_id, template_name, template_language, template_parameters, created_at,
+        status_changed_at
     ) VALUES (
         %(id)s, %(project_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s, 'outbound', 'QUEUED',
         %(source)s, %(priority)s, %(body)s, %(media_url)s, %(media_kind)s, %(followup_enrollment_id)s,
-        %(followup_step_index)s, %(template_name)s, %(template_language)s, %(template_parameters)s, %(now)s,
-        %(now)s
+        %(followup_step_index)s, %(sequence_id)s, %(sequence_version)s, %(rule_id)s, %(rule_execution_id)s,
+        %(template_name)s, %(template_language)s, %(template_parameters)s, %(now)s, %(now)s
     )
     RETURNING id, project_id
 ), status_event AS (
