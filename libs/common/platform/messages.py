@@ -8,7 +8,7 @@ import random
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from psycopg import Connection
@@ -16,6 +16,7 @@ from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import MessageFailed, MessageHuman, MessageQueued, MessageReceived
+from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import load_queries
 from libs.common.platform.conversations import create_conversation
@@ -279,3 +280,143 @@ def recent_messages(
     params = {"project_id": project_id, "contact_id": contact_id, "conversation_id": conversation_id}
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(QUERIES["recent_messages"], params | {"limit": limit}).fetchall()
+
+
+#: Every status a message row may have (outbound: QUEUED to READ, FAILED, CANCELLED; inbound: RECEIVED).
+MessageStatus = Literal[
+    "QUEUED", "PROCESSING", "SENT", "DELIVERED", "READ", "FAILED", "CANCELLED", "RECEIVED"
+]
+#: Who wrote a message: the contact, an agent (human), a follow-up, a rule, a campaign, the API.
+MessageSource = Literal["contact", "human", "followup", "rule", "campaign", "api"]
+#: What sent a message: a sequence's step, a one-off follow-up, a rule, the contact, an agent, ...
+OriginKind = Literal["sequence", "one_off", "rule", "contact", "human", "campaign", "api"]
+
+
+class Origin(msgspec.Struct, kw_only=True, frozen=True):
+    """What sent a message: ``kind``, and the ids that name it (null where they do not apply)."""
+
+    kind: OriginKind
+    enrollment_id: uuid.UUID | None = None
+    sequence_id: uuid.UUID | None = None
+    #: The number of the sequence's version the enrollment was pinned to.
+    sequence_version: int | None = None
+    #: The step of the follow-up (0-based).
+    step_index: int | None = None
+    rule_id: uuid.UUID | None = None
+    #: The delayed execution that ran the rule (null when it ran on its trigger at once).
+    rule_execution_id: uuid.UUID | None = None
+
+
+class StatusChange(msgspec.Struct, kw_only=True, frozen=True):
+    """One status a message entered, with the send lane's detail (an error, a stop reason)."""
+
+    status: MessageStatus
+    detail: str | None
+    occurred_at: datetime
+
+
+class Message(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    number_id: uuid.UUID | None
+    direction: Literal["inbound", "outbound"]
+    status: MessageStatus
+    source: MessageSource
+    origin: Origin
+    body: str | None
+    media_url: str | None
+    media_kind: str | None
+    template_name: str | None
+    template_language: str | None
+    template_parameters: list[str] | None
+    provider_message_id: str | None
+    error: str | None
+    created_at: datetime
+    status_changed_at: datetime
+
+
+class MessageDetail(Message, kw_only=True, frozen=True):
+    """A message with its status history, oldest first."""
+
+    status_history: list[StatusChange]
+
+
+class MessageFilters(msgspec.Struct, kw_only=True, frozen=True):
+    """What a message list may be narrowed to (each optional; ``created_*`` bound ``created_at``)."""
+
+    contact_id: uuid.UUID | None = None
+    conversation_id: uuid.UUID | None = None
+    enrollment_id: uuid.UUID | None = None
+    rule_id: uuid.UUID | None = None
+    sequence_id: uuid.UUID | None = None
+    source: MessageSource | None = None
+    status: MessageStatus | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+_ORIGIN_OF_SOURCE: dict[str, OriginKind] = {
+    "rule": "rule",
+    "contact": "contact",
+    "human": "human",
+    "campaign": "campaign",
+    "api": "api",
+}
+
+
+def _message(row: dict[str, Any]) -> dict[str, Any]:
+    """A message row with its origin gathered from the columns that record it."""
+    source = row["source"]
+    if source == "followup":
+        kind: OriginKind = "sequence" if row["sequence_id"] is not None else "one_off"
+    else:
+        kind = _ORIGIN_OF_SOURCE[source]
+    row["origin"] = Origin(
+        kind=kind,
+        enrollment_id=row.pop("followup_enrollment_id"),
+        sequence_id=row.pop("sequence_id"),
+        sequence_version=row.pop("sequence_version"),
+        step_index=row.pop("followup_step_index"),
+        rule_id=row.pop("rule_id"),
+        rule_execution_id=row.pop("rule_execution_id"),
+    )
+    return row
+
+
+def list_messages(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    filters: MessageFilters,
+    *,
+    limit: int,
+    after: uuid.UUID | None = None,
+) -> list[Message]:
+    """The project's messages, newest first, after the cursor ``after`` (a message id), narrowed by
+    ``filters``."""
+    if (
+        filters.created_after is not None
+        and filters.created_before is not None
+        and filters.created_before <= filters.created_after
+    ):
+        raise InvalidInput("created_before must be later than created_after", field="created_before")
+    for name in ("created_after", "created_before"):
+        value = getattr(filters, name)
+        if value is not None and value.tzinfo is None:
+            raise InvalidInput(f"{name} needs a time zone offset (Z or +00:00)", field=name)
+    params = msgspec.structs.asdict(filters) | {"project_id": project_id, "limit": limit, "after": after}
+    with conn.cursor(row_factory=dict_row) as cur:
+        # unprepared: a generic plan cannot see which filters are NULL (as the send lane's claim)
+        rows = cur.execute(QUERIES["list_messages"], params, prepare=False).fetchall()
+    return [msgspec.convert(_message(r), Message) for r in rows]
+
+
+def get_message(conn: Connection[Any], project_id: uuid.UUID, message_id: uuid.UUID) -> MessageDetail:
+    """One message of the project with its status history (404 naming ``message_id`` otherwise)."""
+    params = {"project_id": project_id, "id": message_id}
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(QUERIES["get_message"], params).fetchone()
+        if row is None:
+            raise NotFound("message not found", field="message_id")
+        history = cur.execute(QUERIES["status_history"], params).fetchall()
+    return msgspec.convert(_message(row) | {"status_history": history}, MessageDetail)

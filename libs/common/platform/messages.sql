@@ -121,3 +121,43 @@ WHERE m.project_id = %(project_id)s AND m.contact_id = %(contact_id)s
   AND m.body IS NOT NULL AND m.status <> 'CANCELLED'
 ORDER BY m.created_at DESC
 LIMIT %(limit)s
+
+-- name: list_messages
+-- A page of the project's messages, newest first, after the cursor, with the optional filters. Run
+-- unprepared: each filter left NULL folds away, and the plan walks the project's index of the filter given.
+SELECT m.id, m.contact_id, m.conversation_id, m.number_id, m.direction, m.status, m.source,
+       m.followup_enrollment_id, m.followup_step_index, m.sequence_id, m.sequence_version, m.rule_id,
+       m.rule_execution_id, m.body, m.media_url, m.media_kind, m.template_name, m.template_language,
+       m.template_parameters, m.provider_message_id, m.error, m.created_at, m.status_changed_at
+FROM messages m
+WHERE m.project_id = %(project_id)s
+  AND (%(contact_id)s::uuid IS NULL OR m.contact_id = %(contact_id)s::uuid)
+  AND (%(conversation_id)s::uuid IS NULL OR m.conversation_id = %(conversation_id)s::uuid)
+  AND (%(enrollment_id)s::uuid IS NULL OR m.followup_enrollment_id = %(enrollment_id)s::uuid)
+  AND (%(rule_id)s::uuid IS NULL OR m.rule_id = %(rule_id)s::uuid)
+  AND (%(sequence_id)s::uuid IS NULL OR m.sequence_id = %(sequence_id)s::uuid)
+  AND (%(source)s::text IS NULL OR m.source = %(source)s::text)
+  AND (%(status)s::text IS NULL OR m.status = %(status)s::text)
+  AND (%(created_after)s::timestamptz IS NULL OR m.created_at >= %(created_after)s::timestamptz)
+  AND (%(created_before)s::timestamptz IS NULL OR m.created_at < %(created_before)s::timestamptz)
+  AND (%(after)s::uuid IS NULL
+       OR (m.created_at, m.id) < (SELECT a.created_at, a.id FROM messages a
+                                 WHERE a.project_id = %(project_id)s AND a.id = %(after)s::uuid))
+ORDER BY m.created_at DESC, m.id DESC
+LIMIT %(limit)s
+
+-- name: get_message
+-- One message of the project.
+SELECT m.id, m.contact_id, m.conversation_id, m.number_id, m.direction, m.status, m.source,
+       m.followup_enrollment_id, m.followup_step_index, m.sequence_id, m.sequence_version, m.rule_id,
+       m.rule_execution_id, m.body, m.media_url, m.media_kind, m.template_name, m.template_language,
+       m.template_parameters, m.provider_message_id, m.error, m.created_at, m.status_changed_at
+FROM messages m
+WHERE m.project_id = %(project_id)s AND m.id = %(id)s
+
+-- name: status_history
+-- A message's status events, oldest first (QUEUED, PROCESSING, SENT, ... as the send lane reported them).
+SELECT status, detail, occurred_at
+FROM message_status_events
+WHERE project_id = %(project_id)s AND message_id = %(id)s
+ORDER BY id
