@@ -346,8 +346,8 @@ def test_every_filter_walks_an_index_leading_with_the_project(pool: ConnectionPo
         conn.execute(
             """INSERT INTO messages (project_id, contact_id, conversation_id, direction, status, source,
                                      followup_enrollment_id, sequence_id, rule_id, created_at)
-               SELECT CASE WHEN i %% 2 = 0 THEN %s ELSE %s END, gen_random_uuid(), gen_random_uuid(), 'outbound',
-                      'SENT', CASE WHEN i %% 3 = 0 THEN 'rule' ELSE 'followup' END,
+               SELECT CASE WHEN i %% 2 = 0 THEN %s ELSE %s END, gen_random_uuid(), gen_random_uuid(),
+                      'outbound', 'SENT', CASE WHEN i %% 3 = 0 THEN 'rule' ELSE 'followup' END,
                       gen_random_uuid(), gen_random_uuid(), gen_random_uuid(),
                       '2030-01-01'::timestamptz + i * interval '1 minute'
                FROM generate_series(1, %s) i""",
