@@ -156,6 +156,26 @@ def test_a_contacts_message_is_inbound_from_the_contact(client: TestClient[Any])
     assert message["conversation_id"] == conversation_id
 
 
+def test_a_conversation_reads_with_its_last_messages(client: TestClient[Any], runtime: Runtime) -> None:
+    contact_id = new_contact(client)
+    conversation_id = customer_writes(client, contact_id)
+    for index in range(25):
+        advance(runtime)
+        post_event(
+            client,
+            {
+                "type": "message.inbound",
+                "contact_id": contact_id,
+                "conversation_id": conversation_id,
+                "provider_message_id": f"c{index}",
+            },
+        )
+    read = client.get(f"/v1/conversations/{conversation_id}").json()
+    assert read["id"] == conversation_id
+    assert [m["id"] for m in read["last_messages"]] == ids(client, conversation_id=conversation_id, limit=20)
+    assert len(read["last_messages"]) == 20
+
+
 # --- status history
 
 

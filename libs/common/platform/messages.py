@@ -19,7 +19,7 @@ from libs.common.contracts.events import MessageFailed, MessageHuman, MessageQue
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import load_queries
-from libs.common.platform.conversations import create_conversation
+from libs.common.platform.conversations import Conversation, create_conversation, get_conversation
 
 QUERIES = load_queries("libs.common.platform", "messages.sql")
 
@@ -420,3 +420,24 @@ def get_message(conn: Connection[Any], project_id: uuid.UUID, message_id: uuid.U
             raise NotFound("message not found", field="message_id")
         history = cur.execute(QUERIES["status_history"], params).fetchall()
     return msgspec.convert(_message(row) | {"status_history": history}, MessageDetail)
+
+
+#: Messages a conversation's read shows (the rest: ``GET /v1/messages?conversation_id=``).
+CONVERSATION_MESSAGES = 20
+
+
+class ConversationDetail(Conversation, kw_only=True, frozen=True):
+    """A conversation with its last messages, newest first (at most :data:`CONVERSATION_MESSAGES`)."""
+
+    last_messages: list[Message]
+
+
+def get_conversation_detail(
+    conn: Connection[Any], project_id: uuid.UUID, conversation_id: uuid.UUID
+) -> ConversationDetail:
+    """The conversation (404 naming ``conversation_id``) with its last messages."""
+    conversation = get_conversation(conn, project_id, conversation_id)
+    last = list_messages(
+        conn, project_id, MessageFilters(conversation_id=conversation_id), limit=CONVERSATION_MESSAGES
+    )
+    return ConversationDetail(**msgspec.structs.asdict(conversation), last_messages=last)
