@@ -378,6 +378,7 @@ def test_every_filter_walks_an_index_leading_with_the_project(pool: ConnectionPo
             "project_id": project.id,
             "limit": 51,
             "after": None,
+            "id": None,
             **dict.fromkeys(
                 (
                     "contact_id",
@@ -402,6 +403,7 @@ def test_every_filter_walks_an_index_leading_with_the_project(pool: ConnectionPo
             "status": ("SENT", "messages_project_created_idx"),
             "created_after": ("2030-01-02T00:00:00Z", "messages_project_created_idx"),
             None: (None, "messages_project_created_idx"),
+            "id": (uuid.uuid4(), "messages_pkey"),
         }
         for name, (value, index) in cases.items():
             params = base | ({name: value} if name else {})

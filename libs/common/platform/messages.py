@@ -404,22 +404,33 @@ def list_messages(
         value = getattr(filters, name)
         if value is not None and value.tzinfo is None:
             raise InvalidInput(f"{name} needs a time zone offset (Z or +00:00)", field=name)
-    params = msgspec.structs.asdict(filters) | {"project_id": project_id, "limit": limit, "after": after}
+    return [msgspec.convert(_message(r), Message) for r in _rows(conn, project_id, filters, limit, after)]
+
+
+def _rows(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    filters: MessageFilters,
+    limit: int,
+    after: uuid.UUID | None = None,
+    message_id: uuid.UUID | None = None,
+) -> list[dict[str, Any]]:
+    params = msgspec.structs.asdict(filters)
+    params |= {"project_id": project_id, "limit": limit, "after": after, "id": message_id}
     with conn.cursor(row_factory=dict_row) as cur:
         # unprepared: a generic plan cannot see which filters are NULL (as the send lane's claim)
-        rows = cur.execute(QUERIES["list_messages"], params, prepare=False).fetchall()
-    return [msgspec.convert(_message(r), Message) for r in rows]
+        return cur.execute(QUERIES["list_messages"], params, prepare=False).fetchall()
 
 
 def get_message(conn: Connection[Any], project_id: uuid.UUID, message_id: uuid.UUID) -> MessageDetail:
     """One message of the project with its status history (404 naming ``message_id`` otherwise)."""
+    found = _rows(conn, project_id, MessageFilters(), 1, message_id=message_id)
+    if not found:
+        raise NotFound("message not found", field="message_id")
     params = {"project_id": project_id, "id": message_id}
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(QUERIES["get_message"], params).fetchone()
-        if row is None:
-            raise NotFound("message not found", field="message_id")
         history = cur.execute(QUERIES["status_history"], params).fetchall()
-    return msgspec.convert(_message(row) | {"status_history": history}, MessageDetail)
+    return msgspec.convert(_message(found[0]) | {"status_history": history}, MessageDetail)
 
 
 #: Messages a conversation's read shows (the rest: ``GET /v1/messages?conversation_id=``).

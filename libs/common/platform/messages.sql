@@ -123,14 +123,16 @@ ORDER BY m.created_at DESC
 LIMIT %(limit)s
 
 -- name: list_messages
--- A page of the project's messages, newest first, after the cursor, with the optional filters. Run
--- unprepared: each filter left NULL folds away, and the plan walks the project's index of the filter given.
+-- A page of the project's messages, newest first, after the cursor, with the optional filters (or the one
+-- message ``id``). Run unprepared: each filter left NULL folds away, and the plan walks the project's index
+-- of the filter given.
 SELECT m.id, m.contact_id, m.conversation_id, m.number_id, m.direction, m.status, m.source,
        m.followup_enrollment_id, m.followup_step_index, m.sequence_id, m.sequence_version, m.rule_id,
        m.rule_execution_id, m.body, m.media_url, m.media_kind, m.template_name, m.template_language,
        m.template_parameters, m.provider_message_id, m.error, m.created_at, m.status_changed_at
 FROM messages m
 WHERE m.project_id = %(project_id)s
+  AND (%(id)s::uuid IS NULL OR m.id = %(id)s::uuid)
   AND (%(contact_id)s::uuid IS NULL OR m.contact_id = %(contact_id)s::uuid)
   AND (%(conversation_id)s::uuid IS NULL OR m.conversation_id = %(conversation_id)s::uuid)
   AND (%(enrollment_id)s::uuid IS NULL OR m.followup_enrollment_id = %(enrollment_id)s::uuid)
@@ -145,15 +147,6 @@ WHERE m.project_id = %(project_id)s
                                  WHERE a.project_id = %(project_id)s AND a.id = %(after)s::uuid))
 ORDER BY m.created_at DESC, m.id DESC
 LIMIT %(limit)s
-
--- name: get_message
--- One message of the project.
-SELECT m.id, m.contact_id, m.conversation_id, m.number_id, m.direction, m.status, m.source,
-       m.followup_enrollment_id, m.followup_step_index, m.sequence_id, m.sequence_version, m.rule_id,
-       m.rule_execution_id, m.body, m.media_url, m.media_kind, m.template_name, m.template_language,
-       m.template_parameters, m.provider_message_id, m.error, m.created_at, m.status_changed_at
-FROM messages m
-WHERE m.project_id = %(project_id)s AND m.id = %(id)s
 
 -- name: status_history
 -- A message's status events, oldest first (QUEUED, PROCESSING, SENT, ... as the send lane reported them).
