@@ -411,3 +411,23 @@ def test_every_filter_walks_an_index_leading_with_the_project(pool: ConnectionPo
             assert index in index_names(nodes), (name, index_names(nodes))
             assert "messages" not in seq_scanned(nodes), name
         conn.rollback()
+
+
+# --- the enrollment's conversation
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_an_enrollment_takes_the_conversation_its_message_went_to(
+    client: TestClient[Any], runtime: Runtime, steps: int
+) -> None:
+    # enrolled with no conversation: its first message opens one, and the enrollment names it from then on
+    # (a one-step sequence completes with that message; a longer one advances)
+    sequence_id = published(client, *(message_step(f"step {i}", delay_seconds=60 * i) for i in range(steps)))
+    enrollment = enroll(client, sequence_id, new_contact(client))
+    assert enrollment["conversation_id"] is None
+    release(runtime)
+    [message] = listed(client, enrollment_id=enrollment["id"])
+    read = client.get(f"/v1/enrollments/{enrollment['id']}").json()["enrollment"]
+    assert message["conversation_id"] is not None
+    assert read["conversation_id"] == message["conversation_id"]
+    assert read["status"] == ("completed" if steps == 1 else "active")

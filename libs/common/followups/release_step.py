@@ -349,7 +349,7 @@ def _queue(
             "lag_seconds": round(lag, 3),
         },
     )
-    finished = _advance(conn, claim, queued.message_id, [queued.event, event])
+    finished = _advance(conn, claim, queued.message_id, [queued.event, event], queued.conversation_id)
     return Released(claim.id, "queue", reason, queued.message_id, lag_seconds=lag, finished=finished)
 
 
@@ -389,16 +389,23 @@ def _insert_step_run(
 
 
 def _advance(
-    conn: Connection[Any], claim: _Claim, message_id: uuid.UUID | None, events: list[Event]
+    conn: Connection[Any],
+    claim: _Claim,
+    message_id: uuid.UUID | None,
+    events: list[Event],
+    conversation_id: uuid.UUID | None = None,
 ) -> FinalStatus | None:
     """Schedule the next step from now, or complete the enrollment (returns ``completed`` then); the step's
-    ``events`` are written with the completion's, in one statement."""
+    ``events`` are written with the completion's, in one statement. The conversation the step's message
+    went to becomes the enrollment's when it had none."""
     next_index = claim.row.step_index + 1
     if next_index < len(claim.definition.steps):
         next_step = claim.definition.steps[next_index]
         due = step_due_at(next_step, now=claim.now, anchor_at=claim.row.anchor_at) or claim.now
         due = constraints.in_window(next_step, claim.definition, claim.state, due)
-        transitions.advance(conn, claim.id, next_index, due, message_id, now=claim.now)
+        transitions.advance(
+            conn, claim.id, next_index, due, message_id, now=claim.now, conversation_id=conversation_id
+        )
         write_events(conn, claim.row.project_id, events, occurred_at=claim.now)
         return None
     transitions.finish(
@@ -410,6 +417,7 @@ def _advance(
         now=claim.now,
         step_index=next_index,
         message_id=message_id,
+        conversation_id=conversation_id,
         preceding=events,
     )
     return "completed"
