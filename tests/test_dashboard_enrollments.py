@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import timedelta
 
 import pytest
 
@@ -239,3 +240,70 @@ def test_bulk_upload_errors_are_shown_next_to_the_file(
         files={"file": ("c.csv", b"+14155550400\n", "text/csv")},
     )
     assert refused.status_code == 422 and "published and active" in field_error(refused.text, "sequence_id")
+
+
+def test_the_contact_card_shows_the_conversation_newest_first_with_status_and_sender(
+    signed_in, project, runtime, clock
+) -> None:
+    client, _ = signed_in
+    contact_id = api(client, project, "POST", "/v1/contacts", json={"phone": "+14155550191"})["id"]
+    rule_id = api(
+        client,
+        project,
+        "POST",
+        "/v1/rules",
+        json={
+            "name": "greeter",
+            "event": "conversation.created",
+            "actions": [{"type": "send_message", "text": "welcome from the rule"}],
+        },
+    )["id"]
+    sequence = api(
+        client,
+        project,
+        "POST",
+        "/v1/sequences",
+        json={"name": "nurture", "definition": {"steps": [{"kind": "message", "text": "step one text"}]}},
+    )["id"]
+    api(client, project, "POST", f"/v1/sequences/{sequence}/publish")
+    enrollment = api(
+        client, project, "POST", "/v1/enrollments", json={"sequence_id": sequence, "contact_id": contact_id}
+    )
+    while release_one(runtime.pool, runtime.clock, runtime.settings.followup):
+        pass
+    clock.advance(timedelta(seconds=5))
+    api(
+        client, project, "POST", "/v1/events", json={"type": "conversation.created", "contact_id": contact_id}
+    )
+    process(runtime)
+    clock.advance(timedelta(seconds=5))
+    for index in range(30):
+        clock.advance(timedelta(seconds=1))
+        api(
+            client,
+            project,
+            "POST",
+            "/v1/events",
+            json={
+                "type": "message.inbound",
+                "contact_id": contact_id,
+                "provider_message_id": f"dash-{index}",
+                "body": f"reply number {index}",
+            },
+        )
+
+    card = client.get(f"/app/contacts/{contact_id}").text
+    assert "<h2>Conversation</h2>" in card
+    # newest first: the last reply leads, 25 on the first page, then a link to older ones
+    assert card.index("reply number 29") < card.index("reply number 28")
+    assert "reply number 5" in card and "reply number 4<" not in card
+    assert card.count("the contact</td>") == 25 and "status-RECEIVED" in card
+    [older] = re.findall(r'href="(/app/contacts/[^"]+\?messages_after=[^"]+)"', card)
+    rest = client.get(older.replace("&amp;", "&")).text
+    assert "reply number 4<" in rest and "reply number 0<" in rest and "reply number 5<" not in rest
+    # what each outbound message's sender and status are
+    assert f'href="/app/rules/{rule_id}">greeter</a>' in rest and "welcome from the rule" in rest
+    assert f'href="/app/enrollments/{enrollment["id"]}">nurture</a>, version 1, step 1' in rest
+    assert "step one text" in rest and 'status-CANCELLED">CANCELLED' in rest
+    assert rest.index("welcome from the rule") < rest.index("step one text")
+    assert "Older messages" not in rest

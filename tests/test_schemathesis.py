@@ -100,6 +100,12 @@ def _seed(client: TestClient[Any]) -> dict[str, str]:
     conversation = _created(
         client, "POST", "/v1/events", {"type": "conversation.created", "contact_id": contact["id"]}
     )
+    inbound = _created(
+        client,
+        "POST",
+        "/v1/events",
+        {"type": "message.inbound", "contact_id": contact["id"], "provider_message_id": "fuzz", "body": "hi"},
+    )
     number = _created(client, "POST", "/v1/numbers", {"phone": "+14155550199", "name": "main"})
     rule = _created(
         client,
@@ -126,6 +132,7 @@ def _seed(client: TestClient[Any]) -> dict[str, str]:
         "enrollment_id": enrollment["id"],
         "conversation_id": conversation["conversation_id"],
         "number_id": number["id"],
+        "message_id": inbound["message_id"],
         "rule_id": rule["id"],
         "job_id": job["id"],
         "campaign_id": campaign,

@@ -20,6 +20,7 @@ from services.api.routes.contacts import ContactsController
 from services.api.routes.conversations import ConversationsController
 from services.api.routes.enrollments import EnrollmentsController
 from services.api.routes.events import EventsController
+from services.api.routes.messages import MessagesController
 from services.api.routes.numbers import NumbersController
 from services.api.routes.rules import RulesController, WebhookDeliveriesController
 from services.api.routes.send_lane import SendLaneController
@@ -41,6 +42,7 @@ def create_app(runtime: Runtime) -> Litestar:
             SequencesController,
             EnrollmentsController,
             ConversationsController,
+            MessagesController,
             EventsController,
             SendLaneController,
             NumbersController,

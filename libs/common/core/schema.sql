@@ -57,6 +57,10 @@ CREATE TABLE public.messages (
     template_name text,
     template_language text,
     template_parameters jsonb,
+    sequence_id uuid,
+    sequence_version integer,
+    rule_id uuid,
+    rule_execution_id uuid,
     CONSTRAINT messages_direction_check CHECK ((direction = ANY (ARRAY['inbound'::text, 'outbound'::text]))),
     CONSTRAINT messages_media_kind_check CHECK ((media_kind = ANY (ARRAY['image'::text, 'video'::text, 'audio'::text, 'document'::text]))),
     CONSTRAINT messages_source_check CHECK ((source = ANY (ARRAY['contact'::text, 'human'::text, 'followup'::text, 'rule'::text, 'campaign'::text, 'api'::text]))),
@@ -906,6 +910,30 @@ CREATE INDEX messages_conversation_idx ON public.messages USING btree (conversat
 -- Name: messages_enrollment_idx; Type: INDEX
 
 CREATE INDEX messages_enrollment_idx ON public.messages USING btree (followup_enrollment_id) WHERE (followup_enrollment_id IS NOT NULL);
+
+-- Name: messages_project_contact_idx; Type: INDEX
+
+CREATE INDEX messages_project_contact_idx ON public.messages USING btree (project_id, contact_id, created_at DESC, id DESC);
+
+-- Name: messages_project_conversation_idx; Type: INDEX
+
+CREATE INDEX messages_project_conversation_idx ON public.messages USING btree (project_id, conversation_id, created_at DESC, id DESC) WHERE (conversation_id IS NOT NULL);
+
+-- Name: messages_project_created_idx; Type: INDEX
+
+CREATE INDEX messages_project_created_idx ON public.messages USING btree (project_id, created_at DESC, id DESC);
+
+-- Name: messages_project_enrollment_idx; Type: INDEX
+
+CREATE INDEX messages_project_enrollment_idx ON public.messages USING btree (project_id, followup_enrollment_id, created_at DESC, id DESC) WHERE (followup_enrollment_id IS NOT NULL);
+
+-- Name: messages_project_rule_idx; Type: INDEX
+
+CREATE INDEX messages_project_rule_idx ON public.messages USING btree (project_id, rule_id, created_at DESC, id DESC) WHERE (rule_id IS NOT NULL);
+
+-- Name: messages_project_sequence_idx; Type: INDEX
+
+CREATE INDEX messages_project_sequence_idx ON public.messages USING btree (project_id, sequence_id, created_at DESC, id DESC) WHERE (sequence_id IS NOT NULL);
 
 -- Name: messages_provider_id_idx; Type: INDEX
 

@@ -46,7 +46,7 @@ from libs.common.followups.definition import (
     step_due_at,
 )
 from libs.common.followups.release_claim import ClaimedEnrollment
-from libs.common.followups.sequences import version_definition
+from libs.common.followups.sequences import version_definition, version_number
 from libs.common.followups.templates import RenderContext, render, render_message
 from libs.common.followups.transitions import FinalStatus
 from libs.common.platform.messages import Activity, ConversationBusy, OutboundMessage, queue_contact_message
@@ -326,6 +326,8 @@ def _queue(
             conversation_id=row.conversation_id,
             followup_enrollment_id=claim.id,
             followup_step_index=row.step_index,
+            sequence_id=row.sequence_id,
+            sequence_version=version_number(conn, row.version_id) if row.sequence_id is not None else None,
             template_name=content.template.name if content.template else None,
             template_language=content.template.language if content.template else None,
             template_parameters=content.parameters,
@@ -347,7 +349,7 @@ def _queue(
             "lag_seconds": round(lag, 3),
         },
     )
-    finished = _advance(conn, claim, queued.message_id, [queued.event, event])
+    finished = _advance(conn, claim, queued.message_id, [queued.event, event], queued.conversation_id)
     return Released(claim.id, "queue", reason, queued.message_id, lag_seconds=lag, finished=finished)
 
 
@@ -387,16 +389,23 @@ def _insert_step_run(
 
 
 def _advance(
-    conn: Connection[Any], claim: _Claim, message_id: uuid.UUID | None, events: list[Event]
+    conn: Connection[Any],
+    claim: _Claim,
+    message_id: uuid.UUID | None,
+    events: list[Event],
+    conversation_id: uuid.UUID | None = None,
 ) -> FinalStatus | None:
     """Schedule the next step from now, or complete the enrollment (returns ``completed`` then); the step's
-    ``events`` are written with the completion's, in one statement."""
+    ``events`` are written with the completion's, in one statement. The conversation the step's message
+    went to becomes the enrollment's when it had none."""
     next_index = claim.row.step_index + 1
     if next_index < len(claim.definition.steps):
         next_step = claim.definition.steps[next_index]
         due = step_due_at(next_step, now=claim.now, anchor_at=claim.row.anchor_at) or claim.now
         due = constraints.in_window(next_step, claim.definition, claim.state, due)
-        transitions.advance(conn, claim.id, next_index, due, message_id, now=claim.now)
+        transitions.advance(
+            conn, claim.id, next_index, due, message_id, now=claim.now, conversation_id=conversation_id
+        )
         write_events(conn, claim.row.project_id, events, occurred_at=claim.now)
         return None
     transitions.finish(
@@ -408,6 +417,7 @@ def _advance(
         now=claim.now,
         step_index=next_index,
         message_id=message_id,
+        conversation_id=conversation_id,
         preceding=events,
     )
     return "completed"

@@ -62,10 +62,11 @@ class _VersionCache:
 
     def __init__(self, size: int = 4096) -> None:
         self._size = size
-        self._entries: OrderedDict[uuid.UUID, Definition] = OrderedDict()
+        self._entries: OrderedDict[uuid.UUID, tuple[int, Definition]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, conn: Connection[Any], version_id: uuid.UUID) -> Definition:
+    def get(self, conn: Connection[Any], version_id: uuid.UUID) -> tuple[int, Definition]:
+        """The version's number and parsed definition."""
         with self._lock:
             found = self._entries.get(version_id)
             if found is not None:
@@ -74,12 +75,12 @@ class _VersionCache:
         row = conn.execute(QUERIES["version_definition"], {"id": version_id}).fetchone()
         if row is None:
             raise NotFound("sequence version not found", field="version_id")
-        definition = msgspec.convert(row[0], Definition)
+        found = (row[0], msgspec.convert(row[1], Definition))
         with self._lock:
-            self._entries[version_id] = definition
+            self._entries[version_id] = found
             if len(self._entries) > self._size:
                 self._entries.popitem(last=False)
-        return definition
+        return found
 
 
 _VERSIONS = _VersionCache()
@@ -87,7 +88,12 @@ _VERSIONS = _VersionCache()
 
 def version_definition(conn: Connection[Any], version_id: uuid.UUID) -> Definition:
     """A pinned version's definition, parsed once per process."""
-    return _VERSIONS.get(conn, version_id)
+    return _VERSIONS.get(conn, version_id)[1]
+
+
+def version_number(conn: Connection[Any], version_id: uuid.UUID) -> int:
+    """A pinned version's number (1, 2, ...), from the same cache as its definition."""
+    return _VERSIONS.get(conn, version_id)[0]
 
 
 def _encode(definition: Definition) -> Jsonb:

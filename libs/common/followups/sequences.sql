@@ -82,8 +82,8 @@ WHERE sequence_id = %(sequence_id)s AND status = 'paused' AND reason = 'sequence
 FOR UPDATE
 
 -- name: version_definition
--- The frozen definition of a version.
-SELECT definition FROM followup_sequence_versions WHERE id = %(id)s
+-- The number and frozen definition of a version.
+SELECT version, definition FROM followup_sequence_versions WHERE id = %(id)s
 
 -- name: sequence_names
 -- Names of some of the project's sequences (the rows of a list).

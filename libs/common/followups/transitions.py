@@ -83,13 +83,16 @@ def advance(
     message_id: uuid.UUID | None,
     *,
     now: datetime,
+    conversation_id: uuid.UUID | None = None,
 ) -> None:
-    """Move to step ``step_index``, due at ``next_run_at``."""
+    """Move to step ``step_index``, due at ``next_run_at``; ``conversation_id`` (the one the step's message
+    went to) becomes the enrollment's when it had none."""
     params = {
         "id": enrollment_id,
         "step_index": step_index,
         "next_run_at": next_run_at,
         "message_id": message_id,
+        "conversation_id": conversation_id,
         "now": now,
     }
     conn.execute(QUERIES["advance"], params)
@@ -142,12 +145,14 @@ def finish(
     note: str | None = None,
     step_index: int | None = None,
     message_id: uuid.UUID | None = None,
+    conversation_id: uuid.UUID | None = None,
     preceding: Sequence[Event] = (),
 ) -> None:
     """Finish live enrollments with a status and reason, and write their ``followup.<status>`` events.
 
-    ``step_index`` and ``message_id`` fold the last step's advance into a completion; ``preceding`` are
-    events of the same transaction still to be written, written first in the same statement.
+    ``step_index``, ``message_id`` and ``conversation_id`` fold the last step's advance into a completion;
+    ``preceding`` are events of the same transaction still to be written, written first in the same
+    statement.
     """
     if not enrollments:
         return
@@ -159,6 +164,7 @@ def finish(
         "note": note,
         "step_index": step_index,
         "message_id": message_id,
+        "conversation_id": conversation_id,
         "now": now,
     }
     conn.execute(QUERIES["finish"], params)

@@ -3,11 +3,13 @@
 -- The enrollments a transition applies to were locked by the caller (claimed, or selected FOR UPDATE).
 
 -- name: advance
--- Move to the next step (due at next_run_at) and remember the last follow-up message, if one was queued.
+-- Move to the next step (due at next_run_at) and remember the last follow-up message, if one was queued,
+-- and the conversation it went to when the enrollment had none.
 UPDATE followup_enrollments
 SET step_index = %(step_index)s, next_run_at = %(next_run_at)s, step_due_at = %(next_run_at)s,
     waiting_reason = NULL, unavailable_since = NULL,
     last_message_id = coalesce(%(message_id)s, last_message_id),
+    conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),
     last_step_at = %(now)s, failure_count = 0, locked_until = NULL, updated_at = %(now)s
 WHERE id = %(id)s
 
@@ -37,12 +39,14 @@ RETURNING *
 
 -- name: finish
 -- Finish live enrollments: completed, stopped or failed, with the reason (and a note). The last step's
--- advance folds in here: step_index, last message and last step time, when given.
+-- advance folds in here: step_index, last message (and its conversation, when the enrollment had none) and
+-- last step time, when given.
 UPDATE followup_enrollments
 SET status = %(status)s, reason = %(reason)s, note = coalesce(%(note)s, note), finished_at = %(now)s,
     locked_until = NULL, updated_at = %(now)s,
     step_index = coalesce(%(step_index)s, step_index),
     last_message_id = coalesce(%(message_id)s, last_message_id),
+    conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),
     last_step_at = CASE WHEN %(step_index)s::integer IS NULL THEN last_step_at ELSE %(now)s END
 WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status IN ('active', 'paused')
 

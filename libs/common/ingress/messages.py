@@ -153,4 +153,11 @@ def status(conn: Connection[Any], project_id: uuid.UUID, event: MessageStatus, n
         error=event.error,
     )
     state, applied = report_status(conn, project_id, report, now=now)
-    return EventResult(type="message.status", applied=applied, message_id=state.id, status=state.status)
+    return EventResult(
+        type="message.status",
+        applied=applied,
+        message_id=state.id,
+        status=state.status,
+        contact_id=state.contact_id,
+        conversation_id=state.conversation_id,
+    )

@@ -8,7 +8,7 @@ import random
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from psycopg import Connection
@@ -16,9 +16,10 @@ from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import MessageFailed, MessageHuman, MessageQueued, MessageReceived
+from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import load_queries
-from libs.common.platform.conversations import create_conversation
+from libs.common.platform.conversations import Conversation, create_conversation, get_conversation
 
 QUERIES = load_queries("libs.common.platform", "messages.sql")
 
@@ -59,6 +60,12 @@ class OutboundMessage:
     conversation_id: uuid.UUID | None = None
     followup_enrollment_id: uuid.UUID | None = None
     followup_step_index: int | None = None
+    #: What sent it (shown by ``GET /v1/messages``): a follow-up's sequence (None for a one-off) and the
+    #: number of its pinned version; a rule and, for a delayed one, its execution.
+    sequence_id: uuid.UUID | None = None
+    sequence_version: int | None = None
+    rule_id: uuid.UUID | None = None
+    rule_execution_id: uuid.UUID | None = None
     #: An approved WhatsApp template, sent instead of a text (outside the 24-hour service window).
     template_name: str | None = None
     template_language: str | None = None
@@ -115,6 +122,10 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
         "media_kind": message.media_kind,
         "followup_enrollment_id": message.followup_enrollment_id,
         "followup_step_index": message.followup_step_index,
+        "sequence_id": message.sequence_id,
+        "sequence_version": message.sequence_version,
+        "rule_id": message.rule_id,
+        "rule_execution_id": message.rule_execution_id,
         "template_name": message.template_name,
         "template_language": message.template_language,
         "template_parameters": Jsonb(message.template_parameters)
@@ -269,3 +280,175 @@ def recent_messages(
     params = {"project_id": project_id, "contact_id": contact_id, "conversation_id": conversation_id}
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(QUERIES["recent_messages"], params | {"limit": limit}).fetchall()
+
+
+#: Every status a message row may have (outbound: QUEUED to READ, FAILED, CANCELLED; inbound: RECEIVED).
+MessageStatus = Literal[
+    "QUEUED", "PROCESSING", "SENT", "DELIVERED", "READ", "FAILED", "CANCELLED", "RECEIVED"
+]
+#: Who wrote a message: the contact, an agent (human), a follow-up, a rule, a campaign, the API.
+MessageSource = Literal["contact", "human", "followup", "rule", "campaign", "api"]
+#: What sent a message: a sequence's step, a one-off follow-up, a rule, the contact, an agent, ...
+OriginKind = Literal["sequence", "one_off", "rule", "contact", "human", "campaign", "api"]
+
+
+class Origin(msgspec.Struct, kw_only=True, frozen=True):
+    """What sent a message: ``kind``, and the ids that name it (null where they do not apply)."""
+
+    kind: OriginKind
+    enrollment_id: uuid.UUID | None = None
+    sequence_id: uuid.UUID | None = None
+    #: The number of the sequence's version the enrollment was pinned to.
+    sequence_version: int | None = None
+    #: The step of the follow-up (0-based).
+    step_index: int | None = None
+    rule_id: uuid.UUID | None = None
+    #: The delayed execution that ran the rule (null when it ran on its trigger at once).
+    rule_execution_id: uuid.UUID | None = None
+
+
+class StatusChange(msgspec.Struct, kw_only=True, frozen=True):
+    """One status a message entered, with the send lane's detail (an error, a stop reason)."""
+
+    status: MessageStatus
+    detail: str | None
+    occurred_at: datetime
+
+
+class Message(msgspec.Struct, kw_only=True, frozen=True):
+    id: uuid.UUID
+    contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None
+    number_id: uuid.UUID | None
+    direction: Literal["inbound", "outbound"]
+    status: MessageStatus
+    source: MessageSource
+    origin: Origin
+    body: str | None
+    media_url: str | None
+    media_kind: str | None
+    template_name: str | None
+    template_language: str | None
+    template_parameters: list[str] | None
+    provider_message_id: str | None
+    error: str | None
+    created_at: datetime
+    status_changed_at: datetime
+
+
+class MessageDetail(Message, kw_only=True, frozen=True):
+    """A message with its status history, oldest first."""
+
+    status_history: list[StatusChange]
+
+
+class MessageFilters(msgspec.Struct, kw_only=True, frozen=True):
+    """What a message list may be narrowed to (each optional; ``created_*`` bound ``created_at``)."""
+
+    contact_id: uuid.UUID | None = None
+    conversation_id: uuid.UUID | None = None
+    enrollment_id: uuid.UUID | None = None
+    rule_id: uuid.UUID | None = None
+    sequence_id: uuid.UUID | None = None
+    source: MessageSource | None = None
+    status: MessageStatus | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+_ORIGIN_OF_SOURCE: dict[str, OriginKind] = {
+    "rule": "rule",
+    "contact": "contact",
+    "human": "human",
+    "campaign": "campaign",
+    "api": "api",
+}
+
+
+def _message(row: dict[str, Any]) -> dict[str, Any]:
+    """A message row with its origin gathered from the columns that record it."""
+    source = row["source"]
+    if source == "followup":
+        kind: OriginKind = "sequence" if row["sequence_id"] is not None else "one_off"
+    else:
+        kind = _ORIGIN_OF_SOURCE[source]
+    row["origin"] = Origin(
+        kind=kind,
+        enrollment_id=row.pop("followup_enrollment_id"),
+        sequence_id=row.pop("sequence_id"),
+        sequence_version=row.pop("sequence_version"),
+        step_index=row.pop("followup_step_index"),
+        rule_id=row.pop("rule_id"),
+        rule_execution_id=row.pop("rule_execution_id"),
+    )
+    return row
+
+
+def list_messages(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    filters: MessageFilters,
+    *,
+    limit: int,
+    after: uuid.UUID | None = None,
+) -> list[Message]:
+    """The project's messages, newest first, after the cursor ``after`` (a message id), narrowed by
+    ``filters``."""
+    if (
+        filters.created_after is not None
+        and filters.created_before is not None
+        and filters.created_before <= filters.created_after
+    ):
+        raise InvalidInput("created_before must be later than created_after", field="created_before")
+    for name in ("created_after", "created_before"):
+        value = getattr(filters, name)
+        if value is not None and value.tzinfo is None:
+            raise InvalidInput(f"{name} needs a time zone offset (Z or +00:00)", field=name)
+    return [msgspec.convert(_message(r), Message) for r in _rows(conn, project_id, filters, limit, after)]
+
+
+def _rows(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    filters: MessageFilters,
+    limit: int,
+    after: uuid.UUID | None = None,
+    message_id: uuid.UUID | None = None,
+) -> list[dict[str, Any]]:
+    params = msgspec.structs.asdict(filters)
+    params |= {"project_id": project_id, "limit": limit, "after": after, "id": message_id}
+    with conn.cursor(row_factory=dict_row) as cur:
+        # unprepared: a generic plan cannot see which filters are NULL (as the send lane's claim)
+        return cur.execute(QUERIES["list_messages"], params, prepare=False).fetchall()
+
+
+def get_message(conn: Connection[Any], project_id: uuid.UUID, message_id: uuid.UUID) -> MessageDetail:
+    """One message of the project with its status history (404 naming ``message_id`` otherwise)."""
+    found = _rows(conn, project_id, MessageFilters(), 1, message_id=message_id)
+    if not found:
+        raise NotFound("message not found", field="message_id")
+    params = {"project_id": project_id, "id": message_id}
+    with conn.cursor(row_factory=dict_row) as cur:
+        history = cur.execute(QUERIES["status_history"], params).fetchall()
+    return msgspec.convert(_message(found[0]) | {"status_history": history}, MessageDetail)
+
+
+#: Messages a conversation's read shows (the rest: ``GET /v1/messages?conversation_id=``).
+CONVERSATION_MESSAGES = 20
+
+
+class ConversationDetail(Conversation, kw_only=True, frozen=True):
+    """A conversation with its last messages, newest first (at most :data:`CONVERSATION_MESSAGES`)."""
+
+    last_messages: list[Message]
+
+
+def get_conversation_detail(
+    conn: Connection[Any], project_id: uuid.UUID, conversation_id: uuid.UUID
+) -> ConversationDetail:
+    """The conversation (404 naming ``conversation_id``) with its last messages."""
+    conversation = get_conversation(conn, project_id, conversation_id)
+    last = list_messages(
+        conn, project_id, MessageFilters(conversation_id=conversation_id), limit=CONVERSATION_MESSAGES
+    )
+    return ConversationDetail(**msgspec.structs.asdict(conversation), last_messages=last)

@@ -78,6 +78,8 @@ class MessageState(msgspec.Struct, kw_only=True, frozen=True):
     error: str | None
     status_changed_at: datetime
     followup_enrollment_id: uuid.UUID | None
+    contact_id: uuid.UUID
+    conversation_id: uuid.UUID | None
 
 
 def claim_messages(

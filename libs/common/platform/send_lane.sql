@@ -27,7 +27,8 @@ ORDER BY claimed.priority, claimed.created_at
 
 -- name: lock_message
 -- Lock an outbound message of the project by our id or the provider's.
-SELECT id, status, provider_message_id, error, status_changed_at, followup_enrollment_id
+SELECT id, status, provider_message_id, error, status_changed_at, followup_enrollment_id, contact_id,
+       conversation_id
 FROM messages
 WHERE project_id = %(project_id)s AND direction = 'outbound'
   AND (id = %(id)s::uuid OR (%(id)s::uuid IS NULL AND provider_message_id = %(provider_message_id)s::text))
@@ -41,9 +42,12 @@ WITH updated AS (
         provider_message_id = coalesce(%(provider_message_id)s, provider_message_id),
         error = coalesce(%(error)s, error)
     WHERE id = %(id)s
-    RETURNING id, project_id, status, provider_message_id, error, status_changed_at, followup_enrollment_id
+    RETURNING id, project_id, status, provider_message_id, error, status_changed_at, followup_enrollment_id,
+              contact_id, conversation_id
 ), status_events AS (
     INSERT INTO message_status_events (project_id, message_id, status, detail, occurred_at)
     SELECT project_id, id, status, error, %(now)s FROM updated
 )
-SELECT id, status, provider_message_id, error, status_changed_at, followup_enrollment_id FROM updated
+SELECT id, status, provider_message_id, error, status_changed_at, followup_enrollment_id, contact_id,
+       conversation_id
+FROM updated

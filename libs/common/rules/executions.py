@@ -277,6 +277,7 @@ def _execute(
         conversation_id=row["conversation_id"],
         payload=row["payload"],
         occurred_at=row["occurred_at"],
+        execution_id=row["id"],
     )
     done = run_actions(conn, rule.id, rule.actions, subject, now=now)
     _finish(conn, row, "executed", None, done.message_ids[0] if done.message_ids else None, swept, now)

@@ -1,4 +1,5 @@
-"""Contacts: the list, a new contact, and the contact card (its live follow-ups with stop buttons, its
+"""Contacts: the list, a new contact, and the contact card (its conversation: every message in and out
+with its status and what sent it, newest first and paged; its live follow-ups with stop buttons, its
 pending rule executions, opt-out state and consent)."""
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ from litestar.params import FromPath
 from libs.common.core.errors import FollowupsError, InvalidInput
 from libs.common.followups import enrollments
 from libs.common.ingress import contact_changes
-from libs.common.platform import contacts
+from libs.common.platform import contacts, messages
 from libs.common.platform.contacts import ContactCreate
 from libs.common.rules import executions
 from services.api.dashboard.base import paged, project_of, query_uuid, see_other
 from services.api.dashboard.forms import Form, FormErrors, comma_list, error_of, validation_error
-from services.api.dashboard.queries import sequence_names
+from services.api.dashboard.queries import rule_labels, sequence_names
 from services.api.dashboard.render import page
 from services.api.deps import runtime_of, transaction
 from services.api.problems import status_of
+
+#: Messages a page of the contact card's conversation shows.
+MESSAGES_A_PAGE = 25
 
 
 class ContactsController(Controller):
@@ -88,7 +92,20 @@ class ContactsController(Controller):
             contact = contacts.get_contact(conn, project_id, contact_id)
             found = enrollments.list_enrollments(conn, project_id, limit=100, contact_id=contact_id)
             pending = executions.pending_for_contact(conn, project_id, contact_id)
-            names = sequence_names(conn, project_id, [e.sequence_id for e in found if e.sequence_id])
+            rows = messages.list_messages(
+                conn,
+                project_id,
+                messages.MessageFilters(contact_id=contact_id),
+                limit=MESSAGES_A_PAGE + 1,
+                after=query_uuid(request, "messages_after"),
+            )
+            conversation, messages_cursor = paged(rows, MESSAGES_A_PAGE)
+            sequence_ids = [e.sequence_id for e in found if e.sequence_id]
+            sequence_ids += [m.origin.sequence_id for m in conversation if m.origin.sequence_id]
+            names = sequence_names(conn, project_id, sequence_ids)
+            rule_names = rule_labels(
+                conn, project_id, [m.origin.rule_id for m in conversation if m.origin.rule_id]
+            )
         live = [e for e in found if e.status in ("active", "paused")]
         finished = [e for e in found if e.status not in ("active", "paused")]
         return page(
@@ -100,4 +117,7 @@ class ContactsController(Controller):
             finished=finished[:20],
             pending=pending,
             sequence_names=names,
+            conversation=conversation,
+            messages_cursor=messages_cursor,
+            rule_names=rule_names,
         )

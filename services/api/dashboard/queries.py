@@ -10,8 +10,10 @@ from typing import Any
 
 from psycopg import Connection
 
+from libs.common.core.errors import NotFound
 from libs.common.followups import sequences
 from libs.common.platform import contacts, projects
+from libs.common.rules import rules
 
 
 @dataclass(frozen=True)
@@ -37,3 +39,14 @@ def sequence_names(
     conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, str]:
     return sequences.sequence_names(conn, project_id, ids)
+
+
+def rule_labels(conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Each rule's name ("deleted rule" when it is gone): one read a distinct rule of a page's rows."""
+    labels: dict[uuid.UUID, str] = {}
+    for rule_id in dict.fromkeys(ids):
+        try:
+            labels[rule_id] = rules.get_rule(conn, project_id, rule_id).name
+        except NotFound:
+            labels[rule_id] = "deleted rule"
+    return labels

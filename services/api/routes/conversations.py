@@ -11,8 +11,8 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.followups.shortcut import FollowUpRequest, follow_up
 from libs.common.followups.transitions import Enrollment
-from libs.common.platform import conversations
-from libs.common.platform.conversations import Conversation
+from libs.common.platform import conversations, messages
+from libs.common.platform.messages import ConversationDetail
 from libs.common.rules import executions
 from libs.common.rules.executions import Execution, ExecutionStatus
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
@@ -27,9 +27,11 @@ class ConversationsController(Controller):
     @get("/{conversation_id:uuid}", sync_to_thread=True)
     def read(
         self, request: Request[Any, Any, Any], project_id: ProjectId, conversation_id: FromPath[uuid.UUID]
-    ) -> Conversation:
+    ) -> ConversationDetail:
+        """The conversation with its last 20 messages, newest first (every one: ``GET
+        /v1/messages?conversation_id=``)."""
         with transaction(runtime_of(request)) as conn:
-            return conversations.get_conversation(conn, project_id, conversation_id)
+            return messages.get_conversation_detail(conn, project_id, conversation_id)
 
     @get("/{conversation_id:uuid}/rule-executions", sync_to_thread=True)
     def rule_executions(

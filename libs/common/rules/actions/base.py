@@ -64,6 +64,8 @@ class Subject:
     conversation_id: uuid.UUID | None
     payload: dict[str, Any]
     occurred_at: datetime
+    #: The delayed execution running the rule (None when the rule runs on its trigger at once).
+    execution_id: uuid.UUID | None = None
 
 
 @dataclass

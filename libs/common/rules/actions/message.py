@@ -107,6 +107,8 @@ class SendMessage(BaseAction, kw_only=True, tag="send_message"):
                 body=body,
                 source="rule",
                 conversation_id=subject.conversation_id,
+                rule_id=rule_id,
+                rule_execution_id=subject.execution_id,
                 template_name=template.name if outside and template else None,
                 template_language=template.language if outside and template else None,
                 template_parameters=parameters,
