@@ -314,3 +314,33 @@ def test_a_replay_under_a_new_delivery_id_fails_verification(
     assert verify_signature(secret, stamp, request.body, signature, delivery_id=delivery_id)
     # the same body, timestamp and signature under another delivery id (to slip past deduplication)
     assert not verify_signature(secret, stamp, request.body, signature, delivery_id=uuid.uuid4())
+
+
+def test_tls_to_a_plain_server_is_a_tls_error_and_a_non_ascii_path_is_percent_encoded(
+    pool: ConnectionPool, clock: ManualClock, project: Project, receiver: Receiver
+) -> None:
+    tls = _queue(pool, clock, project.id, receiver.url.replace("http://", "https://"))
+    state = deliver(pool, tls, now=clock.now())
+    assert state is not None and (state.last_error, state.last_status_code) == ("tls_error", None)
+
+    unicode = _queue(pool, clock, project.id, receiver.url + "/olá?q=ü")
+    state = deliver(pool, unicode, now=clock.now())
+    assert state is not None and state.status == "delivered"
+    assert receiver.requests[-1].path == "/hook/ol%C3%A1?q=%C3%BC"
+
+
+def test_a_lookup_that_hangs_is_cut_at_the_attempts_deadline(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    answered = threading.Event()
+
+    def hanging(host: str, port: int) -> Sequence[str]:
+        answered.wait(30)
+        return ["127.0.0.1"]
+
+    delivery_id = _queue(pool, clock, project.id, "http://slow-dns.example.test/hook")
+    try:
+        state = deliver(pool, delivery_id, now=clock.now(), timeout_s=0.3, resolve=hanging)
+    finally:
+        answered.set()
+    assert state is not None and (state.status, state.last_error) == ("pending", "timeout")

@@ -13,7 +13,7 @@ per attempt, every address it resolves to is checked, and the connection goes to
 no second lookup, so no DNS-rebinding window. The Host header and TLS (SNI and the certificate's check)
 use the URL's name.
 
-**The POST** (:func:`post`): one deadline covers the lookup's wait, connect, send and the response's status
+**The POST** (:func:`post`): one deadline covers the name's lookup, connect, send and the response's status
 line and headers (at most :data:`MAX_HEAD_BYTES`); a peer that drips bytes is cut at the deadline. Its
 result is a status code or an error *class* (:data:`ErrorClass`), never bytes of the peer's answer.
 """
@@ -26,9 +26,10 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final, Literal
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, quote, urlsplit
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -174,6 +175,11 @@ def system_resolver(host: str, port: int) -> Sequence[str]:
     return [str(info[4][0]) for info in infos]
 
 
+#: Where names are resolved, so a lookup that hangs is given up at the attempt's deadline (the resolver's
+#: own timeout ends its thread).
+_LOOKUPS: Final = ThreadPoolExecutor(max_workers=8, thread_name_prefix="webhook-lookups")
+
+
 class _Blocked(Exception):
     pass
 
@@ -186,15 +192,16 @@ class Response:
     error: ErrorClass | None = None
 
 
-def _target(parts: SplitResult, resolve: Resolver) -> IPAddress:
-    """The one address to connect to: resolved once, each address checked."""
+def _target(parts: SplitResult, resolve: Resolver, deadline: float) -> IPAddress:
+    """The one address to connect to: resolved once (within the deadline), each address checked."""
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     literal = literal_address(host)
     if literal is not None:
         candidates: list[IPAddress] = [literal]
     else:
-        candidates = [ipaddress.ip_address(found.split("%", 1)[0]) for found in resolve(host, port)]
+        answer = _LOOKUPS.submit(resolve, host, port).result(timeout=_remaining(deadline))
+        candidates = [ipaddress.ip_address(found.split("%", 1)[0]) for found in answer]
     for address in candidates:
         if not is_denied(address):
             return address
@@ -209,10 +216,19 @@ def _remaining(deadline: float) -> float:
 
 
 def _host_header(parts: SplitResult) -> str:
-    host = parts.hostname or ""
+    host = _ascii_host(parts.hostname or "")
     shown = f"[{host}]" if ":" in host else host
     default = 443 if parts.scheme == "https" else 80
     return shown if parts.port in (None, default) else f"{shown}:{parts.port}"
+
+
+#: What a request target keeps as it is (anything else, a non-ASCII character, is percent-encoded).
+_PATH_SAFE: Final = "/?&=;:@!$'()*+,~%-._[]"
+
+
+def _ascii_host(host: str) -> str:
+    """An international name as its ASCII (IDNA) form, for the Host header and TLS."""
+    return host if host.isascii() else host.encode("idna").decode("ascii")
 
 
 _STATUS_LINE = re.compile(rb"^HTTP/1\.[01] ([1-5][0-9]{2})(?: [\x20-\x7e\t]*)?$")
@@ -246,13 +262,15 @@ def post(
     deadline = time.monotonic() + timeout_s
     parts = urlsplit(url)
     try:
-        address = _target(parts, resolve)
+        address = _target(parts, resolve, deadline)
     except _Blocked:
         return Response(error="blocked_address")
+    except TimeoutError:
+        return Response(error="timeout")
     except (OSError, UnicodeError, ValueError):
         return Response(error="dns_error")
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    path = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe=_PATH_SAFE)
     lines = [f"POST {path} HTTP/1.1", f"Host: {_host_header(parts)}"]
     lines += [f"{name}: {value}" for name, value in headers.items()]
     lines += [f"Content-Length: {len(body)}", "Connection: close"]
@@ -263,7 +281,7 @@ def post(
         if parts.scheme == "https":
             context = ssl.create_default_context()
             sock.settimeout(_remaining(deadline))
-            sock = context.wrap_socket(sock, server_hostname=parts.hostname)
+            sock = context.wrap_socket(sock, server_hostname=_ascii_host(parts.hostname or ""))
         sock.settimeout(_remaining(deadline))
         sock.sendall(request)
         code = _read_status(sock, deadline)

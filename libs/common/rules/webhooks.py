@@ -250,7 +250,8 @@ class Dispatcher:
         """Start attempts in the free slots; returns how many started."""
         now = self.clock.now()
         with self._lock:
-            free = min(self.concurrency - len(self._busy), self.batch)
+            busy = list(self._busy)
+            free = min(self.concurrency - len(busy), self.batch)
             counts: dict[uuid.UUID, int] = {}
             for project_id in self._busy.values():
                 counts[project_id] = counts.get(project_id, 0) + 1
@@ -262,7 +263,7 @@ class Dispatcher:
             "limit": free + sum(counts.values()),
             "per_project": self.per_project,
             "max_attempts": MAX_ATTEMPTS,
-            "busy": list(self._busy),
+            "busy": busy,
             "saturated": saturated,
         }
         with self.pool.connection() as conn:
@@ -510,8 +511,6 @@ def validate_url(url: str, *, field: str = "url") -> str:
         raise InvalidInput("the webhook URL must not contain NUL characters", field=field)
     if len(url) > 2000:
         raise InvalidInput("the webhook URL has at most 2000 characters", field=field)
-    if not url.isascii():
-        raise InvalidInput("the webhook URL must be ASCII (punycode for international names)", field=field)
     if egress.check_literal(url) is not None:
         raise InvalidInput(
             "the webhook URL's host is a loopback, private, link-local or otherwise internal address;"
