@@ -11,17 +11,22 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from litestar.testing import TestClient
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
+from libs.common.core.runtime import Runtime
 from libs.common.core.settings import Settings, SettingsError
 from libs.common.rules import egress
 from libs.common.rules.webhooks import MAX_ATTEMPTS, Dispatcher, deliver, verify_signature
+from services.triggers.service import WEBHOOKS_LOOP
+from services.triggers.service import build as build_triggers
 from tests.conftest import Project
 from tests.delayed_rule_helpers import assert_problem
 from tests.helpers import rows, wait_until
@@ -344,3 +349,33 @@ def test_a_lookup_that_hangs_is_cut_at_the_attempts_deadline(
     finally:
         answered.set()
     assert state is not None and (state.status, state.last_error) == ("pending", "timeout")
+
+
+def test_the_triggers_service_delivers_in_parallel_within_its_settings_bounds(
+    runtime: Runtime, clock: ManualClock, project: Project, other_project: Project
+) -> None:
+    rules = msgspec.structs.replace(
+        runtime.settings.rules,
+        webhook_timeout_seconds=2.5,
+        webhook_concurrency=2,
+        webhook_project_concurrency=1,
+    )
+    runtime.settings = replace(runtime.settings, rules=rules)
+    pool = runtime.pool
+    with _serving() as sleeping, _serving() as fast:
+        sleeping.default = "sleep"
+        sleeping.sleep_s = 60
+        slow = [_queue(pool, clock, other_project.id, sleeping.url) for _ in range(2)]
+        loop = build_triggers(runtime).loop(WEBHOOKS_LOOP)
+        loop.start()
+        try:
+            wait_until(lambda: len(sleeping.requests) == 1, what="B's first attempt under way")
+            mine = _queue(pool, clock, project.id, fast.url)
+            loop.wake()
+            # A's delivery goes out in the slot B may not take (one of B's at a time)
+            wait_until(lambda: _delivery(pool, project.id, mine).status == "delivered", what="A delivered")
+            assert len(sleeping.requests) == 1
+            assert sorted(_delivery(pool, other_project.id, d).attempts for d in slow) == [0, 1]
+        finally:
+            sleeping.released.set()
+            loop.stop()
