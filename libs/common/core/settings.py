@@ -451,14 +451,23 @@ def _addresses(value: Any) -> str | None:
     return None
 
 
+def parse_networks(value: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Comma-separated IP networks (CIDRs or addresses; empty: none); ValueError names a bad one."""
+    networks = []
+    for item in (part.strip() for part in value.split(",")):
+        if item:
+            try:
+                networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP network (CIDR)") from None
+    return tuple(networks)
+
+
 def _networks(value: Any) -> str | None:
-    """Comma-separated IP networks (CIDRs), or nothing."""
-    for item in (part.strip() for part in str(value).split(",")):
-        try:
-            if item:
-                ipaddress.ip_network(item, strict=False)
-        except ValueError:
-            return f"{item!r} is not an IP network (CIDR)"
+    try:
+        parse_networks(str(value))
+    except ValueError as exc:
+        return str(exc)
     return None
 
 

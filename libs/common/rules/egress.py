@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Final, Literal
 from urllib.parse import SplitResult, quote, urlsplit
 
+from libs.common.core.settings import parse_networks
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -72,18 +74,6 @@ _allowed: tuple[Network, ...] = ()
 
 #: Resolves a host name to its addresses (a seam: a test resolves a name to what it likes).
 Resolver = Callable[[str, int], Sequence[str]]
-
-
-def parse_networks(value: str) -> tuple[Network, ...]:
-    """``WEBHOOK_ALLOWED_NETWORKS``: comma-separated CIDRs (or addresses); ValueError names a bad one."""
-    networks: list[Network] = []
-    for item in (part.strip() for part in value.split(",")):
-        if item:
-            try:
-                networks.append(ipaddress.ip_network(item, strict=False))
-            except ValueError:
-                raise ValueError(f"{item!r} is not an IP network (CIDR)") from None
-    return tuple(networks)
 
 
 def configure(allowed_networks: str | Iterable[Network]) -> None:
