@@ -9,7 +9,7 @@ LOCAL_MODEL := $(VENV)/.installed-local-model
 WANTS_LOCAL_MODEL := $(if $(findstring --local-model,$(ARGS)),$(LOCAL_MODEL))
 
 .DEFAULT_GOAL := help
-.PHONY: help install local-model dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers clean
+.PHONY: help install local-model dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers bench-webhooks clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -67,7 +67,7 @@ unit: $(STAMP) $(if $(CI),$(LOCAL_MODEL)) ## pytest only, in parallel (PYTEST_WO
 
 test: check unit ## every check and every test (what CI runs)
 
-bench: bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
+bench: bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-webhooks ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
 
 bench-release: $(STAMP) ## release throughput, lag and claim-cost benchmark
 	$(BIN)/python -m benchmarks.release $(ARGS)
@@ -89,6 +89,9 @@ bench-ai: $(STAMP) $(WANTS_LOCAL_MODEL) ## AI steps through a local model answer
 
 bench-retention: $(STAMP) ## retention deleting 1M finished enrollments while the release path runs
 	$(BIN)/python -m benchmarks.retention $(ARGS)
+
+bench-webhooks: $(STAMP) ## webhook deliveries: a fast tenant's p99 beside a tenant whose endpoints sleep or drip
+	$(BIN)/python -m benchmarks.webhooks $(ARGS)
 
 bench-peers: $(STAMP) ## ours against PgQueuer (throughput) and Dramatiq's delayed messages (100k pending); installs the peers extra
 	$(BIN)/python -m pip install --quiet -e '.[peers]'

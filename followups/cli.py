@@ -31,6 +31,7 @@ from libs.common.core.settings import LogSettings, Settings, SettingsError
 from libs.common.platform import api_keys
 from libs.common.platform.api_keys import SCOPES, ApiKey, ApiKeyCreate
 from libs.common.platform.projects import create_project
+from libs.common.rules import egress
 
 log = logging.getLogger("followups")
 
@@ -133,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"followups: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(_log_settings(settings, args.command))
+    egress.configure(settings.rules.webhook_allowed_networks)
     if args.command == "dev":
         from followups.dev import run_dev
 

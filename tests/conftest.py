@@ -33,10 +33,14 @@ from libs.common.core.migrate import migrate
 from libs.common.core.runtime import Runtime
 from libs.common.core.settings import BrokerSettings, DatabaseSettings, Settings
 from libs.common.platform.projects import create_project
+from libs.common.rules import egress
 from services.api.app import create_app
 from tests.helpers import Ingress
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+#: The tests' webhook receivers listen on this host: the suite opens loopback to webhooks (as an operator
+#: would for a local receiver); tests/test_webhook_isolation.py proves the default denies it.
+TEST_WEBHOOK_ALLOWED_NETWORKS = "127.0.0.0/8,::1/128"
 
 
 def with_database(url: str, name: str) -> str:
@@ -129,9 +133,17 @@ def db_url(server_url: str, template_db: str) -> Iterator[str]:
         yield with_database(server_url, name)
 
 
+@pytest.fixture(autouse=True)
+def webhook_networks() -> Iterator[None]:
+    """Every test starts with loopback open to webhooks (the tests' receivers), as the settings say."""
+    egress.configure(TEST_WEBHOOK_ALLOWED_NETWORKS)
+    yield
+    egress.configure(TEST_WEBHOOK_ALLOWED_NETWORKS)
+
+
 @pytest.fixture
 def settings(db_url: str) -> Settings:
-    base = Settings.from_env({})
+    base = Settings.from_env({"WEBHOOK_ALLOWED_NETWORKS": TEST_WEBHOOK_ALLOWED_NETWORKS})
     return replace(base, database=DatabaseSettings(url=db_url, pool_min_size=1, pool_max_size=8))
 
 

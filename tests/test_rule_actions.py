@@ -357,10 +357,11 @@ def test_send_webhook_queues_a_signed_delivery(
 
     [(headers, body)] = receiver.requests
     secret = client.get("/v1/webhook-deliveries/secret").json()["secret"]
-    assert verify_signature(secret, headers["x-followups-timestamp"], body, headers["x-followups-signature"])
-    assert not verify_signature(
-        secret, headers["x-followups-timestamp"], body + b" ", headers["x-followups-signature"]
+    stamp, signature, delivered = (
+        headers[f"x-followups-{h}"] for h in ("timestamp", "signature", "delivery")
     )
+    assert verify_signature(secret, stamp, body, signature, delivery_id=delivered)
+    assert not verify_signature(secret, stamp, body + b" ", signature, delivery_id=delivered)
     assert headers["x-followups-delivery"] == delivery["id"]
     payload = json.loads(body)
     assert (payload["event"], payload["rule_id"], payload["contact_id"]) == ("lead.created", rule, contact)

@@ -74,8 +74,9 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             answer = receiver.next_answer(Received(self.path, dict(self.headers.items()), body))
             signature = self.headers.get("X-Followups-Signature", "")
             timestamp = self.headers.get("X-Followups-Timestamp", "")
+            delivery_id = self.headers.get("X-Followups-Delivery", "")
             if receiver.holds is not None and not verify_signature(
-                receiver.holds, timestamp, body, signature
+                receiver.holds, timestamp, body, signature, delivery_id=delivery_id
             ):
                 answer = 401
             if answer == "sleep":
@@ -197,16 +198,21 @@ def test_a_delivery_arrives_signed_with_the_projects_secret(
     timestamp = headers["x-followups-timestamp"]
     assert int(timestamp) == int(clock.now().timestamp())
     [(secret,)] = rows(pool, "SELECT webhook_secret FROM projects WHERE id = %s", project.id)
-    by_hand = hmac.new(secret.encode(), timestamp.encode() + b"." + request.body, hashlib.sha256).hexdigest()
+    signed = f"{timestamp}.{delivery_id}.".encode() + request.body
+    by_hand = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
     assert headers["x-followups-signature"] == f"sha256={by_hand}"
-    assert verify_signature(secret, timestamp, request.body, headers["x-followups-signature"])
-    assert verify_signature(secret, int(timestamp), request.body.decode(), headers["x-followups-signature"])
-    # a changed body, timestamp or secret, or a malformed signature, does not verify
-    assert not verify_signature(secret, timestamp, request.body + b" ", headers["x-followups-signature"])
-    assert not verify_signature(secret, int(timestamp) + 1, request.body, headers["x-followups-signature"])
-    assert not verify_signature(secret + "x", timestamp, request.body, headers["x-followups-signature"])
-    assert not verify_signature(secret, timestamp, request.body, by_hand)
-    assert not verify_signature(secret, timestamp, request.body, "sha256=ünïcode")
+    signature = headers["x-followups-signature"]
+    assert verify_signature(secret, timestamp, request.body, signature, delivery_id=delivery_id)
+    assert verify_signature(
+        secret, int(timestamp), request.body.decode(), signature, delivery_id=str(delivery_id)
+    )
+    # a changed body, timestamp, delivery id or secret, or a malformed signature, does not verify
+    assert not verify_signature(secret, timestamp, request.body + b" ", signature, delivery_id=delivery_id)
+    assert not verify_signature(secret, int(timestamp) + 1, request.body, signature, delivery_id=delivery_id)
+    assert not verify_signature(secret, timestamp, request.body, signature, delivery_id=uuid.uuid4())
+    assert not verify_signature(secret + "x", timestamp, request.body, signature, delivery_id=delivery_id)
+    assert not verify_signature(secret, timestamp, request.body, by_hand[1:], delivery_id=delivery_id)
+    assert not verify_signature(secret, timestamp, request.body, "sha256=ünïcode", delivery_id=delivery_id)
 
     delivery = _delivery(pool, project.id, delivery_id)
     assert (delivery.rule_id, delivery.trigger_id, delivery.url) == (rule_id, TRIGGER, receiver.url)
@@ -228,7 +234,7 @@ def test_a_500_is_retried_after_the_backoff_then_delivered(
 
     assert state is not None
     assert (state.status, state.attempts, state.last_status_code) == ("pending", 1, 500)
-    assert state.last_error == "HTTP 500"
+    assert state.last_error == "http_500"
     assert state.next_attempt_at == first + timedelta(seconds=30)
     # not due before the backoff has passed
     assert deliver(pool, delivery_id, now=clock.advance(timedelta(seconds=29))) is None
@@ -272,7 +278,7 @@ def test_a_refused_connection_is_retried_not_raised(
 
     assert state is not None
     assert (state.status, state.attempts, state.last_status_code) == ("pending", 1, None)
-    assert state.last_error == "connection refused"
+    assert state.last_error == "connect_refused"
     assert state.next_attempt_at == clock.now() + timedelta(seconds=30)
 
 
@@ -450,6 +456,10 @@ def _rotations(kind: str) -> float:
     return value or 0.0
 
 
+def _id(received: Received) -> str:
+    return received.headers["X-Followups-Delivery"]
+
+
 def _signatures(received: Received) -> list[str]:
     return [s.strip() for s in received.headers["X-Followups-Signature"].split(",")]
 
@@ -470,7 +480,9 @@ def test_a_rotated_secret_signs_beside_the_new_one_during_the_overlap_then_only_
         assert deliver(pool, _queue(pool, clock, project.id, keeps_old.url), now=clock.now()) is not None
         [before] = keeps_old.requests
         assert _signatures(before) == [
-            webhooks.sign(old["secret"], before.headers["X-Followups-Timestamp"], before.body)
+            webhooks.sign(
+                old["secret"], before.headers["X-Followups-Timestamp"], before.body, delivery_id=_id(before)
+            )
         ]
 
         # When the secret is rotated (the default overlap: WEBHOOK_SECRET_OVERLAP_SECONDS, a day)
@@ -491,12 +503,21 @@ def test_a_rotated_secret_signs_beside_the_new_one_during_the_overlap_then_only_
             assert state is not None and (state.status, state.last_status_code) == ("delivered", 200)
         during = takes_new.requests[-1]
         stamp = during.headers["X-Followups-Timestamp"]
-        by_new, by_old = (webhooks.sign(k, stamp, during.body) for k in (rotated["secret"], old["secret"]))
+        by_new, by_old = (
+            webhooks.sign(k, stamp, during.body, delivery_id=_id(during))
+            for k in (rotated["secret"], old["secret"])
+        )
         assert during.headers["X-Followups-Signature"] == f"{by_new}, {by_old}"
         for secret in (rotated["secret"], old["secret"]):
-            assert verify_signature(secret, stamp, during.body, during.headers["X-Followups-Signature"])
+            assert verify_signature(
+                secret, stamp, during.body, during.headers["X-Followups-Signature"], delivery_id=_id(during)
+            )
         assert not verify_signature(
-            "another secret", stamp, during.body, during.headers["X-Followups-Signature"]
+            "another secret",
+            stamp,
+            during.body,
+            during.headers["X-Followups-Signature"],
+            delivery_id=_id(during),
         )
 
         # And once the overlap ended only the new secret signs: the receiver still on the old one refuses it
@@ -506,7 +527,9 @@ def test_a_rotated_secret_signs_beside_the_new_one_during_the_overlap_then_only_
         assert refused is not None and (refused.status, refused.last_status_code) == ("pending", 401)
         after = keeps_old.requests[-1]
         assert _signatures(after) == [
-            webhooks.sign(rotated["secret"], after.headers["X-Followups-Timestamp"], after.body)
+            webhooks.sign(
+                rotated["secret"], after.headers["X-Followups-Timestamp"], after.body, delivery_id=_id(after)
+            )
         ]
         state = deliver(pool, _queue(pool, clock, project.id, takes_new.url), now=clock.now())
         assert state is not None and state.status == "delivered"
@@ -531,6 +554,7 @@ def test_a_rotation_without_overlap_ends_the_old_secret_at_once_and_two_are_vali
             second["secret"],
             receiver.requests[-1].headers["X-Followups-Timestamp"],
             receiver.requests[-1].body,
+            delivery_id=_id(receiver.requests[-1]),
         )
     ]
     # a rotation with an hour's overlap, then another one during it: the oldest secret is dropped at once
@@ -541,7 +565,7 @@ def test_a_rotation_without_overlap_ends_the_old_secret_at_once_and_two_are_vali
     last = receiver.requests[-1]
     stamp = last.headers["X-Followups-Timestamp"]
     assert _signatures(last) == [
-        webhooks.sign(s, stamp, last.body) for s in (fourth["secret"], third["secret"])
+        webhooks.sign(s, stamp, last.body, delivery_id=_id(last)) for s in (fourth["secret"], third["secret"])
     ]
     assert len({first, second["secret"], third["secret"], fourth["secret"]}) == 4
 

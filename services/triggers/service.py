@@ -1,6 +1,7 @@
 """Wiring of the triggers service: the loop that matches triggers to rules and runs their actions, the sweep
 of delayed rules that fell due (every second), bulk enrollment jobs (a chunk per transaction), the loop
-that delivers webhooks, and the nudge actor that wakes them."""
+that delivers webhooks (in parallel, fair per project: :class:`libs.common.rules.webhooks.Dispatcher`), and
+the nudge actor that wakes them."""
 
 from __future__ import annotations
 
@@ -26,9 +27,18 @@ WEBHOOKS_LOOP = "webhooks"
 
 def build(runtime: Runtime) -> Service:
     settings = runtime.settings.worker
+    rules = runtime.settings.rules
+    dispatcher = webhooks.Dispatcher(
+        runtime.pool,
+        runtime.clock,
+        timeout_s=rules.webhook_timeout_seconds,
+        concurrency=rules.webhook_concurrency,
+        per_project=rules.webhook_project_concurrency,
+        wake=lambda: deliveries.wake(),
+    )
     deliveries = PollingLoop(
         WEBHOOKS_LOOP,
-        lambda: webhooks.deliver_due(runtime.pool, runtime.clock),
+        dispatcher.tick,
         poll_interval=settings.poll_interval_seconds,
         idle_max_sleep=settings.idle_max_sleep_seconds,
     )

@@ -59,6 +59,16 @@ WEBHOOK_DELIVERIES: Final = Counter(
     "Webhook delivery attempts of rules, by outcome (delivered, retry: will be retried, failed: given up).",
     ["outcome"],
 )
+WEBHOOK_ATTEMPT_ERRORS: Final = Counter(
+    "followups_webhook_attempt_errors_total",
+    "Webhook attempts that failed, by error class (blocked_address, timeout, connect_refused, http, ...).",
+    ["error"],
+)
+WEBHOOK_IN_FLIGHT: Final = Gauge(
+    "followups_webhook_deliveries_in_flight",
+    "Webhook attempts a triggers process is making right now.",
+    multiprocess_mode="livesum",
+)
 WEBHOOK_SECRET_ROTATIONS: Final = Counter(
     "followups_webhook_secret_rotations_total",
     "Webhook signing secrets rotated, by kind (overlap: the old one signs too until the overlap ends;"

@@ -86,6 +86,10 @@ class RuleSettings(_Settings):
     sweep_interval_seconds: float = 1.0
     execution_stale_after_seconds: float = 86400.0
     webhook_secret_overlap_seconds: int = 86400
+    webhook_allowed_networks: str = ""
+    webhook_timeout_seconds: float = 10.0
+    webhook_concurrency: int = 16
+    webhook_project_concurrency: int = 4
 
 
 class AiSettings(_Settings):
@@ -293,6 +297,32 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             "How long a rotated webhook secret still signs deliveries beside the new one, unless the"
             " rotation gives `overlap_seconds` (0 to 604800).",
         ),
+        Variable(
+            "WEBHOOK_ALLOWED_NETWORKS",
+            "webhook_allowed_networks",
+            "",
+            "Comma-separated CIDRs webhooks may reach although they are not public (loopback, private,"
+            " link-local ...), e.g. `127.0.0.0/8,::1/128` for a receiver on this host. Empty: public"
+            " addresses only.",
+        ),
+        Variable(
+            "WEBHOOK_TIMEOUT_SECONDS",
+            "webhook_timeout_seconds",
+            10.0,
+            "The deadline of one webhook attempt: lookup, connect, send and the response's head together.",
+        ),
+        Variable(
+            "WEBHOOK_CONCURRENCY",
+            "webhook_concurrency",
+            16,
+            "Webhook deliveries one triggers process makes at once.",
+        ),
+        Variable(
+            "WEBHOOK_PROJECT_CONCURRENCY",
+            "webhook_project_concurrency",
+            4,
+            "Of those, at most this many of one project's at once (the rest go to other projects).",
+        ),
     ),
     AiSettings: (
         Variable(
@@ -421,6 +451,26 @@ def _addresses(value: Any) -> str | None:
     return None
 
 
+def parse_networks(value: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Comma-separated IP networks (CIDRs or addresses; empty: none); ValueError names a bad one."""
+    networks = []
+    for item in (part.strip() for part in value.split(",")):
+        if item:
+            try:
+                networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP network (CIDR)") from None
+    return tuple(networks)
+
+
+def _networks(value: Any) -> str | None:
+    try:
+        parse_networks(str(value))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 #: Checks per variable, beyond the type conversion.
 CHECKS: dict[str, Check] = {
     "DATABASE_URL": _prefix("postgresql://", "postgres://"),
@@ -452,6 +502,10 @@ CHECKS: dict[str, Check] = {
     "RULES_SWEEP_INTERVAL_SECONDS": _positive,
     "RULES_EXECUTION_STALE_AFTER_SECONDS": _positive,
     "WEBHOOK_SECRET_OVERLAP_SECONDS": _overlap,
+    "WEBHOOK_ALLOWED_NETWORKS": _networks,
+    "WEBHOOK_TIMEOUT_SECONDS": _positive,
+    "WEBHOOK_CONCURRENCY": _positive,
+    "WEBHOOK_PROJECT_CONCURRENCY": _positive,
     "AI_BASE_URL": _prefix("http://", "https://"),
     "AI_TIMEOUT_SECONDS": _positive,
     "FOLLOWUP_AI_LEASE_MS": _positive,

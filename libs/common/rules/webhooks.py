@@ -1,17 +1,24 @@
 """Webhook deliveries: the delivery side of a rule's ``send_webhook`` action (a rule POSTs JSON to a URL).
 
 A delivery is queued with :func:`queue_delivery` in the transaction of the rule run that decided it, then
-sent by :func:`deliver` (one attempt) or :func:`deliver_due` (what a polling loop calls: every due delivery,
-so webhooks go out with RabbitMQ down). An attempt is three steps, and no transaction or row lock is held
-during the HTTP call:
+sent by :func:`deliver` (one attempt), :func:`deliver_due` (a batch, waited for) or a :class:`Dispatcher`
+(what the triggers service's polling loop ticks: up to ``WEBHOOK_CONCURRENCY`` attempts in parallel, at most
+``WEBHOOK_PROJECT_CONCURRENCY`` of one project's, the claim taking each project's oldest in turn, so one
+tenant's slow endpoints hold only its own slots; webhooks go out with RabbitMQ down). An attempt is three
+steps, and no transaction or row lock is held during the HTTP call:
 
 1. claim: lock the pending, due row ``FOR UPDATE SKIP LOCKED``, count the attempt and lease the row
    (``next_attempt_at`` = now + timeout + slack, so no other worker picks it during the call), commit;
-2. POST the JSON body with the standard library (``urllib.request``), redirects not followed;
+2. POST the JSON body (:func:`libs.common.rules.egress.post`: to a checked address only, one deadline of
+   ``WEBHOOK_TIMEOUT_SECONDS`` for lookup, connect, send and the response's head), redirects not followed;
 3. record the result in a second transaction: a 2xx response delivers it; anything else (another status,
-   a timeout, a refused connection, a DNS error) schedules a retry with backoff (30 s, 1 min, 2 min, ...,
-   capped at 1 h), and after :data:`MAX_ATTEMPTS` attempts the delivery is ``failed``. A result that comes
-   after its lease ran out and another worker claimed the delivery again is not recorded.
+   a timeout, a refused connection, a DNS error, a denied address) schedules a retry with backoff (30 s,
+   1 min, 2 min, ..., capped at 1 h), and after :data:`MAX_ATTEMPTS` attempts the delivery is ``failed``. A
+   result that comes after its lease ran out and another worker claimed the delivery again is not recorded.
+   ``last_error`` is a class (``http_<status>``, ``timeout``, ``connect_refused``, ``tls_error``,
+   ``bad_response``, ``blocked_address``, ``dns_error``, ``connect_error``), never the peer's bytes. A
+   delivery is never claimed past its last attempt: one whose result could not be recorded is given up
+   (``failed``) when its lease runs out.
 
 Each request carries::
 
@@ -19,13 +26,15 @@ Each request carries::
     User-Agent: followups-webhooks
     X-Followups-Delivery: <delivery id>
     X-Followups-Timestamp: <unix seconds>
-    X-Followups-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" keyed by the project's secret>
+    X-Followups-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<delivery id>.<body>" keyed by the
+                           project's secret>
 
 While a rotation of the secret overlaps (``libs.common.platform.webhook_secrets``), the signature header
 lists one signature per valid secret, the new one first: ``sha256=<by the new>, sha256=<by the old>``.
 A receiver checks the signatures over the body bytes exactly as received, with :func:`verify_signature` or
 its equivalent (any one that matches its secret verifies), and should reject timestamps too far from its
-own clock (a replayed request). A delivery is at least once: a receiver deduplicates on
+own clock (a replayed request). The signature covers the delivery id, so a body replayed under another
+delivery id does not verify. A delivery is at least once: a receiver deduplicates on
 ``X-Followups-Delivery``.
 """
 
@@ -33,14 +42,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import http.client
 import logging
-import socket
-import ssl
-import urllib.error
-import urllib.request
+import threading
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
@@ -61,11 +67,11 @@ from libs.common.core.jobs import (
     Fairness,
     Queue,
     Retry,
-    run_batch,
     run_item,
 )
-from libs.common.core.metrics import WEBHOOK_DELIVERIES
+from libs.common.core.metrics import WEBHOOK_ATTEMPT_ERRORS, WEBHOOK_DELIVERIES, WEBHOOK_IN_FLIGHT
 from libs.common.core.sql import load_queries
+from libs.common.rules import egress
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +82,8 @@ QUERIES = load_queries("libs.common.rules", "webhooks.sql")
 RETRY: Final = Retry(max_attempts=8, backoff=STANDARD_BACKOFF)
 #: Attempts before a delivery is given up (``failed``).
 MAX_ATTEMPTS: Final = RETRY.max_attempts
+#: The deadline of one attempt, unless the caller gives one (``WEBHOOK_TIMEOUT_SECONDS``).
+DEFAULT_TIMEOUT_S: Final = 10.0
 #: How long past the call's timeout a claimed delivery stays leased to its worker.
 LEASE_SLACK: Final = timedelta(seconds=30)
 #: Longest ``last_error`` kept.
@@ -170,21 +178,132 @@ def queue_delivery(
 
 
 def deliver(
-    pool: ConnectionPool, delivery_id: uuid.UUID, *, now: datetime, timeout_s: float = 10.0
+    pool: ConnectionPool,
+    delivery_id: uuid.UUID,
+    *,
+    now: datetime,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    resolve: egress.Resolver = egress.system_resolver,
 ) -> DeliveryState | None:
     """Make one attempt at a due pending delivery; its state after, or None when it was not attempted
-    (not pending, not due, or busy: claimed by another worker)."""
-    deliveries = _Deliveries(pool, lambda: now, timeout_s)
+    (not pending, not due, at its last attempt already, or busy: claimed by another worker)."""
+    deliveries = _Deliveries(pool, lambda: now, timeout_s, resolve)
     run_item(deliveries, delivery_id)
     return deliveries.states.get(delivery_id)
 
 
-def deliver_due(pool: ConnectionPool, clock: Clock, limit: int = 50) -> int:
-    """Attempt up to ``limit`` pending deliveries due by now, the longest due first, one after the other;
-    returns how many were attempted (a polling loop's tick)."""
-    deliveries = _Deliveries(pool, clock.now, 10.0)
-    run_batch(deliveries, limit=limit)
-    return len(deliveries.states)
+def deliver_due(
+    pool: ConnectionPool,
+    clock: Clock,
+    limit: int = 50,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    concurrency: int = 16,
+    per_project: int = 4,
+) -> int:
+    """Attempt up to ``limit`` pending deliveries due by now (each project's oldest in turn, at most
+    ``per_project`` of one project's), ``concurrency`` at once, and wait for them; returns how many were
+    attempted."""
+    dispatcher = Dispatcher(
+        pool, clock, timeout_s=timeout_s, concurrency=concurrency, per_project=per_project, batch=limit
+    )
+    try:
+        dispatcher.tick()
+    finally:
+        dispatcher.close()
+    return len(dispatcher.states)
+
+
+class Dispatcher:
+    """Delivers due webhooks in parallel, fair per project: each :meth:`tick` (a polling loop's) fills the
+    free slots of ``concurrency`` with due deliveries, each project's oldest in turn, never more than
+    ``per_project`` of one project's in flight, and returns at once (the attempts run in its threads;
+    ``wake`` is called as each ends, so the loop fills the freed slot)."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        clock: Clock,
+        *,
+        timeout_s: float,
+        concurrency: int,
+        per_project: int,
+        batch: int | None = None,
+        wake: Callable[[], None] | None = None,
+        resolve: egress.Resolver = egress.system_resolver,
+    ) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.timeout_s = timeout_s
+        self.concurrency = concurrency
+        self.per_project = per_project
+        self.batch = batch if batch is not None else concurrency
+        self.wake = wake
+        self.resolve = resolve
+        self.states: dict[uuid.UUID, DeliveryState] = {}
+        self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="webhooks")
+        self._lock = threading.Lock()
+        #: The deliveries in flight, and their projects.
+        self._busy: dict[uuid.UUID, uuid.UUID] = {}
+
+    def tick(self) -> int:
+        """Start attempts in the free slots; returns how many started."""
+        now = self.clock.now()
+        with self._lock:
+            busy = list(self._busy)
+            free = min(self.concurrency - len(busy), self.batch)
+            counts: dict[uuid.UUID, int] = {}
+            for project_id in self._busy.values():
+                counts[project_id] = counts.get(project_id, 0) + 1
+        if free <= 0:
+            return 0
+        saturated = [p for p, n in counts.items() if n >= self.per_project]
+        params = {
+            "now": now,
+            "limit": free + sum(counts.values()),
+            "per_project": self.per_project,
+            "max_attempts": MAX_ATTEMPTS,
+            "busy": busy,
+            "saturated": saturated,
+        }
+        with self.pool.connection() as conn:
+            for gave_up in conn.execute(QUERIES["give_up_exhausted"], params):
+                WEBHOOK_DELIVERIES.labels("failed").inc()
+                log.warning(
+                    "webhook delivery given up: its last attempt's result was not recorded",
+                    extra={"delivery_id": str(gave_up[0]), "project_id": str(gave_up[1])},
+                )
+            due = conn.execute(QUERIES["due_deliveries"], params).fetchall()
+        started = 0
+        for delivery_id, project_id in due:
+            if started >= free:
+                break
+            if counts.get(project_id, 0) >= self.per_project:
+                continue
+            counts[project_id] = counts.get(project_id, 0) + 1
+            with self._lock:
+                self._busy[delivery_id] = project_id
+            WEBHOOK_IN_FLIGHT.inc()
+            self._executor.submit(self._attempt, delivery_id)
+            started += 1
+        return started
+
+    def _attempt(self, delivery_id: uuid.UUID) -> None:
+        deliveries = _Deliveries(self.pool, self.clock.now, self.timeout_s, self.resolve)
+        try:
+            run_item(deliveries, delivery_id)
+            with self._lock:
+                self.states.update(deliveries.states)
+        finally:
+            with self._lock:
+                self._busy.pop(delivery_id, None)
+            WEBHOOK_IN_FLIGHT.dec()
+            if self.wake is not None:
+                self.wake()
+
+    def close(self) -> None:
+        """Wait for the attempts in flight."""
+        self._executor.shutdown(wait=True)
 
 
 def backoff(attempts: int) -> timedelta:
@@ -202,15 +321,30 @@ class _Deliveries(Queue[uuid.UUID, ConnectionPool]):
 
     retry = RETRY
 
-    def __init__(self, pool: ConnectionPool, now: Callable[[], datetime], timeout_s: float) -> None:
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        now: Callable[[], datetime],
+        timeout_s: float,
+        resolve: egress.Resolver = egress.system_resolver,
+    ) -> None:
         self.pool = pool
         self.now = now
         self.timeout_s = timeout_s
+        self.resolve = resolve
         #: The state of each delivery attempted, after its attempt.
         self.states: dict[uuid.UUID, DeliveryState] = {}
 
     def claim(self, limit: int, fairness: Fairness) -> list[uuid.UUID]:
-        params = {"now": self.now(), "limit": limit}
+        """Due deliveries, each project's oldest in turn (the :class:`Dispatcher` bounds those in flight)."""
+        params = {
+            "now": self.now(),
+            "limit": limit,
+            "per_project": limit,
+            "max_attempts": MAX_ATTEMPTS,
+            "busy": [],
+            "saturated": [],
+        }
         with self.pool.connection() as conn:
             return [row[0] for row in conn.execute(QUERIES["due_deliveries"], params)]
 
@@ -222,12 +356,13 @@ class _Deliveries(Queue[uuid.UUID, ConnectionPool]):
         lease_until = now + timedelta(seconds=self.timeout_s) + LEASE_SLACK
         with ctx.connection() as conn, conn.cursor(row_factory=class_row(_Claimed)) as cur:
             claimed = cur.execute(
-                QUERIES["claim_delivery"], {"id": item, "now": now, "lease_until": lease_until}
+                QUERIES["claim_delivery"],
+                {"id": item, "now": now, "lease_until": lease_until, "max_attempts": MAX_ATTEMPTS},
             ).fetchone()
         if claimed is None:
             return None
         # the claim is committed: the call runs with no transaction and no lock held
-        result = _post(claimed, now=now, timeout_s=self.timeout_s)
+        result = _post(claimed, now=now, timeout_s=self.timeout_s, resolve=self.resolve)
         if result.ok:
             self._write(ctx, claimed, result, "delivered", None, now)
             return None
@@ -260,7 +395,7 @@ class _Deliveries(Queue[uuid.UUID, ConnectionPool]):
             "status": "pending" if outcome == "retry" else outcome,
             "next_attempt_at": retry_at,
             "status_code": result.status_code,
-            "error": result.error,
+            "error": _clean(result.error),
             "delivered_at": now if outcome == "delivered" else None,
             "now": now,
         }
@@ -272,6 +407,8 @@ class _Deliveries(Queue[uuid.UUID, ConnectionPool]):
         if state is not None:
             self.states[claimed.id] = state
         WEBHOOK_DELIVERIES.labels(outcome).inc()
+        if result.error is not None:
+            WEBHOOK_ATTEMPT_ERRORS.labels("http" if result.status_code else result.error).inc()
         extra = {
             "delivery_id": str(claimed.id),
             "project_id": str(claimed.project_id),
@@ -319,35 +456,49 @@ def list_deliveries(
         return cur.execute(QUERIES["list_deliveries"], params).fetchall()
 
 
-def sign(secret: str, timestamp: int | str, body: bytes) -> str:
-    """The signature of ``body`` sent at ``timestamp`` (unix seconds) with ``secret``: ``sha256=<hex>``."""
-    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return SIGNATURE_PREFIX + digest
+def sign(secret: str, timestamp: int | str, body: bytes, *, delivery_id: uuid.UUID | str) -> str:
+    """The signature of ``body`` of delivery ``delivery_id`` sent at ``timestamp`` (unix seconds) with
+    ``secret``: ``sha256=<hex HMAC-SHA256 of "<timestamp>.<delivery id>.<body>">``."""
+    signed = f"{timestamp}.{delivery_id}.".encode() + body
+    return SIGNATURE_PREFIX + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
 
 
-def signature_header(secrets: Sequence[str], timestamp: int | str, body: bytes) -> str:
+def signature_header(
+    secrets: Sequence[str], timestamp: int | str, body: bytes, *, delivery_id: uuid.UUID | str
+) -> str:
     """The ``X-Followups-Signature`` value: one signature per valid secret, newest first, comma-separated
     (one signature, as ever, outside a rotation's overlap)."""
-    return ", ".join(sign(secret, timestamp, body) for secret in secrets)
+    return ", ".join(sign(secret, timestamp, body, delivery_id=delivery_id) for secret in secrets)
 
 
-def verify_signature(secret: str, timestamp: int | str, body: bytes | str, signature: str) -> bool:
+def verify_signature(
+    secret: str,
+    timestamp: int | str,
+    body: bytes | str,
+    signature: str,
+    *,
+    delivery_id: uuid.UUID | str,
+) -> bool:
     """Whether ``signature`` (the ``X-Followups-Signature`` header: one signature, or a comma-separated
-    list during a rotation's overlap) signs ``body`` (the request body, as received) at ``timestamp`` (the
-    ``X-Followups-Timestamp`` header) with ``secret``, the webhook secret the receiver holds: any one of the
-    listed signatures that matches verifies.
+    list during a rotation's overlap) signs ``body`` (the request body, as received) of ``delivery_id``
+    (the ``X-Followups-Delivery`` header) at ``timestamp`` (the ``X-Followups-Timestamp`` header) with
+    ``secret``, the webhook secret the receiver holds: any one of the listed signatures that matches
+    verifies.
 
     Each comparison takes the same time wherever the signatures differ. It does not judge the timestamp's
-    age: a receiver should also reject one too far from its own clock (five minutes, say)."""
+    age: a receiver should also reject one too far from its own clock (five minutes, say), and deduplicate
+    on the delivery id."""
     raw = body.encode() if isinstance(body, str) else body
-    expected = sign(secret, str(timestamp).strip(), raw).encode()
+    expected = sign(secret, str(timestamp).strip(), raw, delivery_id=str(delivery_id).strip()).encode()
     listed = [candidate.strip().encode() for candidate in signature.split(",")]
     return any([hmac.compare_digest(expected, candidate) for candidate in listed])
 
 
 def validate_url(url: str, *, field: str = "url") -> str:
-    """``url`` if it is an absolute http or https URL with a host (what a delivery can be sent to), else
-    InvalidInput naming ``field`` (a rule's action can check its URL with this when the rule is saved)."""
+    """``url`` if it is an absolute http or https URL with a host that is not a denied literal address
+    (:mod:`libs.common.rules.egress`: loopback, private, link-local ... in any numeric spelling, unless
+    ``WEBHOOK_ALLOWED_NETWORKS`` opens it), else InvalidInput naming ``field`` (a rule's action checks its
+    URL with this when the rule is saved). A name is checked when each attempt resolves it."""
     try:
         parts = urlsplit(url)
         hostname = parts.hostname
@@ -360,47 +511,31 @@ def validate_url(url: str, *, field: str = "url") -> str:
         raise InvalidInput("the webhook URL must not contain NUL characters", field=field)
     if len(url) > 2000:
         raise InvalidInput("the webhook URL has at most 2000 characters", field=field)
+    if egress.check_literal(url) is not None:
+        raise InvalidInput(
+            "the webhook URL's host is a loopback, private, link-local or otherwise internal address;"
+            " webhooks go to public addresses only (the operator opens others with"
+            " WEBHOOK_ALLOWED_NETWORKS)",
+            field=field,
+        )
     return url
 
 
-def _opener() -> urllib.request.OpenerDirector:
-    """HTTP and HTTPS only: no redirects followed (a 3xx is a failure), no HTTPError raised for a status
-    (every status is a result), no proxy from the environment, no other URL scheme (file:, ftp:)."""
-    opener = urllib.request.OpenerDirector()
-    opener.addheaders = []
-    opener.add_handler(urllib.request.HTTPHandler())
-    opener.add_handler(urllib.request.HTTPSHandler(context=ssl.create_default_context()))
-    return opener
-
-
-def _post(claimed: _Claimed, *, now: datetime, timeout_s: float) -> _Result:
+def _post(claimed: _Claimed, *, now: datetime, timeout_s: float, resolve: egress.Resolver) -> _Result:
     body = msgspec.json.encode(claimed.payload)
     timestamp = int(now.timestamp())
-    request = urllib.request.Request(
-        claimed.url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "User-Agent": USER_AGENT,
-            "X-Followups-Delivery": str(claimed.id),
-            "X-Followups-Timestamp": str(timestamp),
-            "X-Followups-Signature": signature_header(_secrets(claimed), timestamp, body),
-        },
-    )
-    try:
-        with _opener().open(request, timeout=timeout_s) as response:
-            code = int(response.status)
-    except TimeoutError:
-        return _Result(status_code=None, error="timeout")
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, TimeoutError):
-            return _Result(status_code=None, error="timeout")
-        return _Result(status_code=None, error=_short(reason if isinstance(reason, BaseException) else exc))
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        return _Result(status_code=None, error=_short(exc))
-    return _Result(status_code=code, error=None if 200 <= code < 300 else f"HTTP {code}")
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "X-Followups-Delivery": str(claimed.id),
+        "X-Followups-Timestamp": str(timestamp),
+        "X-Followups-Signature": signature_header(_secrets(claimed), timestamp, body, delivery_id=claimed.id),
+    }
+    response = egress.post(claimed.url, body, headers, timeout_s=timeout_s, resolve=resolve)
+    code = response.status_code
+    if code is None:
+        return _Result(status_code=None, error=response.error or "bad_response")
+    return _Result(status_code=code, error=None if 200 <= code < 300 else f"http_{code}")
 
 
 def _secrets(claimed: _Claimed) -> list[str]:
@@ -408,14 +543,8 @@ def _secrets(claimed: _Claimed) -> list[str]:
     return [claimed.secret] if claimed.previous_secret is None else [claimed.secret, claimed.previous_secret]
 
 
-def _short(exc: BaseException | str) -> str:
-    if isinstance(exc, str):
-        text = exc
-    elif isinstance(exc, ConnectionRefusedError):
-        text = "connection refused"
-    elif isinstance(exc, socket.gaierror):
-        text = f"DNS error: {exc.strerror or exc}"
-    else:
-        detail = str(exc)
-        text = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-    return text[:MAX_ERROR_LENGTH]
+def _clean(text: str | None) -> str | None:
+    """``text`` as it may be stored: printable ASCII only, at most :data:`MAX_ERROR_LENGTH` characters."""
+    if text is None:
+        return None
+    return "".join(c if " " <= c <= "~" else "?" for c in text)[:MAX_ERROR_LENGTH]

@@ -11,7 +11,7 @@ RETURNING id
 -- and, while a rotation's overlap runs, the secret it replaced.
 WITH picked AS (
     SELECT id FROM webhook_deliveries
-    WHERE id = %(id)s AND status = 'pending' AND next_attempt_at <= %(now)s
+    WHERE id = %(id)s AND status = 'pending' AND next_attempt_at <= %(now)s AND attempts < %(max_attempts)s
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE webhook_deliveries d
@@ -39,11 +39,29 @@ FROM webhook_deliveries
 WHERE id = %(id)s
 
 -- name: due_deliveries
--- Pending deliveries due by now, the longest due first.
-SELECT id FROM webhook_deliveries
-WHERE status = 'pending' AND next_attempt_at <= %(now)s
-ORDER BY next_attempt_at, id
+-- Pending deliveries due by now and not at their last attempt, fair across projects: each project's oldest
+-- first, then each project's second, ...; at most per_project of one project's, none of the deliveries in
+-- flight (busy) and none of a project whose in-flight slots are full (saturated).
+WITH due AS (
+    SELECT id, project_id, next_attempt_at,
+           row_number() OVER (PARTITION BY project_id ORDER BY next_attempt_at, id) AS turn
+    FROM webhook_deliveries
+    WHERE status = 'pending' AND next_attempt_at <= %(now)s AND attempts < %(max_attempts)s
+      AND id <> ALL (%(busy)s::uuid[]) AND project_id <> ALL (%(saturated)s::uuid[])
+)
+SELECT id, project_id FROM due
+WHERE turn <= %(per_project)s
+ORDER BY turn, next_attempt_at, id
 LIMIT %(limit)s
+
+-- name: give_up_exhausted
+-- Give up the deliveries whose last attempt was claimed but its result never recorded (the lease ran out):
+-- a delivery is never claimed past its maximum attempts.
+UPDATE webhook_deliveries
+SET status = 'failed', next_attempt_at = NULL, last_error = coalesce(last_error, 'attempts_exhausted'),
+    updated_at = %(now)s
+WHERE status = 'pending' AND attempts >= %(max_attempts)s AND next_attempt_at <= %(now)s
+RETURNING id, project_id
 
 -- name: get_delivery
 -- One delivery of the project.
