@@ -139,7 +139,9 @@ def test_an_event_field_on_a_rule_of_another_event_is_refused_naming_the_leaf(
     assert_problem(client.post("/v1/rules", json=body), 422, "conditions.attribute")
 
     # changing a rule's event keeps the check: a tag rule cannot become a conversation rule with tags_added
-    rule = create_rule(client, "contact.tag_added", [add_tag("x")], leaf("event.tags_added", "contains", "vip"))
+    rule = create_rule(
+        client, "contact.tag_added", [add_tag("x")], leaf("event.tags_added", "contains", "vip")
+    )
     response = client.patch(f"/v1/rules/{rule}", json={"event": "conversation.updated"})
     assert_problem(response, 422, "conditions.attribute")
 

@@ -466,7 +466,12 @@ CONTEXTS = st.builds(
         {},
         optional={
             name.removeprefix("event."): items(name)
-            for name in ("event.tags_added", "event.tags_removed", "event.labels_added", "event.labels_removed")
+            for name in (
+                "event.tags_added",
+                "event.tags_removed",
+                "event.labels_added",
+                "event.labels_removed",
+            )
         },
     ),
 )

@@ -55,7 +55,9 @@ def test_a_rule_without_the_status_on_a_two_day_old_conversation_fires_at_the_ev
 
     # When it is labelled urgent now
     set_time(runtime, "2030-01-07T10:00")
-    post_event(client, {"type": "conversation.updated", "conversation_id": conversation, "labels": ["urgent"]})
+    post_event(
+        client, {"type": "conversation.updated", "conversation_id": conversation, "labels": ["urgent"]}
+    )
     process(runtime)
 
     # Then its execution is due a minute after the event, not two days ago
@@ -149,9 +151,13 @@ def test_an_erased_contacts_pending_executions_are_skipped_contact_erased(
     conversation = new_conversation(client, contact)
     response = client.post(f"/v1/contacts/{contact}/tags", json={"tags": ["trial"]})
     assert response.status_code == 200, response.text
-    post_event(client, {"type": "conversation.updated", "conversation_id": conversation, "labels": ["urgent"]})
+    post_event(
+        client, {"type": "conversation.updated", "conversation_id": conversation, "labels": ["urgent"]}
+    )
     process(runtime)
-    assert [outcome(e) for rule in (tagged, escalation) for e in of_rule(client, rule)] == [("pending", None)] * 2
+    assert [outcome(e) for rule in (tagged, escalation) for e in of_rule(client, rule)] == [
+        ("pending", None)
+    ] * 2
     before = counted("skipped", "contact_erased")
 
     # When the contact is erased

@@ -15,7 +15,9 @@ from tests.test_api_sequences import assert_problem, message_step, new_sequence,
 
 
 def _edit(client: TestClient[Any], sequence_id: str, text: str) -> None:
-    response = client.patch(f"/v1/sequences/{sequence_id}", json={"definition": {"steps": [message_step(text)]}})
+    response = client.patch(
+        f"/v1/sequences/{sequence_id}", json={"definition": {"steps": [message_step(text)]}}
+    )
     assert response.status_code == 200, response.text
 
 

@@ -1,6 +1,7 @@
 """Contact changes made through the API (``/v1/contacts``): the platform change, then the rule events it
 makes (``contact.created``; ``contact.tag_added`` / ``tag_removed`` once per change, with every tag it
-added and removed; ``contact.updated`` with what changed), in the caller's transaction, as the platform events of :mod:`libs.common.ingress` do."""
+added and removed; ``contact.updated`` with what changed), in the caller's transaction, as the platform
+events of :mod:`libs.common.ingress` do."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def _contact_changed(
     attributes that changed."""
     added = sorted(set(after.tags) - set(before.tags))
     removed = sorted(set(before.tags) - set(after.tags))
-    tags = {
+    tags: dict[str, Any] = {
         "changed": {"contact.tags": {"from": before.tags, "to": after.tags}},
         "tags_added": added,
         "tags_removed": removed,

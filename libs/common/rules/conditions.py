@@ -83,7 +83,11 @@ EVENT_LISTS: dict[str, tuple[str, str, frozenset[str]]] = {
         "the tags the change removed",
         frozenset({"contact.tag_added", "contact.tag_removed"}),
     ),
-    "event.labels_added": ("labels_added", "the labels the change added", frozenset({"conversation.updated"})),
+    "event.labels_added": (
+        "labels_added",
+        "the labels the change added",
+        frozenset({"conversation.updated"}),
+    ),
     "event.labels_removed": (
         "labels_removed",
         "the labels the change removed",

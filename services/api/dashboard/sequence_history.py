@@ -37,14 +37,13 @@ class SequenceHistoryController(Controller):
             newer = _int(request.query_params.get("to"), latest)
             older = _int(request.query_params.get("from"), newer - 1 if newer else None)
             changes = None
-            if newer is not None and older is not None and older != newer and latest is not None:
-                if 1 <= newer <= latest and 0 <= older <= latest:
-                    # only the two versions compared are read with their definitions
-                    after = sequences.get_version(conn, project_id, sequence_id, newer).definition
-                    before = (
-                        sequences.get_version(conn, project_id, sequence_id, older).definition if older else {}
-                    )
-                    changes = diff.definition_changes(before, after)
+            if older is not None and newer is not None and _comparable(older, newer, latest):
+                # only the two versions compared are read with their definitions
+                after = sequences.get_version(conn, project_id, sequence_id, newer).definition
+                before = (
+                    sequences.get_version(conn, project_id, sequence_id, older).definition if older else {}
+                )
+                changes = diff.definition_changes(before, after)
         return page(
             request,
             "sequences/versions.html",
@@ -78,6 +77,11 @@ class SequenceHistoryController(Controller):
             funnel=charts.funnel(stats),
             daily=charts.daily(days),
         )
+
+
+def _comparable(older: int, newer: int, latest: int | None) -> bool:
+    """Whether two version numbers name two versions of a sequence whose newest is ``latest`` (0: none)."""
+    return latest is not None and older != newer and 1 <= newer <= latest and 0 <= older <= latest
 
 
 def _int(raw: str | None, default: int | None) -> int | None:
