@@ -3,7 +3,9 @@ conditions do not involve the conversation's status is due at the event + its de
 any age; a status rule still counts from when the status was entered; one occurrence per episode (the clock
 is not reset); an erased contact's pending executions are skipped ``contact_erased``.
 
-Rules and events through the API, time driven by the ManualClock, triggers processed with
+A status rule counting from when the status was entered, with a note that does not reset the clock, is
+seed 002's story 1 in ``tests/test_delayed_rules.py``; here, the same rule on a conversation long in its
+status. Rules and events through the API, time driven by the ManualClock, triggers processed with
 ``process_triggers`` and due executions fired with ``sweep``."""
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from tests.delayed_rule_helpers import (
     outcome,
     private_note,
     set_time,
-    stuck_in_pending_rule,
     the_one,
 )
 from tests.rule_helpers import add_label, create_rule, leaf, post_event, process
@@ -78,33 +79,6 @@ def test_a_rule_without_the_status_on_a_two_day_old_conversation_fires_at_the_ev
     fire(runtime)
     assert outcome(the_one(client, rule)) == ("executed", None)
     assert set(labels_of(client, conversation)) == {"urgent", "escalated"}
-
-
-def test_a_status_rule_still_counts_from_when_the_status_was_entered(
-    client: TestClient[Any], runtime: Runtime
-) -> None:
-    # Given story 1: stale-pending after 4 hours in Pending
-    rule = stuck_in_pending_rule(client)
-    set_time(runtime, "2030-01-07T09:00")
-    conversation = new_conversation(client)
-    set_time(runtime, "2030-01-07T10:00")
-    change_status(client, conversation, "pending")
-    process(runtime)
-
-    # When an agent adds a note at 11:30
-    set_time(runtime, "2030-01-07T11:30")
-    private_note(client, conversation)
-    process(runtime)
-
-    # Then it is still due at 14:00 (when the status was entered + 4 h), and runs then
-    assert due(the_one(client, rule)) == at("2030-01-07T14:00")
-    set_time(runtime, "2030-01-07T13:59")
-    fire(runtime)
-    assert outcome(the_one(client, rule)) == ("pending", None)
-    set_time(runtime, "2030-01-07T14:00")
-    fire(runtime)
-    assert outcome(the_one(client, rule)) == ("executed", None)
-    assert "stale-pending" in labels_of(client, conversation)
 
 
 def test_a_status_rule_on_a_conversation_long_in_its_status_runs_at_once_rather_than_expiring(
