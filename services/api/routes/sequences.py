@@ -6,6 +6,7 @@ import uuid
 from typing import Any, Literal
 
 from litestar import Controller, Request, Response, get, patch, post
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.followups import sequences, statistics
@@ -77,7 +78,9 @@ class SequencesController(Controller):
         "/{sequence_id:uuid}/publish",
         sync_to_thread=True,
         status_code=201,
-        responses=_STATUS_CONFLICT | invalid("The draft does not pass the checks of a published definition."),
+        responses={200: ResponseSpec(Version, description="The draft is the latest version: that version.")}
+        | _STATUS_CONFLICT
+        | invalid("The draft does not pass the checks of a published definition."),
     )
     def publish(
         self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
