@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from litestar.testing import TestClient
 
+from libs.common.core.errors import InvalidInput
 from libs.common.core.runtime import Runtime
+from libs.common.rules.conditions import parse_segment
 from tests.delayed_rule_helpers import assert_problem, fire, labels_of, set_time, the_one
 from tests.rule_helpers import add_label, add_tag, create_rule, leaf, post_event, process
 from tests.rule_trigger_helpers import (
@@ -148,3 +151,10 @@ def test_an_event_field_on_a_rule_of_another_event_is_refused_naming_the_leaf(
     # a list field takes list operators only
     body |= {"conditions": leaf("event.tags_added", "starts_with", "v")}
     assert_problem(client.post("/v1/rules", json=body), 422, "conditions.operator")
+
+
+def test_a_segment_has_no_event_so_it_refuses_the_event_fields() -> None:
+    for name in ("event.tags_added", "event.labels_removed"):
+        with pytest.raises(InvalidInput) as refused:
+            parse_segment(leaf(name, "contains", "vip"))
+        assert refused.value.field == "segment.attribute"
