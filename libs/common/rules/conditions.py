@@ -97,8 +97,12 @@ EVENT_LISTS: dict[str, tuple[str, str, frozenset[str]]] = {
 
 
 def _payload_list(key: str) -> str:
-    """A list of the trigger's payload as text[] (empty when the event has none)."""
-    return f"ARRAY(SELECT jsonb_array_elements_text(coalesce(t.payload -> '{key}', '[]'::jsonb)))"
+    """A list of the trigger's payload as text[] (empty when the event has none, or not as a list)."""
+    value = f"(t.payload -> '{key}')"
+    return (
+        f"ARRAY(SELECT jsonb_array_elements_text(CASE WHEN jsonb_typeof({value}) = 'array' THEN {value}"
+        " ELSE '[]'::jsonb END))"
+    )
 
 
 #: The catalogue: every attribute a condition may name (``contact.attributes.<key>`` for custom ones).
