@@ -36,6 +36,10 @@ KINDS = {
     "lead.status": "text",
     "deal.stage": "text",
     "changed": "changed",
+    "event.tags_added": "list",
+    "event.tags_removed": "list",
+    "event.labels_added": "list",
+    "event.labels_removed": "list",
 }
 
 #: Fixed ids, so that trees drawn before the rows exist can name them (rolled back after each example).
@@ -112,6 +116,10 @@ VOCAB: dict[str, tuple[str, ...]] = {
     "message.content": ("stop", "STOP please", "hello", "Ça va?"),
     "lead.status": ("open", "qualified", "won", "foreign"),
     "deal.stage": ("new", "proposal", "won", "foreign"),
+    "event.tags_added": ("vip", "demo-booked", "Churn"),
+    "event.tags_removed": ("vip", "trial"),
+    "event.labels_added": ("urgent", "Bug"),
+    "event.labels_removed": ("billing", "urgent"),
 }
 #: Custom attribute keys (a condition names ``contact.attributes.<key>``).
 KEYS = (

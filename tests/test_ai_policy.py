@@ -439,7 +439,7 @@ def test_the_lists_of_an_ai_step_round_trip_and_unknown_names_are_fine(client: T
     assert response.status_code == 201, response.text
     sequence_id = response.json()["id"]
     assert client.post(f"/v1/sequences/{sequence_id}/publish").status_code == 201
-    [version] = client.get(f"/v1/sequences/{sequence_id}/versions").json()["items"]
+    version = client.get(f"/v1/sequences/{sequence_id}/versions/1").json()
     [step] = version["definition"]["steps"]
     assert {name: step[name] for name in lists} == lists
 

@@ -129,9 +129,11 @@ class Context:
     deal_ref: str | int
     message: dict[str, Any] | None  # None: the payload has no message
     changed: dict[str, Any] | None  # None: the payload has no changed object
+    #: What the change added and removed (``tags_added``, ...: a key absent is an empty list).
+    event_lists: dict[str, list[str | None]]
 
     def payload(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = dict(self.event_lists)
         if self.message is not None:
             out["message"] = self.message
         if self.changed is not None:
@@ -210,6 +212,8 @@ def attribute_value(ctx: Context, name: str) -> Any:
         }[name]
     if name.startswith("message."):
         return (ctx.message or {}).get(name.removeprefix("message."))
+    if name.startswith("event."):
+        return ctx.event_lists.get(name.removeprefix("event."), [])
     if name == "lead.status":
         rows = [(LEAD_IDS[i], status, at) for i, (status, at) in enumerate(ctx.leads)]
         return chosen(rows, _ref_id(ctx.lead_ref, LEAD_IDS, 0))
@@ -458,6 +462,18 @@ CONTEXTS = st.builds(
     deal_ref=REF,
     message=st.one_of(st.none(), MESSAGES, MESSAGES),
     changed=st.one_of(st.none(), st.dictionaries(st.sampled_from(CHANGED_KEYS), CHANGE_ENTRY, max_size=5)),
+    event_lists=st.fixed_dictionaries(
+        {},
+        optional={
+            name.removeprefix("event."): items(name)
+            for name in (
+                "event.tags_added",
+                "event.tags_removed",
+                "event.labels_added",
+                "event.labels_removed",
+            )
+        },
+    ),
 )
 
 
@@ -617,11 +633,16 @@ EXAMPLE = Context(
         "conversation.status": {"from": "open", "to": "pending"},
         "contact.tags": {"from": [1], "to": None},
     },
+    event_lists={"tags_added": ["Demo-Booked", "vip"]},
 )
 
 
 SEMANTICS: list[tuple[Any, bool]] = [
     (None, True),
+    (_leaf("event.tags_added", "contains", "demo-booked"), True),
+    (_leaf("event.tags_added", "contains", "lead"), False),  # the contact has it; this change did not add it
+    (_leaf("event.tags_removed", "is_present"), False),  # absent from the payload: an empty list
+    (_leaf("event.labels_added", "does_not_contain", "urgent"), True),
     ({"any": []}, False),
     (_leaf("contact.name", "starts_with", "stop"), True),
     (_leaf("contact.name", "contains", "émile"), False),  # É is not ASCII: no fold

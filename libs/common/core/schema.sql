@@ -963,6 +963,10 @@ CREATE INDEX outbox_published_idx ON public.outbox USING btree (published_at) WH
 
 CREATE INDEX outbox_unpublished_idx ON public.outbox USING btree (id) WHERE (published_at IS NULL);
 
+-- Name: rule_pending_executions_contact_idx; Type: INDEX
+
+CREATE INDEX rule_pending_executions_contact_idx ON public.rule_pending_executions USING btree (project_id, contact_id, due_at) WHERE (status = 'pending'::text);
+
 -- Name: rule_pending_executions_conversation_idx; Type: INDEX
 
 CREATE INDEX rule_pending_executions_conversation_idx ON public.rule_pending_executions USING btree (conversation_id, created_at, id);

@@ -57,6 +57,16 @@ class Version(msgspec.Struct, kw_only=True, frozen=True):
     created_at: datetime
 
 
+class VersionSummary(msgspec.Struct, kw_only=True, frozen=True):
+    """A version as the list shows it: without its definition (one version's read has it)."""
+
+    id: uuid.UUID
+    sequence_id: uuid.UUID | None
+    version: int
+    step_count: int
+    created_at: datetime
+
+
 class _VersionCache:
     """Parsed definitions by version id: versions are immutable, so an entry never goes stale."""
 
@@ -169,15 +179,24 @@ def _lock(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) 
     return row[0], row[1]
 
 
-def publish_sequence(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) -> Version:
-    """Freeze the draft as the next immutable version and make it the one new enrollments pin."""
+def publish_sequence(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID
+) -> tuple[Version, bool]:
+    """Freeze the draft as the next immutable version and make it the one new enrollments pin; returns it
+    and whether it is new. A draft identical to the latest version (compared as JSON) returns that version
+    and makes no new one."""
     status, draft = _lock(conn, project_id, sequence_id)
     if status == "archived":
         raise Conflict("an archived sequence cannot be published", field="sequence_id")
     definition = _own_number(conn, project_id, validate_definition(decode_definition(draft)))
+    params = {"project_id": project_id, "sequence_id": sequence_id, "definition": _encode(definition)}
+    with conn.cursor(row_factory=class_row(Version)) as cur:
+        same = cur.execute(QUERIES["latest_version_if_same"], params).fetchone()
+    if same is not None:
+        return same, False
     version = _insert_version(conn, project_id, sequence_id, definition)
     conn.execute(QUERIES["set_current_version"], {"id": sequence_id, "version_id": version.id})
-    return version
+    return version, True
 
 
 def create_one_off_version(conn: Connection[Any], project_id: uuid.UUID, definition: Definition) -> Version:
@@ -201,11 +220,31 @@ def _insert_version(
     return version
 
 
-def list_versions(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) -> list[Version]:
+def list_versions(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    sequence_id: uuid.UUID,
+    *,
+    limit: int,
+    after: uuid.UUID | None = None,
+) -> list[VersionSummary]:
+    """A page of a sequence's versions, newest first, without their definitions (``after``: the id of the
+    last version of the previous page)."""
     get_sequence(conn, project_id, sequence_id)
-    with conn.cursor(row_factory=class_row(Version)) as cur:
-        params = {"project_id": project_id, "sequence_id": sequence_id}
+    with conn.cursor(row_factory=class_row(VersionSummary)) as cur:
+        params = {"project_id": project_id, "sequence_id": sequence_id, "limit": limit, "after": after}
         return cur.execute(QUERIES["list_versions"], params).fetchall()
+
+
+def get_version(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, number: int) -> Version:
+    """One of a sequence's versions by its number, with its definition (404 naming ``version``)."""
+    get_sequence(conn, project_id, sequence_id)
+    params = {"project_id": project_id, "sequence_id": sequence_id, "version": number}
+    with conn.cursor(row_factory=class_row(Version)) as cur:
+        found = cur.execute(QUERIES["get_version"], params).fetchone()
+    if found is None:
+        raise NotFound("sequence version not found", field="version")
+    return found
 
 
 #: Allowed status changes: action -> (statuses it applies to, resulting status).

@@ -57,11 +57,31 @@ VALUES (
 RETURNING id, sequence_id, version, definition, created_at
 
 -- name: list_versions
--- A sequence's versions, newest first.
-SELECT id, sequence_id, version, definition, created_at
+-- A page of a sequence's versions, newest first, without their definitions (after: the previous page's
+-- last version).
+SELECT id, sequence_id, version, step_count, created_at
 FROM followup_sequence_versions
 WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s
+  AND (%(after)s::uuid IS NULL
+       OR version < (SELECT a.version FROM followup_sequence_versions a
+                     WHERE a.project_id = %(project_id)s AND a.sequence_id = %(sequence_id)s
+                       AND a.id = %(after)s::uuid))
 ORDER BY version DESC
+LIMIT %(limit)s
+
+-- name: get_version
+-- One of a sequence's versions by its number, with its definition.
+SELECT id, sequence_id, version, definition, created_at
+FROM followup_sequence_versions
+WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s AND version = %(version)s
+
+-- name: latest_version_if_same
+-- The sequence's latest version when its definition is the one given (publishing it again makes none).
+SELECT id, sequence_id, version, definition, created_at
+FROM (SELECT * FROM followup_sequence_versions
+      WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s
+      ORDER BY version DESC LIMIT 1) v
+WHERE v.definition = %(definition)s::jsonb
 
 -- name: set_current_version
 -- Point new enrollments at a version; a draft becomes active.

@@ -1,6 +1,7 @@
 """Contact changes made through the API (``/v1/contacts``): the platform change, then the rule events it
-makes (``contact.created``, ``contact.tag_added`` / ``tag_removed`` per tag, ``contact.updated`` with what
-changed), in the caller's transaction, as the platform events of :mod:`libs.common.ingress` do."""
+makes (``contact.created``; ``contact.tag_added`` / ``tag_removed`` once per change, with every tag it
+added and removed; ``contact.updated`` with what changed), in the caller's transaction, as the platform
+events of :mod:`libs.common.ingress` do."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def change_tags(
     remove: list[str] | None = None,
     now: datetime,
 ) -> Contact:
-    """Add or remove tags (``contact.tag_added`` / ``contact.tag_removed``, one per tag that changed)."""
+    """Add or remove tags (``contact.tag_added`` / ``contact.tag_removed``, once each for the change)."""
     before = _locked_contact(conn, project_id, contact_id)
     contact = before
     if add:
@@ -76,13 +77,20 @@ def _locked_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uu
 def _contact_changed(
     conn: Connection[Any], project_id: uuid.UUID, before: Contact, after: Contact, now: datetime
 ) -> None:
-    """The rule events of a contact change: one per tag added or removed, and ``contact.updated`` for the
-    fields and attributes that changed."""
-    tags = {"contact.tags": {"from": before.tags, "to": after.tags}}
-    for tag in sorted(set(after.tags) - set(before.tags)):
-        record(conn, project_id, "contact.tag_added", None, now, contact_id=after.id, tag=tag, changed=tags)
-    for tag in sorted(set(before.tags) - set(after.tags)):
-        record(conn, project_id, "contact.tag_removed", None, now, contact_id=after.id, tag=tag, changed=tags)
+    """The rule events of a contact change: ``contact.tag_added`` once when it added tags and
+    ``contact.tag_removed`` once when it removed some (each with ``tags_added`` and ``tags_removed``: a
+    rule runs once for the change and tests what it added), and ``contact.updated`` for the fields and
+    attributes that changed."""
+    added = sorted(set(after.tags) - set(before.tags))
+    removed = sorted(set(before.tags) - set(after.tags))
+    tags: dict[str, Any] = {
+        "changed": {"contact.tags": {"from": before.tags, "to": after.tags}},
+        "tags_added": added,
+        "tags_removed": removed,
+    }
+    for event, which in (("contact.tag_added", added), ("contact.tag_removed", removed)):
+        if which:  # ``tag``: the tags of the event, as the enrollment's variable shows them
+            record(conn, project_id, event, None, now, contact_id=after.id, tag=", ".join(which), **tags)
     changed: dict[str, dict[str, Any]] = {}
     for name in ("name", "timezone"):
         if getattr(before, name) != getattr(after, name):

@@ -48,7 +48,7 @@ def erased(conn: Connection[Any], project_id: uuid.UUID, event: ContactErased, n
         EventResult(type="contact.erased", contact_id=event.contact_id),
     )
     followups_erasure.erase_contact(conn, project_id, event.contact_id, now=now)
-    rules_erasure.erase_contact(conn, project_id, event.contact_id)
+    rules_erasure.erase_contact(conn, project_id, event.contact_id, now=now)
     outbox.erase_contact(conn, project_id, event.contact_id)
     contacts.erase_contact(conn, project_id, event.contact_id, now=now)
     return result

@@ -137,7 +137,8 @@ def updated(
         status=conversation.status,
     )
     if changed and event.executed_by is None:
-        record(
+        labels = changed.get("conversation.labels") or {"from": [], "to": []}
+        record(  # once for the change, with every label it added and removed
             conn,
             project_id,
             "conversation.updated",
@@ -146,5 +147,7 @@ def updated(
             contact_id=conversation.contact_id,
             conversation_id=conversation.id,
             changed=changed,
+            labels_added=sorted(set(labels["to"]) - set(labels["from"])),
+            labels_removed=sorted(set(labels["from"]) - set(labels["to"])),
         )
     return result

@@ -69,6 +69,42 @@ def _attr(name: str, kind: Kind, expression: str, description: str) -> Attribute
     return Attribute(name, kind, sql.SQL(expression), description)
 
 
+#: What one change added or removed (a change that adds several tags is one event: each rule runs once for
+#: it and tests what it added): the attribute, its key in the trigger's payload, its description and the
+#: rule events that carry it.
+EVENT_LISTS: dict[str, tuple[str, str, frozenset[str]]] = {
+    "event.tags_added": (
+        "tags_added",
+        "the tags the change added",
+        frozenset({"contact.tag_added", "contact.tag_removed"}),
+    ),
+    "event.tags_removed": (
+        "tags_removed",
+        "the tags the change removed",
+        frozenset({"contact.tag_added", "contact.tag_removed"}),
+    ),
+    "event.labels_added": (
+        "labels_added",
+        "the labels the change added",
+        frozenset({"conversation.updated"}),
+    ),
+    "event.labels_removed": (
+        "labels_removed",
+        "the labels the change removed",
+        frozenset({"conversation.updated"}),
+    ),
+}
+
+
+def _payload_list(key: str) -> str:
+    """A list of the trigger's payload as text[] (empty when the event has none, or not as a list)."""
+    value = f"(t.payload -> '{key}')"
+    return (
+        f"ARRAY(SELECT jsonb_array_elements_text(CASE WHEN jsonb_typeof({value}) = 'array' THEN {value}"
+        " ELSE '[]'::jsonb END))"
+    )
+
+
 #: The catalogue: every attribute a condition may name (``contact.attributes.<key>`` for custom ones).
 ATTRIBUTES: dict[str, Attribute] = {
     a.name: a
@@ -91,6 +127,10 @@ ATTRIBUTES: dict[str, Attribute] = {
         _attr("lead.status", "text", "l.status", "the status of the event's lead (else the newest)"),
         _attr("deal.stage", "text", "d.stage", "the stage of the event's deal (else the newest)"),
         _attr("changed", "changed", "(t.payload -> 'changed')", "the attributes the event changed"),
+        *(
+            _attr(name, "list", _payload_list(key), description)
+            for name, (key, description, _) in EVENT_LISTS.items()
+        ),
     )
 }
 CUSTOM_PREFIX = "contact.attributes."
@@ -132,7 +172,7 @@ LEFT JOIN LATERAL (
 ) d ON true"""
 )
 #: Attributes only an event has: a segment may not use them.
-EVENT_ATTRIBUTES = frozenset({"message.type", "message.content", "changed"})
+EVENT_ATTRIBUTES = frozenset({"message.type", "message.content", "changed", *EVENT_LISTS})
 
 
 # --- the tree ----------------------------------------------------------------------------------------------
@@ -187,6 +227,18 @@ def parse_segment(raw: Any, field: str = "segment") -> Node:
                 "a segment has no event: attribute_changed cannot be used", field=f"{path}.operator"
             )
     return node
+
+
+def check_event_fields(node: Node, event: str, field: str = "conditions") -> None:
+    """A rule's conditions name only the event fields its event carries (``event.tags_added`` with
+    ``contact.tag_added``, say): InvalidInput names the leaf's attribute."""
+    for path, leaf in _leaves(node, field):
+        carried = EVENT_LISTS.get(leaf.attribute)
+        if carried is not None and event not in carried[2]:
+            raise InvalidInput(
+                f"{leaf.attribute} is a field of {' and '.join(sorted(carried[2]))} events, not of {event}",
+                field=f"{path}.attribute",
+            )
 
 
 def _leaves(node: Node, path: str) -> list[tuple[str, Leaf]]:

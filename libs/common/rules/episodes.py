@@ -3,8 +3,10 @@ conversation, episode); the episode key comes from the anchors captured in the e
 re-read later:
 
     status          status:<status_changed_at>        the conversation's status episode (conversation
-                                                       events): due status_changed_at + delay; a repeated
-                                                       event of the episode does not reset the clock
+                                                       events): a rule whose conditions involve the status
+                                                       is due status_changed_at + delay (story 1), any
+                                                       other the event + delay; a repeated event of the
+                                                       episode does not reset the clock
     reply_chase     reply_chase:<last incoming id>     an agent's message (the customer went quiet): due
                                                        the latest agent reply + delay, moved forward only
     awaiting_agent  awaiting_agent:<waiting_since>     a customer's message (the agent went quiet): due
@@ -19,6 +21,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from libs.common.rules.actions import Subject
+from libs.common.rules.conditions import Group, Leaf, Node
+
+#: The attribute a status-based rule names (its delay counts from when the status was entered).
+STATUS = "conversation.status"
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,21 @@ def _key(kind: str, anchor: Any) -> str:
     return f"{kind}:{stamp.isoformat() if stamp is not None else anchor}"
 
 
-def episode_of(subject: Subject) -> Episode:
-    """The episode an event opens or continues, from the anchors captured with it."""
+def involves_status(node: Node) -> bool:
+    """Whether conditions involve the conversation's status: a leaf about it, or ``changed`` naming it."""
+    if isinstance(node, Group):
+        return any(involves_status(child) for child in node.children)
+    assert isinstance(node, Leaf)
+    if node.attribute == STATUS:
+        return True
+    values = node.value if isinstance(node.value, list) else [node.value]
+    return node.attribute == "changed" and STATUS in values
+
+
+def episode_of(subject: Subject, *, from_status: bool = True) -> Episode:
+    """The episode an event opens or continues, from the anchors captured with it. ``from_status``: the
+    rule's conditions involve the status, so a status episode's clock starts when the status was entered;
+    else it starts at the event (one occurrence per episode either way)."""
     payload, occurred_at = subject.payload, subject.occurred_at
     anchors = payload.get("anchors") or {}
     if subject.conversation_id is None:
@@ -60,7 +79,8 @@ def episode_of(subject: Subject) -> Episode:
         waiting = anchors.get("waiting_since")
         return Episode("awaiting_agent", _key("awaiting_agent", waiting), _stamp(waiting) or occurred_at)
     changed = anchors.get("status_changed_at")
-    return Episode("status", _key("status", changed), _stamp(changed) or occurred_at)
+    since = (_stamp(changed) or occurred_at) if from_status else occurred_at
+    return Episode("status", _key("status", changed), since)
 
 
 def current_key(kind: str, row: dict[str, Any]) -> str | None:

@@ -1,3 +1,12 @@
+-- name: skip_pending_executions
+-- The contact's delayed executions still to come, skipped `contact_erased` (a sweeper that leased one finds
+-- it no longer pending; one running it holds its row lock, and this waits for it).
+UPDATE rule_pending_executions
+SET status = 'skipped', skip_reason = 'contact_erased', locked_until = NULL, executed_at = %(now)s,
+    updated_at = %(now)s
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND status = 'pending'
+RETURNING id
+
 -- name: delete_triggers
 -- The contact's recorded rule triggers (their rule runs go with them).
 DELETE FROM followup_triggers WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s

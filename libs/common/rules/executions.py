@@ -9,7 +9,10 @@ episode), its key from the anchors captured in the event's transaction.
 then runs in a transaction of its own through the guard chain, each failure skipping it with its reason:
 the rule deleted or inactive (``rule_inactive``); the conversation gone (``conversation_gone``); the episode
 no longer current, recomputed from the conversation now (``episode_moved``); the rule's current conditions
-false (``conditions_changed``); found more than the staleness limit late (``expired``). Else the actions
+false (``conditions_changed``); found more than the staleness limit late (``expired``: counted from the
+due time, or from when the execution was recorded when it was due already then, as a status rule on a
+conversation long in its status is). An erased contact's pending executions are skipped
+``contact_erased`` by the erasure itself (:mod:`libs.common.rules.erasure`). Else the actions
 run through the same code as the immediate path, and the row becomes ``executed`` in the same transaction
 (a message is queued exactly once). A business refusal of an action skips the row with its code
 (``opted_out``, ...). An unexpected error retries the row after a backoff, then skips it ``failed``.
@@ -45,7 +48,7 @@ from libs.common.followups.send_window import add_open_time, zone
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
 from libs.common.rules.conditions import CONTEXT
-from libs.common.rules.episodes import current_key, episode_of
+from libs.common.rules.episodes import current_key, episode_of, involves_status
 from libs.common.rules.rules import RULES, ActiveRule
 
 log = logging.getLogger(__name__)
@@ -89,7 +92,7 @@ def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime)
     recorded: list[ToSchedule] = []
     business: dict[uuid.UUID, tuple[Any, Any]] = {}
     for item in matched:
-        episode = episode_of(item.subject)
+        episode = episode_of(item.subject, from_status=involves_status(item.rule.conditions))
         if item.subject.conversation_id is not None:
             current = anchors.get((item.subject.project_id, item.subject.conversation_id))
             if current is None or current_key(episode.kind, current) != episode.key:
@@ -348,7 +351,7 @@ def _guard(
         return "episode_moved"
     if not holds:
         return "conditions_changed"
-    if now - row["due_at"] > stale_after:
+    if now - max(row["due_at"], row["created_at"]) > stale_after:  # late since it could first run
         return "expired"
     return None
 

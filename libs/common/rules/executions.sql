@@ -44,7 +44,7 @@ RETURNING e.id, e.project_id, e.rule_id, e.trigger_id, e.attempts
 -- conversation's anchors now, and the trigger that opened the episode (nothing when another sweeper took it
 -- over after the lease ran out, or it is done).
 SELECT e.id, e.project_id, e.rule_id, e.conversation_id, e.contact_id, e.trigger_id, e.episode_key,
-       e.episode_kind, e.due_at, e.attempts,
+       e.episode_kind, e.due_at, e.attempts, e.created_at,
        r.id IS NOT NULL AND r.active AS rule_active,
        v.id IS NOT NULL AS conversation_exists,
        v.status_changed_at, v.last_incoming_message_id, v.waiting_since,

@@ -34,7 +34,7 @@ from libs.common.core.invalidation import on_invalidation
 from libs.common.core.sql import load_queries
 from libs.common.followups.project_settings import get_settings
 from libs.common.rules.actions import Action, validate_actions
-from libs.common.rules.conditions import Node, compile_conditions, parse_conditions
+from libs.common.rules.conditions import Node, check_event_fields, compile_conditions, parse_conditions
 
 QUERIES = load_queries("libs.common.rules", "rules.sql")
 
@@ -153,6 +153,7 @@ def _row(conn: Connection[Any], query: str, params: dict[str, Any]) -> Rule | No
 
 def create_rule(conn: Connection[Any], project_id: uuid.UUID, data: RuleCreate, *, now: datetime) -> Rule:
     conditions = parse_conditions(data.conditions)
+    check_event_fields(conditions, data.event)
     _check_delay(conn, project_id, data.execution_delay_minutes, data.delay_in_business_hours)
     params = {
         "project_id": project_id,
@@ -205,6 +206,7 @@ def update_rule(
         if data.conditions is msgspec.UNSET
         else parse_conditions(data.conditions)
     )
+    check_event_fields(conditions, current.event if data.event is msgspec.UNSET else data.event)
     actions = (
         current.actions if data.actions is msgspec.UNSET else validate_actions(conn, project_id, data.actions)
     )

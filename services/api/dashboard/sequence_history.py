@@ -18,6 +18,8 @@ from services.api.deps import runtime_of, transaction
 
 #: Days the daily chart of a sequence's results shows.
 RESULT_DAYS = 30
+#: The newest versions the history page lists (a version's definition is read only to compare it).
+HISTORY_VERSIONS = 200
 
 
 class SequenceHistoryController(Controller):
@@ -30,15 +32,18 @@ class SequenceHistoryController(Controller):
         project_id = project_of(request)
         with transaction(runtime_of(request)) as conn:
             sequence = sequences.get_sequence(conn, project_id, sequence_id)
-            found = sequences.list_versions(conn, project_id, sequence_id)
-        by_number = {v.version: v for v in found}
-        newer = _int(request.query_params.get("to"), found[0].version if found else None)
-        older = _int(request.query_params.get("from"), newer - 1 if newer else None)
-        changes = None
-        if older in by_number and newer in by_number and older != newer:
-            changes = diff.definition_changes(by_number[older].definition, by_number[newer].definition)
-        elif newer in by_number and older == 0:
-            changes = diff.definition_changes({}, by_number[newer].definition)
+            found = sequences.list_versions(conn, project_id, sequence_id, limit=HISTORY_VERSIONS)
+            latest = found[0].version if found else None
+            newer = _int(request.query_params.get("to"), latest)
+            older = _int(request.query_params.get("from"), newer - 1 if newer else None)
+            changes = None
+            if older is not None and newer is not None and _comparable(older, newer, latest):
+                # only the two versions compared are read with their definitions
+                after = sequences.get_version(conn, project_id, sequence_id, newer).definition
+                before = (
+                    sequences.get_version(conn, project_id, sequence_id, older).definition if older else {}
+                )
+                changes = diff.definition_changes(before, after)
         return page(
             request,
             "sequences/versions.html",
@@ -72,6 +77,11 @@ class SequenceHistoryController(Controller):
             funnel=charts.funnel(stats),
             daily=charts.daily(days),
         )
+
+
+def _comparable(older: int, newer: int, latest: int | None) -> bool:
+    """Whether two version numbers name two versions of a sequence whose newest is ``latest`` (0: none)."""
+    return latest is not None and older != newer and 1 <= newer <= latest and 0 <= older <= latest
 
 
 def _int(raw: str | None, default: int | None) -> int | None:

@@ -5,15 +5,22 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from litestar import Controller, Request, get, patch, post
+from litestar import Controller, Request, Response, get, patch, post
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.followups import sequences, statistics
-from libs.common.followups.sequences import Sequence, SequenceCreate, SequenceUpdate, Version
+from libs.common.followups.sequences import (
+    Sequence,
+    SequenceCreate,
+    SequenceUpdate,
+    Version,
+    VersionSummary,
+)
 from libs.common.followups.statistics import SequenceStatistics
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 from services.api.openapi import conflict, invalid, not_found
-from services.api.routes import Items, Page, as_items, as_page
+from services.api.routes import Page, as_page
 
 SequenceStatus = Literal["draft", "active", "paused", "archived"]
 
@@ -70,22 +77,46 @@ class SequencesController(Controller):
     @post(
         "/{sequence_id:uuid}/publish",
         sync_to_thread=True,
-        responses=_STATUS_CONFLICT | invalid("The draft does not pass the checks of a published definition."),
+        status_code=201,
+        responses={200: ResponseSpec(Version, description="The draft is the latest version: that version.")}
+        | _STATUS_CONFLICT
+        | invalid("The draft does not pass the checks of a published definition."),
     )
     def publish(
         self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
-    ) -> Version:
-        """Freeze the draft as a new immutable version; new enrollments pin it."""
+    ) -> Response[Version]:
+        """Freeze the draft as a new immutable version (201); new enrollments pin it. A draft identical to
+        the latest version returns that version (200) and makes no new one."""
         with transaction(runtime_of(request)) as conn:
-            return sequences.publish_sequence(conn, project_id, sequence_id)
+            version, new = sequences.publish_sequence(conn, project_id, sequence_id)
+        return Response(version, status_code=201 if new else 200)
 
     @get("/{sequence_id:uuid}/versions", sync_to_thread=True)
     def versions(
-        self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
-    ) -> Items[Version]:
-        """The published versions, newest first."""
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        sequence_id: FromPath[uuid.UUID],
+        limit: PageLimit = 50,
+        after: FromQuery[uuid.UUID | None] = None,
+    ) -> Page[VersionSummary]:
+        """A page of the published versions, newest first, without their definitions (read one version for
+        its definition)."""
         with transaction(runtime_of(request)) as conn:
-            return as_items(sequences.list_versions(conn, project_id, sequence_id))
+            rows = sequences.list_versions(conn, project_id, sequence_id, limit=limit + 1, after=after)
+        return as_page(page(rows, limit))
+
+    @get("/{sequence_id:uuid}/versions/{version:int}", sync_to_thread=True)
+    def version(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        sequence_id: FromPath[uuid.UUID],
+        version: FromPath[int],
+    ) -> Version:
+        """One published version, with its definition."""
+        with transaction(runtime_of(request)) as conn:
+            return sequences.get_version(conn, project_id, sequence_id, version)
 
     @post("/{sequence_id:uuid}/pause", sync_to_thread=True, status_code=200, responses=_STATUS_CONFLICT)
     def pause(
