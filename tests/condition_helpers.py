@@ -10,6 +10,7 @@ from decimal import Decimal
 from functools import cache, partial
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
@@ -323,3 +324,13 @@ QUICK = settings(
 def _leaf(attribute: Any, operator: Any, value: Any = ABSENT) -> dict[str, Any]:
     """A raw leaf (attribute and operator of any type, to write invalid ones too)."""
     return make_leaf(attribute, operator, value)
+
+
+#: For a Hypothesis test that uses the database pool. psycopg_pool's worker threads call the global
+#: ``random.random()`` whenever they open a connection (its expiry jitter). When one does that while
+#: Hypothesis draws an example, Hypothesis sees the global random state change and warns that a strategy
+#: used ``random``, which the suite's ``filterwarnings = error`` makes a failure. The strategies here use
+#: no ``random``; only that warning is ignored, and only on these tests.
+POOL_THREADS_USE_RANDOM = pytest.mark.filterwarnings(
+    "ignore:Do not use the `random` module inside strategies:hypothesis.errors.HypothesisDeprecationWarning"
+)

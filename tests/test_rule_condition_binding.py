@@ -12,7 +12,18 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from libs.common.rules.conditions import CONTEXT, CUSTOM_PREFIX, compile_conditions, parse_conditions
-from tests.condition_helpers import HOSTILE, NUMBER, ODD_TEXT, QUICK, Pools, ends_of, json_kind, leaves, trees
+from tests.condition_helpers import (
+    HOSTILE,
+    NUMBER,
+    ODD_TEXT,
+    POOL_THREADS_USE_RANDOM,
+    QUICK,
+    Pools,
+    ends_of,
+    json_kind,
+    leaves,
+    trees,
+)
 
 #: In the hostile trees every string is hostile; those with MARK in them cannot occur in any SQL text.
 MARK = "¤"
@@ -76,6 +87,7 @@ def user_strings(raw: Any) -> list[str]:
     return found
 
 
+@POOL_THREADS_USE_RANDOM
 @settings(QUICK, max_examples=150)
 @given(raw=trees(leaves(HOSTILE_POOLS)))
 def test_values_and_keys_are_bound_never_written_into_the_sql(pool: ConnectionPool, raw: Any) -> None:

@@ -53,6 +53,7 @@ from tests.condition_helpers import (
     NOTHING,
     NUMBER,
     NUMBER_IDS,
+    POOL_THREADS_USE_RANDOM,
     QUICK,
     VOCAB,
     Pools,
@@ -594,6 +595,7 @@ def test_the_evaluator_knows_every_attribute_of_the_catalogue() -> None:
 
 # no shrinking: an example is a few hundred leaves, each alone already; a failure names the leaves that
 # disagree, where shrinking them would take minutes
+@POOL_THREADS_USE_RANDOM
 @settings(QUICK, max_examples=80, phases=[Phase.explicit, Phase.generate])
 @given(example=examples())
 def test_sql_agrees_with_the_documented_semantics(
