@@ -5,8 +5,11 @@ on by the triggers service.
    for the event (the per-process rule cache answers), with the conversation's anchors of that moment.
    Only changes made by people and platforms record triggers: actions of rules and follow-up steps never
    call it, so rules never fire rules (the loop guard).
-2. :func:`process_triggers` claims a batch (``FOR UPDATE SKIP LOCKED``), evaluates every candidate rule's
-   conditions for the whole batch in one SQL query per (project, event), and runs each matching rule's
+2. :func:`process_triggers` claims a batch (``FOR UPDATE SKIP LOCKED``, shared round-robin among the
+   projects with due triggers: :data:`~libs.common.core.jobs.ROUND_ROBIN`), evaluates every candidate
+   rule's conditions for the whole batch in a SAVEPOINT per (project, event), as few statements as keep
+   each under :data:`MAX_BOUND_PARAMETERS` (a project's failing match backs off its own triggers only),
+   and runs each matching rule's
    actions in a SAVEPOINT of its own (each trigger in a transaction of its own). A business refusal is an
    outcome (``rejected``); an unexpected error rolls the rule back and retries the trigger with backoff,
    skipping the rules that already ran (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS`
@@ -34,6 +37,7 @@ from psycopg_pool import ConnectionPool
 from libs.common.core.clock import Clock
 from libs.common.core.effects import NudgeTriggers, after_commit, savepoint
 from libs.common.core.jobs import (
+    ROUND_ROBIN,
     STANDARD_BACKOFF,
     Failed,
     Failure,
@@ -64,6 +68,9 @@ MAX_ATTEMPTS = RETRY.max_attempts
 BACKOFF_MIN = STANDARD_BACKOFF.first
 #: How long a claimed trigger is kept from other workers while its rules run.
 LEASE = timedelta(minutes=2)
+#: Most parameters one matching statement binds (PostgreSQL takes at most 65,535): a project's rules are
+#: matched in chunks that stay under it.
+MAX_BOUND_PARAMETERS = 30_000
 
 
 def record_trigger(
@@ -134,7 +141,7 @@ def process_triggers(
     """
     processed = Processed()
     batch = _Batch(pool, clock.now(), processed, runtime)
-    run_batch(batch, limit=limit)
+    run_batch(batch, limit=limit, fairness=ROUND_ROBIN)
     if not batch.ids:
         return processed
     processed.triggers = len(batch.ids)
@@ -167,7 +174,7 @@ class _Batch(OwnTransactions[_ToRun]):
         self.ids: list[int] = []
 
     def claim(self, limit: int, fairness: Fairness) -> list[_ToRun]:
-        return _claim(self.pool, self.now, self.until, limit, self.processed, self.ids)
+        return _claim(self.pool, self.now, self.until, limit, fairness, self.processed, self.ids)
 
     def run(self, ctx: Connection[Any], item: _ToRun) -> Failed | None:
         trigger, rules = item
@@ -189,6 +196,7 @@ def _claim(
     now: datetime,
     until: datetime,
     limit: int,
+    fairness: Fairness,
     processed: Processed,
     ids: list[int],
 ) -> list[_ToRun]:
@@ -197,7 +205,8 @@ def _claim(
     each runs. ``ids`` receives every trigger claimed."""
     with pool.connection() as conn:
         with conn.cursor(row_factory=class_row(_Claimed)) as cur:
-            claimed = cur.execute(QUERIES["claim_triggers"], {"now": now, "limit": limit}).fetchall()
+            params = {"now": now, "limit": limit} | fairness.params()
+            claimed = cur.execute(QUERIES["claim_triggers"], params).fetchall()
         if not claimed:
             return []
         ids += [t.id for t in claimed]
@@ -207,10 +216,12 @@ def _claim(
             key = (trigger.project_id, trigger.type)
             if key not in candidates:
                 candidates[key] = RULES.rules(conn, trigger.project_id, trigger.type)
-        matched = _match(conn, claimed, candidates)
+        matched, failed = _match(conn, claimed, candidates, processed, now)
         to_run: list[_ToRun] = []
         delayed: list[ToSchedule] = []
         for trigger in claimed:
+            if trigger.id in failed:
+                continue
             rules = _to_run(
                 trigger, candidates[(trigger.project_id, trigger.type)], matched, already, delayed, processed
             )
@@ -230,9 +241,8 @@ def _claim(
             ]
             conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})
         running = [trigger.id for trigger, _ in to_run]
-        conn.execute(
-            QUERIES["mark_processed"], {"ids": [i for i in ids if i not in set(running)], "now": now}
-        )
+        done = set(running) | failed
+        conn.execute(QUERIES["mark_processed"], {"ids": [i for i in ids if i not in done], "now": now})
         if running:
             conn.execute(QUERIES["lease"], {"ids": running, "until": until})
     return to_run
@@ -242,20 +252,58 @@ def _match(
     conn: Connection[Any],
     claimed: list[_Claimed],
     candidates: dict[tuple[uuid.UUID, str], list[ActiveRule]],
-) -> dict[int, list[bool]]:
-    """Every candidate rule's conditions for every claimed trigger: one query per (project, event)."""
+    processed: Processed,
+    now: datetime,
+) -> tuple[dict[int, list[bool]], set[int]]:
+    """Every candidate rule's conditions for every claimed trigger, per (project, event) in a SAVEPOINT of
+    its own and in chunks of rules under :data:`MAX_BOUND_PARAMETERS`; returns the results and the
+    triggers whose match failed (each backed off, or given up, alone: the other projects' go on)."""
     matched: dict[int, list[bool]] = {}
+    failed: set[int] = set()
     for (project_id, kind), rules in candidates.items():
-        ids = [t.id for t in claimed if t.project_id == project_id and t.type == kind]
+        group = [t for t in claimed if t.project_id == project_id and t.type == kind]
         if not rules:
             continue
+        try:
+            with conn.transaction():
+                results = _match_group(conn, [t.id for t in group], rules)
+        except Exception as exc:
+            for trigger in group:
+                _write_failure(conn, trigger, RETRY.failure(exc, trigger.attempts + 1), processed, now)
+                failed.add(trigger.id)
+            continue
+        matched.update(results)
+    return matched, failed
+
+
+def _match_group(conn: Connection[Any], ids: list[int], rules: list[ActiveRule]) -> dict[int, list[bool]]:
+    """The rules' results for the triggers ``ids`` (of one project and event), a statement per chunk."""
+    results: dict[int, list[bool]] = {i: [] for i in ids}
+    for chunk in _chunks(rules):
         query = sql.SQL("SELECT t.id, ARRAY[{}] FROM {} WHERE t.id = ANY(%s)").format(
-            sql.SQL(", ").join(rule.predicate for rule in rules), CONTEXT
+            sql.SQL(", ").join(rule.predicate for rule in chunk), CONTEXT
         )
-        params = [param for rule in rules for param in rule.params] + [ids]
-        for trigger_id, results in conn.execute(query, params).fetchall():
-            matched[trigger_id] = results
-    return matched
+        params = [param for rule in chunk for param in rule.params] + [ids]
+        found = dict(conn.execute(query, params).fetchall())
+        for trigger_id in list(results):
+            if trigger_id in found:
+                results[trigger_id] += found[trigger_id]
+            else:
+                del results[trigger_id]  # the contact is gone: no rule matches
+    return results
+
+
+def _chunks(rules: list[ActiveRule]) -> list[list[ActiveRule]]:
+    """The rules in order, in chunks whose parameters (and the triggers' array) stay under the bound."""
+    chunks: list[list[ActiveRule]] = [[]]
+    bound = 1
+    for rule in rules:
+        if chunks[-1] and bound + len(rule.params) > MAX_BOUND_PARAMETERS:
+            chunks.append([])
+            bound = 1
+        chunks[-1].append(rule)
+        bound += len(rule.params)
+    return chunks
 
 
 def _to_run(
@@ -358,6 +406,15 @@ def _failed(
     lease = {"id": trigger.id, "until": until, "attempts": trigger.attempts}
     if conn.execute(QUERIES["lock_leased"], lease).fetchone() is None:
         return False
+    _write_failure(conn, trigger, failure, processed, now)
+    return True
+
+
+def _write_failure(
+    conn: Connection[Any], trigger: _Claimed, failure: Failure, processed: Processed, now: datetime
+) -> None:
+    """Write a trigger's failed attempt (its row locked by the caller): due again after the backoff, or
+    given up ``failed``; counted and logged."""
     rule: ActiveRule | None = failure.about
     error = f"rule {rule.id}: {failure.error!r}" if rule is not None else repr(failure.error)
     params = {
@@ -386,4 +443,3 @@ def _failed(
         },
         exc_info=failure.error if isinstance(failure.error, BaseException) else None,
     )
-    return True
