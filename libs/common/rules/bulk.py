@@ -242,11 +242,11 @@ def skipped_rows(
 def process_chunk(
     pool: ConnectionPool, clock: Clock, *, chunk: int = CHUNK, runtime: Runtime | None = None
 ) -> int:
-    """Move the next unfinished job (round-robin across projects) on by one chunk; returns how many contacts it handled. A job that only
-    finishes (its last chunk was full, it was cancelled, it had nobody) does not end the call: the next job
-    is moved on, so 0 means there was nothing to do (or every unfinished job is held by another worker).
-    The chunk's after-commit effects (one release nudge per project for the enrollments due now) run with
-    ``runtime`` once it committed (without one, they are dropped)."""
+    """Move the next unfinished job (round-robin across projects) on by one chunk; returns how many
+    contacts it handled. A job that only finishes (its last chunk was full, it was cancelled, it had nobody)
+    does not end the call: the next job is moved on, so 0 means there was nothing to do (or every
+    unfinished job is held by another worker). The chunk's after-commit effects (one release nudge per
+    project for the enrollments due now) run with ``runtime`` once it committed (without one, dropped)."""
     while True:
         handled, moved = _one_chunk(pool, clock, chunk, runtime)
         if handled or not moved:

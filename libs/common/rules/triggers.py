@@ -212,10 +212,6 @@ def _claim(
         ids += [t.id for t in claimed]
         already = {(t, r) for t, r in conn.execute(QUERIES["already_run"], {"ids": ids}).fetchall()}
         candidates: dict[tuple[uuid.UUID, str], list[ActiveRule]] = {}
-        for trigger in claimed:
-            key = (trigger.project_id, trigger.type)
-            if key not in candidates:
-                candidates[key] = RULES.rules(conn, trigger.project_id, trigger.type)
         matched, failed = _match(conn, claimed, candidates, processed, now)
         to_run: list[_ToRun] = []
         delayed: list[ToSchedule] = []
@@ -255,30 +251,43 @@ def _match(
     processed: Processed,
     now: datetime,
 ) -> tuple[dict[int, list[bool]], set[int]]:
-    """Every candidate rule's conditions for every claimed trigger, per (project, event) in a SAVEPOINT of
-    its own and in chunks of rules under :data:`MAX_BOUND_PARAMETERS`; returns the results and the
-    triggers whose match failed (each backed off, or given up, alone: the other projects' go on)."""
+    """Every candidate rule's conditions for every claimed trigger (``candidates`` receives each (project,
+    event)'s rules): per (project, event) in a SAVEPOINT of its own, in chunks of rules under
+    :data:`MAX_BOUND_PARAMETERS`. When a group's match fails, each of its triggers is matched alone, and the
+    one that fails again is backed off (or given up) alone: the others, every other project's included, go
+    on. Returns the results and the triggers that failed."""
     matched: dict[int, list[bool]] = {}
     failed: set[int] = set()
-    for (project_id, kind), rules in candidates.items():
-        group = [t for t in claimed if t.project_id == project_id and t.type == kind]
-        if not rules:
-            continue
+    groups: dict[tuple[uuid.UUID, str], list[_Claimed]] = {}
+    for trigger in claimed:
+        groups.setdefault((trigger.project_id, trigger.type), []).append(trigger)
+    for (project_id, kind), group in groups.items():
         try:
             with conn.transaction():
-                results = _match_group(conn, [t.id for t in group], rules)
+                rules = candidates[(project_id, kind)] = RULES.rules(conn, project_id, kind)
+                matched.update(_match_group(conn, [t.id for t in group], rules))
+            continue
         except Exception as exc:
-            for trigger in group:
+            if len(group) == 1:
+                _write_failure(conn, group[0], RETRY.failure(exc, group[0].attempts + 1), processed, now)
+                failed.add(group[0].id)
+                continue
+        for trigger in group:  # the group failed: which of its triggers fails alone
+            try:
+                with conn.transaction():
+                    rules = candidates[(project_id, kind)] = RULES.rules(conn, project_id, kind)
+                    matched.update(_match_group(conn, [trigger.id], rules))
+            except Exception as exc:
                 _write_failure(conn, trigger, RETRY.failure(exc, trigger.attempts + 1), processed, now)
                 failed.add(trigger.id)
-            continue
-        matched.update(results)
     return matched, failed
 
 
 def _match_group(conn: Connection[Any], ids: list[int], rules: list[ActiveRule]) -> dict[int, list[bool]]:
     """The rules' results for the triggers ``ids`` (of one project and event), a statement per chunk."""
     results: dict[int, list[bool]] = {i: [] for i in ids}
+    if not rules:
+        return {}
     for chunk in _chunks(rules):
         query = sql.SQL("SELECT t.id, ARRAY[{}] FROM {} WHERE t.id = ANY(%s)").format(
             sql.SQL(", ").join(rule.predicate for rule in chunk), CONTEXT
