@@ -167,11 +167,13 @@ Node = Leaf | Group
 ALWAYS = Group("all", ())
 
 
-def parse_conditions(raw: Any, field: str = "conditions") -> Node:
-    """A validated tree from JSON-like data (None: always true); InvalidInput names the JSON path."""
+def parse_conditions(raw: Any, field: str = "conditions", *, stored: bool = False) -> Node:
+    """A validated tree from JSON-like data (None: always true); InvalidInput names the JSON path. A tree
+    ``stored`` before its limits (:data:`MAX_CONDITION_NODES`, :data:`MAX_GROUP_CHILDREN`) keeps working
+    (they are enforced when a tree is saved)."""
     if raw is None:
         return ALWAYS
-    counts = _Counts()
+    counts = _Counts(bounded=not stored)
     return _parse(raw, field, 0, counts)
 
 
@@ -201,7 +203,8 @@ def _leaves(node: Node, path: str) -> list[tuple[str, Leaf]]:
 class _Counts:
     """What a tree's walk has seen so far: it stops at the first node over a limit."""
 
-    def __init__(self) -> None:
+    def __init__(self, bounded: bool) -> None:
+        self.bounded = bounded
         self.nodes = 0
         self.leaves = 0
 
@@ -212,7 +215,7 @@ def _parse(raw: Any, field: str, depth: int, counts: _Counts) -> Node:
     if depth > MAX_DEPTH:
         raise InvalidInput(f"conditions nest at most {MAX_DEPTH} groups deep", field=field)
     counts.nodes += 1
-    if counts.nodes > MAX_CONDITION_NODES:
+    if counts.bounded and counts.nodes > MAX_CONDITION_NODES:
         raise InvalidInput(
             f"conditions have at most {MAX_CONDITION_NODES} nodes (groups and leaves together)", field=field
         )
@@ -224,7 +227,9 @@ def _parse(raw: Any, field: str, depth: int, counts: _Counts) -> Node:
         children = raw[kind]
         if not isinstance(children, list):
             raise InvalidInput(f"{kind} is a list of conditions", field=f"{field}.{kind}")
-        if len(children) > MAX_GROUP_CHILDREN:  # before walking them: a huge flat list is refused at once
+        if (
+            counts.bounded and len(children) > MAX_GROUP_CHILDREN
+        ):  # before walking them: a huge flat list is refused at once
             raise InvalidInput(
                 f"a group has at most {MAX_GROUP_CHILDREN} conditions", field=f"{field}.{kind}"
             )

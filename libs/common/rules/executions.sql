@@ -40,8 +40,11 @@ WITH RECURSIVE projects(project_id) AS (
             ORDER BY e.project_id LIMIT 1)
     FROM projects p WHERE p.project_id IS NOT NULL
 ), share AS (
+    -- a project's share: the whole batch while the projects' shares read at most 10,000 rows (a project
+    -- with less than its share leaves the rest to the others), else the batch over their number
     SELECT CASE WHEN %(round_robin)s::boolean
-                THEN greatest(1, ceil(%(limit)s::numeric / greatest(1, count(*))))::bigint
+                THEN greatest(ceil(%(limit)s::numeric / greatest(1, count(*))),
+                              least(%(limit)s, 10000 / greatest(1, count(*))), 1)::bigint
                 ELSE %(limit)s::bigint END AS n
     FROM projects WHERE project_id IS NOT NULL
 ), picked AS (

@@ -212,7 +212,7 @@ def update_rule(
     if current is None:
         raise NotFound("rule not found", field="rule_id")
     conditions = (
-        parse_conditions(current.conditions)
+        parse_conditions(current.conditions, stored=True)
         if data.conditions is msgspec.UNSET
         else parse_conditions(data.conditions)
     )
@@ -290,7 +290,7 @@ class ActiveRule:
 
 
 def _active(rule: Rule) -> ActiveRule:
-    node = parse_conditions(rule.conditions)
+    node = parse_conditions(rule.conditions, stored=True)
     predicate, params = compile_conditions(node)
     return ActiveRule(
         rule.id,
