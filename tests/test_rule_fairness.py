@@ -240,8 +240,6 @@ def test_a_project_holds_at_most_the_limit_of_rules(
     # another project is not counted with it
     assert _rule_of(client, other_project, {"actions": [add_tag("x")]}).status_code == 201
     # a rule deleted makes room again
-    [(rule_id,)] = rows(
-        runtime.pool, "SELECT id FROM rules WHERE project_id = %s LIMIT 1", project.id
-    )
+    [(rule_id,)] = rows(runtime.pool, "SELECT id FROM rules WHERE project_id = %s LIMIT 1", project.id)
     assert client.delete(f"/v1/rules/{rule_id}").status_code == 204
     assert _rule_of(client, project, {"actions": [add_tag("x")]}).status_code == 201

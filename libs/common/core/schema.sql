@@ -953,7 +953,7 @@ CREATE INDEX rule_pending_executions_due_idx ON public.rule_pending_executions U
 
 -- Name: rule_pending_executions_project_due_idx; Type: INDEX
 
-CREATE INDEX rule_pending_executions_project_due_idx ON public.rule_pending_executions USING btree (project_id, due_at, id) WHERE (status = 'pending'::text);
+CREATE INDEX rule_pending_executions_project_due_idx ON public.rule_pending_executions USING btree (project_id, GREATEST(due_at, COALESCE(locked_until, due_at)), id) WHERE (status = 'pending'::text);
 
 -- Name: rule_pending_executions_rule_idx; Type: INDEX
 
