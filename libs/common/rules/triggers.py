@@ -23,6 +23,7 @@ rule any more), ``retry``, ``failed``.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -68,6 +69,12 @@ MAX_ATTEMPTS = RETRY.max_attempts
 BACKOFF_MIN = STANDARD_BACKOFF.first
 #: How long a claimed trigger is kept from other workers while its rules run.
 LEASE = timedelta(minutes=2)
+#: How much one matching statement weighs at most: its rules' parameters times its triggers (a project whose
+#: rules are heavy has its triggers matched a few at a time).
+MATCH_SLICE = 100_000
+#: How long one batch's matching may run: the triggers not matched by then go back to the queue for the
+#: next batch, so one project's heavy rules hold another project's trigger up for about this long at most.
+MATCH_BUDGET = timedelta(milliseconds=250)
 #: Most parameters one matching statement binds (PostgreSQL takes at most 65,535): a project's rules are
 #: matched in chunks that stay under it.
 MAX_BOUND_PARAMETERS = 30_000
@@ -212,11 +219,12 @@ def _claim(
         ids += [t.id for t in claimed]
         already = {(t, r) for t, r in conn.execute(QUERIES["already_run"], {"ids": ids}).fetchall()}
         candidates: dict[tuple[uuid.UUID, str], list[ActiveRule]] = {}
-        matched, failed = _match(conn, claimed, candidates, processed, now)
+        matched, failed, deferred = _match(conn, claimed, candidates, processed, now)
+        ids[:] = [i for i in ids if i not in deferred]
         to_run: list[_ToRun] = []
         delayed: list[ToSchedule] = []
         for trigger in claimed:
-            if trigger.id in failed:
+            if trigger.id in failed or trigger.id in deferred:
                 continue
             rules = _to_run(
                 trigger, candidates[(trigger.project_id, trigger.type)], matched, already, delayed, processed
@@ -250,37 +258,62 @@ def _match(
     candidates: dict[tuple[uuid.UUID, str], list[ActiveRule]],
     processed: Processed,
     now: datetime,
-) -> tuple[dict[int, list[bool]], set[int]]:
-    """Every candidate rule's conditions for every claimed trigger (``candidates`` receives each (project,
-    event)'s rules): per (project, event) in a SAVEPOINT of its own, in chunks of rules under
-    :data:`MAX_BOUND_PARAMETERS`. When a group's match fails, each of its triggers is matched alone, and the
-    one that fails again is backed off (or given up) alone: the others, every other project's included, go
-    on. Returns the results and the triggers that failed."""
+) -> tuple[dict[int, list[bool]], set[int], set[int]]:
+    """Every candidate rule's conditions for the claimed triggers (``candidates`` receives each (project,
+    event)'s rules), the smallest groups first: a group's triggers a slice at a time (as many as
+    :data:`MATCH_SLICE` allows for its rules' parameters), each slice in a SAVEPOINT of its own and in
+    chunks of rules under :data:`MAX_BOUND_PARAMETERS`. When a slice's match fails, each of its triggers is
+    matched alone, and the one that fails again is backed off (or given up) alone. Every group's first
+    slice runs; once the matching took :data:`MATCH_BUDGET`, the rest of a group is deferred: back to the
+    queue, due as it was, for the next batch (whose round-robin lets every project in again). Returns the
+    results, the triggers that failed and those deferred."""
     matched: dict[int, list[bool]] = {}
     failed: set[int] = set()
+    deferred: set[int] = set()
     groups: dict[tuple[uuid.UUID, str], list[_Claimed]] = {}
     for trigger in claimed:
         groups.setdefault((trigger.project_id, trigger.type), []).append(trigger)
-    for (project_id, kind), group in groups.items():
+    started = time.monotonic()
+    budget = MATCH_BUDGET.total_seconds()
+    for (project_id, kind), group in sorted(groups.items(), key=lambda item: len(item[1])):
         try:
             with conn.transaction():
                 rules = candidates[(project_id, kind)] = RULES.rules(conn, project_id, kind)
-                matched.update(_match_group(conn, [t.id for t in group], rules))
-            continue
-        except Exception as exc:
-            if len(group) == 1:
-                _write_failure(conn, group[0], RETRY.failure(exc, group[0].attempts + 1), processed, now)
-                failed.add(group[0].id)
-                continue
-        for trigger in group:  # the group failed: which of its triggers fails alone
-            try:
-                with conn.transaction():
-                    rules = candidates[(project_id, kind)] = RULES.rules(conn, project_id, kind)
-                    matched.update(_match_group(conn, [trigger.id], rules))
-            except Exception as exc:
+        except Exception as exc:  # the project's rules cannot be read: its triggers back off
+            for trigger in group:
                 _write_failure(conn, trigger, RETRY.failure(exc, trigger.attempts + 1), processed, now)
                 failed.add(trigger.id)
-    return matched, failed
+            continue
+        size = max(1, MATCH_SLICE // max(1, sum(len(rule.params) + 1 for rule in rules)))
+        for start in range(0, len(group), size):
+            if start and time.monotonic() - started > budget:  # each group's first slice runs
+                deferred.update(trigger.id for trigger in group[start:])
+                break
+            _match_slice(conn, group[start : start + size], rules, matched, failed, processed, now)
+    return matched, failed, deferred
+
+
+def _match_slice(
+    conn: Connection[Any],
+    triggers: list[_Claimed],
+    rules: list[ActiveRule],
+    matched: dict[int, list[bool]],
+    failed: set[int],
+    processed: Processed,
+    now: datetime,
+) -> None:
+    """Match a slice of one group's triggers in a SAVEPOINT; when it fails, each trigger alone."""
+    try:
+        with conn.transaction():
+            matched.update(_match_group(conn, [t.id for t in triggers], rules))
+        return
+    except Exception as exc:
+        if len(triggers) == 1:
+            _write_failure(conn, triggers[0], RETRY.failure(exc, triggers[0].attempts + 1), processed, now)
+            failed.add(triggers[0].id)
+            return
+    for trigger in triggers:  # which of them fails alone
+        _match_slice(conn, [trigger], rules, matched, failed, processed, now)
 
 
 def _match_group(conn: Connection[Any], ids: list[int], rules: list[ActiveRule]) -> dict[int, list[bool]]:
