@@ -75,6 +75,10 @@ MATCH_SLICE = 100_000
 #: How long one batch's matching may run: the triggers not matched by then go back to the queue for the
 #: next batch, so one project's heavy rules hold another project's trigger up for about this long at most.
 MATCH_BUDGET = timedelta(milliseconds=250)
+#: Rules of one (project, event) binding more parameters than this together are heavy: their triggers are
+#: matched in the slow lane, a slice a tick, by one worker at a time per project (an advisory lock), never
+#: in the batch the other projects' triggers share.
+HEAVY_PARAMETERS = 5_000
 #: Most parameters one matching statement binds (PostgreSQL takes at most 65,535): a project's rules are
 #: matched in chunks that stay under it.
 MAX_BOUND_PARAMETERS = 30_000
@@ -149,10 +153,17 @@ def process_triggers(
     processed = Processed()
     batch = _Batch(pool, clock.now(), processed, runtime)
     run_batch(batch, limit=limit, fairness=ROUND_ROBIN)
-    if not batch.ids:
+    ids = batch.ids
+    for (project_id, kind), weight in batch.heavy.items():  # the slow lane: one heavy group a tick
+        lane = _Batch(pool, clock.now(), processed, runtime, lane=(project_id, kind))
+        run_batch(lane, limit=max(1, MATCH_SLICE // weight), fairness=ROUND_ROBIN)
+        ids = ids + lane.ids
+        if lane.ids:
+            break
+    if not ids:
         return processed
-    processed.triggers = len(batch.ids)
-    processed.trigger_ids = batch.ids
+    processed.triggers = len(ids)
+    processed.trigger_ids = ids
     for (kind, outcome), count in processed.outcomes.items():
         FOLLOWUP_TRIGGERS.labels(kind, outcome).inc(count)
     for stopped in processed.done.stopped:
@@ -170,9 +181,18 @@ class _Batch(OwnTransactions[_ToRun]):
     retry = RETRY
 
     def __init__(
-        self, pool: ConnectionPool, now: datetime, processed: Processed, runtime: Runtime | None
+        self,
+        pool: ConnectionPool,
+        now: datetime,
+        processed: Processed,
+        runtime: Runtime | None,
+        lane: tuple[uuid.UUID, str] | None = None,
     ) -> None:
         self.pool = pool
+        #: The (project, event) whose heavy rules this batch matches (the slow lane), else None.
+        self.lane = lane
+        #: The heavy groups the batch deferred to the slow lane, with their weight.
+        self.heavy: dict[tuple[uuid.UUID, str], int] = {}
         self.runtime = runtime
         self.now = now
         self.processed = processed
@@ -181,7 +201,7 @@ class _Batch(OwnTransactions[_ToRun]):
         self.ids: list[int] = []
 
     def claim(self, limit: int, fairness: Fairness) -> list[_ToRun]:
-        return _claim(self.pool, self.now, self.until, limit, fairness, self.processed, self.ids)
+        return _claim(self, limit, fairness)
 
     def run(self, ctx: Connection[Any], item: _ToRun) -> Failed | None:
         trigger, rules = item
@@ -198,28 +218,28 @@ class _Batch(OwnTransactions[_ToRun]):
         return {"trigger_id": trigger.id, "project_id": str(trigger.project_id), "event_type": trigger.type}
 
 
-def _claim(
-    pool: ConnectionPool,
-    now: datetime,
-    until: datetime,
-    limit: int,
-    fairness: Fairness,
-    processed: Processed,
-    ids: list[int],
-) -> list[_ToRun]:
+def _claim(batch: _Batch, limit: int, fairness: Fairness) -> list[_ToRun]:
     """Claim a batch of due triggers in one transaction: the ones no rule matched (or whose delayed rules
     only schedule) are processed at once, the others leased until ``until``; returns those, with the rules
-    each runs. ``ids`` receives every trigger claimed."""
+    each runs. ``batch.ids`` receives every trigger claimed. A batch of the slow lane claims the oldest due
+    triggers of its (project, event) only, and nothing while another worker's lane holds that project."""
+    pool, now, until, processed, ids = batch.pool, batch.now, batch.until, batch.processed, batch.ids
     with pool.connection() as conn:
         with conn.cursor(row_factory=class_row(_Claimed)) as cur:
             params = {"now": now, "limit": limit} | fairness.params()
-            claimed = cur.execute(QUERIES["claim_triggers"], params).fetchall()
+            if batch.lane is None:
+                claimed = cur.execute(QUERIES["claim_triggers"], params).fetchall()
+            else:
+                project_id, kind = batch.lane
+                claimed = cur.execute(
+                    QUERIES["claim_lane"], params | {"project_id": project_id, "type": kind}
+                ).fetchall()
         if not claimed:
             return []
         ids += [t.id for t in claimed]
         already = {(t, r) for t, r in conn.execute(QUERIES["already_run"], {"ids": ids}).fetchall()}
         candidates: dict[tuple[uuid.UUID, str], list[ActiveRule]] = {}
-        matched, failed, deferred = _match(conn, claimed, candidates, processed, now)
+        matched, failed, deferred = _match(conn, claimed, candidates, processed, now, batch)
         ids[:] = [i for i in ids if i not in deferred]
         to_run: list[_ToRun] = []
         delayed: list[ToSchedule] = []
@@ -258,6 +278,7 @@ def _match(
     candidates: dict[tuple[uuid.UUID, str], list[ActiveRule]],
     processed: Processed,
     now: datetime,
+    batch: _Batch,
 ) -> tuple[dict[int, list[bool]], set[int], set[int]]:
     """Every candidate rule's conditions for the claimed triggers (``candidates`` receives each (project,
     event)'s rules), the smallest groups first: a group's triggers a slice at a time (as many as
@@ -266,7 +287,9 @@ def _match(
     matched alone, and the one that fails again is backed off (or given up) alone. Every group's first
     slice runs; once the matching took :data:`MATCH_BUDGET`, the rest of a group is deferred: back to the
     queue, due as it was, for the next batch (whose round-robin lets every project in again). Returns the
-    results, the triggers that failed and those deferred."""
+    results, the triggers that failed and those deferred. A group whose rules weigh more than
+    :data:`HEAVY_PARAMETERS` is deferred whole to the slow lane (``batch.heavy``) unless this is its lane:
+    its statements never hold up the others' batch."""
     matched: dict[int, list[bool]] = {}
     failed: set[int] = set()
     deferred: set[int] = set()
@@ -284,7 +307,12 @@ def _match(
                 _write_failure(conn, trigger, RETRY.failure(exc, trigger.attempts + 1), processed, now)
                 failed.add(trigger.id)
             continue
-        size = max(1, MATCH_SLICE // max(1, sum(len(rule.params) + 1 for rule in rules)))
+        weight = sum(len(rule.params) + 1 for rule in rules)
+        if batch.lane is None and weight > HEAVY_PARAMETERS:
+            batch.heavy[(project_id, kind)] = weight
+            deferred.update(trigger.id for trigger in group)
+            continue
+        size = max(1, MATCH_SLICE // max(1, weight))
         for start in range(0, len(group), size):
             if start and time.monotonic() - started > budget:  # each group's first slice runs
                 deferred.update(trigger.id for trigger in group[start:])

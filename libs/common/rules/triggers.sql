@@ -57,6 +57,19 @@ WHERE t.processed_at IS NULL AND t.next_attempt_at <= %(now)s
 ORDER BY CASE WHEN %(round_robin)s::boolean THEN picked.round ELSE 0 END, t.next_attempt_at, t.id
 FOR UPDATE OF t SKIP LOCKED
 
+-- name: claim_lane
+-- The slow lane: the oldest due triggers of one project's event whose rules are heavy, while this worker
+-- holds the project's lane (a transaction-scoped advisory lock: nothing when another worker holds it).
+SELECT t.id, t.public_id, t.type, t.project_id, t.contact_id, t.conversation_id, t.payload, t.occurred_at,
+       t.attempts
+FROM followup_triggers t
+WHERE pg_try_advisory_xact_lock(hashtextextended('triggers:' || %(project_id)s::uuid::text, 0))
+  AND t.project_id = %(project_id)s::uuid AND t.type = %(type)s::text AND t.processed_at IS NULL
+  AND t.next_attempt_at <= %(now)s
+ORDER BY t.next_attempt_at, t.id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
 -- name: lease
 -- Triggers whose rules run next, each in a transaction of its own: no other worker claims them meanwhile.
 UPDATE followup_triggers SET next_attempt_at = %(until)s WHERE id = ANY(%(ids)s)
