@@ -307,8 +307,7 @@ def _worker(url: str, ready: Any, go: Any, stop: Any, results: Any, idle_exit: b
     finished: list[tuple[int, float]] = []
     while not stop.is_set():
         processed = process_triggers(pool, SYSTEM_CLOCK, limit=100)
-        committed = time.time()
-        finished += [(trigger_id, committed) for trigger_id in processed.trigger_ids]
+        finished += processed.committed
         if processed.triggers == 0:
             if idle_exit:
                 break

@@ -134,6 +134,8 @@ class Processed:
     #: The triggers the batch handled (processed, retried or given up).
     trigger_ids: list[int] = field(default_factory=list)
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: Each handled trigger with the moment (epoch seconds) its batch had committed (the slow lane's later).
+    committed: list[tuple[int, float]] = field(default_factory=list)
     done: Done = field(default_factory=Done)
 
 
@@ -154,10 +156,12 @@ def process_triggers(
     batch = _Batch(pool, clock.now(), processed, runtime)
     run_batch(batch, limit=limit, fairness=ROUND_ROBIN)
     ids = batch.ids
+    processed.committed += [(i, time.time()) for i in ids]
     for (project_id, kind), weight in batch.heavy.items():  # the slow lane: one heavy group a tick
         lane = _Batch(pool, clock.now(), processed, runtime, lane=(project_id, kind))
         run_batch(lane, limit=max(1, MATCH_SLICE // weight), fairness=ROUND_ROBIN)
         ids = ids + lane.ids
+        processed.committed += [(i, time.time()) for i in lane.ids]
         if lane.ids:
             break
     if not ids:
