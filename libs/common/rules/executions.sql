@@ -32,14 +32,14 @@ SELECT timezone FROM projects WHERE id = %(project_id)s
 -- due index (one descent each), each one's oldest due from the same index; rows locked or leased by another
 -- sweeper are skipped. An execution is ready from the later of its due time and its lease's end (a
 -- backoff is a lease).
-WITH RECURSIVE projects(project_id) AS (
+WITH RECURSIVE with_work(project_id) AS (
     (SELECT e.project_id FROM rule_pending_executions e WHERE e.status = 'pending'
      ORDER BY e.project_id LIMIT 1)
     UNION ALL
     SELECT (SELECT e.project_id FROM rule_pending_executions e
             WHERE e.status = 'pending' AND e.project_id > p.project_id
             ORDER BY e.project_id LIMIT 1)
-    FROM projects p WHERE p.project_id IS NOT NULL
+    FROM with_work p WHERE p.project_id IS NOT NULL
 ), share AS (
     -- a project's share: the whole batch while the projects' shares read at most 10,000 rows (a project
     -- with less than its share leaves the rest to the others), else the batch over their number
@@ -47,10 +47,10 @@ WITH RECURSIVE projects(project_id) AS (
                 THEN greatest(ceil(%(limit)s::numeric / greatest(1, count(*))),
                               least(%(limit)s, 10000 / greatest(1, count(*))), 1)::bigint
                 ELSE %(limit)s::bigint END AS n
-    FROM projects WHERE project_id IS NOT NULL
+    FROM with_work WHERE project_id IS NOT NULL
 ), picked AS (
     SELECT d.id, d.ready_at, d.round
-    FROM projects p
+    FROM with_work p
     CROSS JOIN LATERAL (
         SELECT e.id, greatest(e.due_at, coalesce(e.locked_until, e.due_at)) AS ready_at,
                row_number() OVER (ORDER BY greatest(e.due_at, coalesce(e.locked_until, e.due_at)), e.id) AS round

@@ -20,13 +20,13 @@ RETURNING public_id
 -- project with due work at most its share, every project's first before anyone's second; else the oldest
 -- first). The projects come from a skip scan of the pending index (one descent each), each one's oldest due
 -- from the same index; triggers locked by another worker are skipped.
-WITH RECURSIVE projects(project_id) AS (
+WITH RECURSIVE with_work(project_id) AS (
     (SELECT t.project_id FROM followup_triggers t WHERE t.processed_at IS NULL ORDER BY t.project_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.project_id FROM followup_triggers t
             WHERE t.processed_at IS NULL AND t.project_id > p.project_id
             ORDER BY t.project_id LIMIT 1)
-    FROM projects p WHERE p.project_id IS NOT NULL
+    FROM with_work p WHERE p.project_id IS NOT NULL
 ), share AS (
     -- a project's share: the whole batch while the projects' shares read at most 10,000 rows (a project
     -- with less than its share leaves the rest to the others), else the batch over their number
@@ -34,10 +34,10 @@ WITH RECURSIVE projects(project_id) AS (
                 THEN greatest(ceil(%(limit)s::numeric / greatest(1, count(*))),
                               least(%(limit)s, 10000 / greatest(1, count(*))), 1)::bigint
                 ELSE %(limit)s::bigint END AS n
-    FROM projects WHERE project_id IS NOT NULL
+    FROM with_work WHERE project_id IS NOT NULL
 ), picked AS (
     SELECT d.id, d.next_attempt_at, d.round
-    FROM projects p
+    FROM with_work p
     CROSS JOIN LATERAL (
         SELECT t.id, t.next_attempt_at, row_number() OVER (ORDER BY t.next_attempt_at, t.id) AS round
         FROM followup_triggers t
