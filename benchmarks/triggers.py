@@ -379,15 +379,7 @@ def main() -> None:
         with psycopg.connect(url) as conn:
             first_new = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM followup_triggers").fetchone()[0]  # type: ignore[index]
 
-        def stream() -> None:
-            interval = 1.0 / args.rate
-            next_at = time.perf_counter()
-            for _ in range(args.rate * args.seconds):
-                producer.one()
-                next_at += interval
-                time.sleep(max(0.0, next_at - time.perf_counter()))
-
-        producer_thread = threading.Thread(target=stream)
+        producer_thread = threading.Thread(target=_stream, args=(producer, args.rate, args.seconds))
 
         def during() -> None:
             producer_thread.start()
@@ -395,14 +387,7 @@ def main() -> None:
 
         _, finished = _run_workers(url, args.workers, idle_exit=False, during=during)
         producer.close()
-        committed = dict(finished)
-        with psycopg.connect(url) as conn:
-            occurred = conn.execute(
-                "SELECT id, extract(epoch FROM occurred_at) FROM followup_triggers WHERE id >= %s",
-                (first_new,),
-            ).fetchall()
-        latencies = [(committed[i] - float(at)) * 1000 for i, at in occurred if i in committed]
-        assert len(latencies) == len(occurred), f"{len(occurred) - len(latencies)} triggers not processed"
+        latencies = _latencies(url, finished, first_new, None)
         p50, p99 = statistics.median(latencies), percentile(latencies, 99)
         print(
             f"  steady {args.rate} events/s for {args.seconds} s: {len(latencies)} triggers, event to action"
@@ -415,6 +400,32 @@ def main() -> None:
     )
 
 
+def _latencies(
+    url: str, finished: list[tuple[int, float]], first_new: int, project_id: uuid.UUID | None
+) -> list[float]:
+    """Event to action (ms) of every trigger from ``first_new`` on (of ``project_id``: None, any)."""
+    committed = dict(finished)
+    with psycopg.connect(url) as conn:
+        occurred = conn.execute(
+            "SELECT id, extract(epoch FROM occurred_at) FROM followup_triggers"
+            " WHERE id >= %s AND (%s::uuid IS NULL OR project_id = %s::uuid)",
+            (first_new, project_id, project_id),
+        ).fetchall()
+    latencies = [(committed[i] - float(at)) * 1000 for i, at in occurred if i in committed]
+    assert len(latencies) == len(occurred), f"{len(occurred) - len(latencies)} triggers not processed"
+    return latencies
+
+
+def _stream(producer: _Producer, rate: int, seconds: int) -> None:
+    """``rate`` events a second for ``seconds`` seconds."""
+    interval = 1.0 / rate
+    next_at = time.perf_counter()
+    for _ in range(rate * seconds):
+        producer.one()
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+
+
 def _neighbour(url: str, project_id: uuid.UUID, args: argparse.Namespace) -> float:
     """Phase 3: the first project's event-to-action p99 while project B's hostile rules and backlog run."""
     neighbour = _seed_neighbour(url)
@@ -423,12 +434,7 @@ def _neighbour(url: str, project_id: uuid.UUID, args: argparse.Namespace) -> flo
     producer = _Producer(url, project_id, seed=2)
 
     def during() -> None:
-        interval = 1.0 / args.rate
-        next_at = time.perf_counter()
-        for _ in range(args.rate * args.neighbour_seconds):
-            producer.one()
-            next_at += interval
-            time.sleep(max(0.0, next_at - time.perf_counter()))
+        _stream(producer, args.rate, args.neighbour_seconds)
         deadline = time.perf_counter() + 30
         with psycopg.connect(url, autocommit=True) as conn:
             while time.perf_counter() < deadline:  # until the first project's last triggers are acted on
@@ -443,19 +449,12 @@ def _neighbour(url: str, project_id: uuid.UUID, args: argparse.Namespace) -> flo
 
     _, finished = _run_workers(url, args.workers, idle_exit=False, during=during)
     producer.close()
-    committed = dict(finished)
+    latencies = _latencies(url, finished, first_new, project_id)
     with psycopg.connect(url) as conn:
-        occurred = conn.execute(
-            "SELECT id, extract(epoch FROM occurred_at) FROM followup_triggers"
-            " WHERE project_id = %s AND id >= %s",
-            (project_id, first_new),
-        ).fetchall()
         drained = conn.execute(
             "SELECT count(*) FROM followup_triggers WHERE project_id = %s AND processed_at IS NOT NULL",
             (neighbour,),
         ).fetchone()
-    latencies = [(committed[i] - float(at)) * 1000 for i, at in occurred if i in committed]
-    assert len(latencies) == len(occurred), f"{len(occurred) - len(latencies)} triggers not processed"
     p50, p99 = statistics.median(latencies), percentile(latencies, 99)
     print(
         f"  beside a neighbour ({HOSTILE_RULES} rules of {HOSTILE_LEAVES} leaves, {BACKLOG} triggers backlog,"

@@ -33,6 +33,12 @@ BEGIN
 END
 $$;
 
+-- Name: fair_share(integer, bigint, boolean); Type: FUNCTION
+
+CREATE FUNCTION public.fair_share(batch integer, projects bigint, round_robin boolean) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE WHEN round_robin THEN (GREATEST(ceil(((batch)::numeric / (GREATEST((1)::bigint, projects))::numeric)), (LEAST((batch)::bigint, (10000 / GREATEST((1)::bigint, projects))))::numeric, (1)::numeric))::bigint ELSE (batch)::bigint END;
+
 -- Name: messages; Type: TABLE
 
 CREATE TABLE public.messages (

@@ -41,12 +41,7 @@ WITH RECURSIVE with_work(project_id) AS (
             ORDER BY e.project_id LIMIT 1)
     FROM with_work p WHERE p.project_id IS NOT NULL
 ), share AS (
-    -- a project's share: the whole batch while the projects' shares read at most 10,000 rows (a project
-    -- with less than its share leaves the rest to the others), else the batch over their number
-    SELECT CASE WHEN %(round_robin)s::boolean
-                THEN greatest(ceil(%(limit)s::numeric / greatest(1, count(*))),
-                              least(%(limit)s, 10000 / greatest(1, count(*))), 1)::bigint
-                ELSE %(limit)s::bigint END AS n
+    SELECT fair_share(%(limit)s::integer, count(*), %(round_robin)s::boolean) AS n
     FROM with_work WHERE project_id IS NOT NULL
 ), picked AS (
     SELECT d.id, d.ready_at, d.round

@@ -10,3 +10,14 @@ CREATE INDEX followup_triggers_project_pending_idx ON followup_triggers (project
 CREATE INDEX rule_pending_executions_project_due_idx
     ON rule_pending_executions (project_id, (greatest(due_at, coalesce(locked_until, due_at))), id)
     WHERE status = 'pending';
+
+-- A project's share of a fair claim's batch of `batch` items among `projects` projects with due work: the
+-- whole batch while their shares read at most 10,000 rows together (a project with less than its share
+-- leaves the rest to the others), else the batch over their number, at least one; without round-robin,
+-- the whole batch.
+CREATE FUNCTION fair_share(batch integer, projects bigint, round_robin boolean) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN round_robin
+            THEN greatest(ceil(batch::numeric / greatest(1, projects)),
+                          least(batch, 10000 / greatest(1, projects)), 1)::bigint
+            ELSE batch::bigint END;
