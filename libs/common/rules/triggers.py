@@ -54,7 +54,7 @@ from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
 from libs.common.rules.conditions import CONTEXT
 from libs.common.rules.executions import ToSchedule, schedule
-from libs.common.rules.rules import RULES, ActiveRule
+from libs.common.rules.rules import CACHE_TTL_SECONDS, RULES, ActiveRule
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +72,13 @@ LEASE = timedelta(minutes=2)
 #: How much one matching statement weighs at most: its rules' parameters times its triggers (a project whose
 #: rules are heavy has its triggers matched a few at a time).
 MATCH_SLICE = 100_000
-#: How long one batch's matching may run: the triggers not matched by then go back to the queue for the
-#: next batch, so one project's heavy rules hold another project's trigger up for about this long at most.
-MATCH_BUDGET = timedelta(milliseconds=250)
 #: Rules of one (project, event) binding more parameters than this together are heavy: their triggers are
 #: matched in the slow lane, a slice a tick, by one worker at a time per project (an advisory lock), never
 #: in the batch the other projects' triggers share.
 HEAVY_PARAMETERS = 5_000
+#: The (project, event) groups this process found heavy, with their weight and until when it trusts that
+#: (the rule cache's time to live): the shared batch defers them without loading their rules.
+_HEAVY: dict[tuple[uuid.UUID, str], tuple[int, float]] = {}
 #: Most parameters one matching statement binds (PostgreSQL takes at most 65,535): a project's rules are
 #: matched in chunks that stay under it.
 MAX_BOUND_PARAMETERS = 30_000
@@ -288,21 +288,23 @@ def _match(
     event)'s rules), the smallest groups first: a group's triggers a slice at a time (as many as
     :data:`MATCH_SLICE` allows for its rules' parameters), each slice in a SAVEPOINT of its own and in
     chunks of rules under :data:`MAX_BOUND_PARAMETERS`. When a slice's match fails, each of its triggers is
-    matched alone, and the one that fails again is backed off (or given up) alone. Every group's first
-    slice runs; once the matching took :data:`MATCH_BUDGET`, the rest of a group is deferred: back to the
-    queue, due as it was, for the next batch (whose round-robin lets every project in again). Returns the
-    results, the triggers that failed and those deferred. A group whose rules weigh more than
-    :data:`HEAVY_PARAMETERS` is deferred whole to the slow lane (``batch.heavy``) unless this is its lane:
-    its statements never hold up the others' batch."""
+    matched alone, and the one that fails again is backed off (or given up) alone. A group whose rules weigh
+    more than :data:`HEAVY_PARAMETERS` is deferred whole to the slow lane (``batch.heavy``; back to the
+    queue, due as it was) unless this is its lane: its statements never hold up the others' batch. A group
+    known heavy (:data:`_HEAVY`, as long as the rule cache keeps rules) is deferred without loading its
+    rules. Returns the results, the triggers that failed and those deferred."""
     matched: dict[int, list[bool]] = {}
     failed: set[int] = set()
     deferred: set[int] = set()
     groups: dict[tuple[uuid.UUID, str], list[_Claimed]] = {}
     for trigger in claimed:
         groups.setdefault((trigger.project_id, trigger.type), []).append(trigger)
-    started = time.monotonic()
-    budget = MATCH_BUDGET.total_seconds()
     for (project_id, kind), group in sorted(groups.items(), key=lambda item: len(item[1])):
+        known = _HEAVY.get((project_id, kind))
+        if batch.lane is None and known is not None and time.monotonic() < known[1]:
+            batch.heavy[(project_id, kind)] = known[0]
+            deferred.update(trigger.id for trigger in group)
+            continue
         try:
             with conn.transaction():
                 rules = candidates[(project_id, kind)] = RULES.rules(conn, project_id, kind)
@@ -312,15 +314,16 @@ def _match(
                 failed.add(trigger.id)
             continue
         weight = sum(len(rule.params) + 1 for rule in rules)
+        if weight > HEAVY_PARAMETERS:
+            _HEAVY[(project_id, kind)] = (weight, time.monotonic() + CACHE_TTL_SECONDS)
+        else:
+            _HEAVY.pop((project_id, kind), None)
         if batch.lane is None and weight > HEAVY_PARAMETERS:
             batch.heavy[(project_id, kind)] = weight
             deferred.update(trigger.id for trigger in group)
             continue
         size = max(1, MATCH_SLICE // max(1, weight))
         for start in range(0, len(group), size):
-            if start and time.monotonic() - started > budget:  # each group's first slice runs
-                deferred.update(trigger.id for trigger in group[start:])
-                break
             _match_slice(conn, group[start : start + size], rules, matched, failed, processed, now)
     return matched, failed, deferred
 
