@@ -76,6 +76,11 @@ MATCH_SLICE = 100_000
 #: matched in the slow lane, a slice a tick, by one worker at a time per project (an advisory lock), never
 #: in the batch the other projects' triggers share.
 HEAVY_PARAMETERS = 5_000
+#: After a slice of a group's slow lane that took d seconds, this process leaves that lane alone for
+#: LANE_REST x d (it serves the shared batch meanwhile): heavy rules take at most a quarter of a worker.
+LANE_REST = 3.0
+#: Until when (monotonic) this process leaves each heavy group's lane alone.
+_lane_rests_until: dict[tuple[uuid.UUID, str], float] = {}
 #: The (project, event) groups this process found heavy, with their weight and until when it trusts that
 #: (the rule cache's time to live): the shared batch defers them without loading their rules.
 _HEAVY: dict[tuple[uuid.UUID, str], tuple[int, float]] = {}
@@ -158,8 +163,13 @@ def process_triggers(
     ids = batch.ids
     processed.committed += [(i, time.time()) for i in ids]
     for (project_id, kind), weight in batch.heavy.items():  # the slow lane: one heavy group a tick
+        if time.monotonic() < _lane_rests_until.get((project_id, kind), 0.0):
+            continue
         lane = _Batch(pool, clock.now(), processed, runtime, lane=(project_id, kind))
+        started = time.monotonic()
         run_batch(lane, limit=max(1, MATCH_SLICE // weight), fairness=ROUND_ROBIN)
+        took = time.monotonic() - started
+        _lane_rests_until[(project_id, kind)] = time.monotonic() + took * LANE_REST
         ids = ids + lane.ids
         processed.committed += [(i, time.time()) for i in lane.ids]
         if lane.ids:
