@@ -30,11 +30,9 @@ runner does the rest, the same for every queue::
 An item's error never aborts the batch: it backs off that item only and the next item runs. Errors outside
 ``item_errors`` propagate (a bulk chunk is rolled back whole and redone).
 
-**Fairness across projects**: :func:`run_batch` hands the claim a :class:`Fairness`. :data:`OLDEST_FIRST`
-takes the oldest due first, whatever the project; :data:`ROUND_ROBIN` (the rules' queues: triggers, delayed
-executions, bulk jobs) shares the batch among the projects with due work: each takes at most its share
-(the batch over the number of such projects, at least one), their first items before anyone's second, so a
-project's backlog of any size delays another project's single item by one batch at most.
+**Fairness across projects** is a seam, not a feature yet: :func:`run_batch` hands the claim a
+:class:`Fairness` (today only :data:`OLDEST_FIRST`: the oldest due first, whatever the project); a policy
+sharing a batch among projects is a new value of it that the claims read.
 """
 
 from __future__ import annotations
@@ -122,22 +120,14 @@ class Retry:
 
 @dataclass(frozen=True)
 class Fairness:
-    """How a claim shares a batch among projects (its SQL takes :meth:`params`)."""
+    """How a claim shares a batch among projects: the seam for per-project fairness. Only
+    :data:`OLDEST_FIRST` exists: the oldest due first, whatever the project."""
 
     name: str
-    #: Whether each project with due work takes at most its share of the batch, first items first.
-    round_robin: bool
-
-    def params(self) -> dict[str, bool]:
-        """The claim's parameter: ``round_robin``."""
-        return {"round_robin": self.round_robin}
 
 
-#: The oldest due items first, whatever their project.
-OLDEST_FIRST = Fairness("oldest_first", round_robin=False)
-#: Round-robin across the projects with due work: each at most its share of the batch (at least one item),
-#: every project's first item before anyone's second, the oldest first within a round.
-ROUND_ROBIN = Fairness("round_robin", round_robin=True)
+#: The oldest due items first, whatever their project (every queue's claim today).
+OLDEST_FIRST = Fairness("oldest_first")
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,6 @@ BEGIN
 END
 $$;
 
--- Name: fair_share(integer, bigint, boolean); Type: FUNCTION
-
-CREATE FUNCTION public.fair_share(batch integer, projects bigint, round_robin boolean) RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN CASE WHEN round_robin THEN (GREATEST(ceil(((batch)::numeric / (GREATEST((1)::bigint, projects))::numeric)), (LEAST((batch)::bigint, (10000 / GREATEST((1)::bigint, projects))))::numeric, (1)::numeric))::bigint ELSE (batch)::bigint END;
-
 -- Name: messages; Type: TABLE
 
 CREATE TABLE public.messages (
@@ -897,10 +891,6 @@ CREATE INDEX followup_triggers_pending_idx ON public.followup_triggers USING btr
 
 CREATE INDEX followup_triggers_processed_idx ON public.followup_triggers USING btree (processed_at) WHERE (processed_at IS NOT NULL);
 
--- Name: followup_triggers_project_pending_idx; Type: INDEX
-
-CREATE INDEX followup_triggers_project_pending_idx ON public.followup_triggers USING btree (project_id, next_attempt_at, id) WHERE (processed_at IS NULL);
-
 -- Name: leads_contact_idx; Type: INDEX
 
 CREATE INDEX leads_contact_idx ON public.leads USING btree (contact_id);
@@ -988,10 +978,6 @@ CREATE INDEX rule_pending_executions_done_idx ON public.rule_pending_executions 
 -- Name: rule_pending_executions_due_idx; Type: INDEX
 
 CREATE INDEX rule_pending_executions_due_idx ON public.rule_pending_executions USING btree (due_at) WHERE (status = 'pending'::text);
-
--- Name: rule_pending_executions_project_due_idx; Type: INDEX
-
-CREATE INDEX rule_pending_executions_project_due_idx ON public.rule_pending_executions USING btree (project_id, GREATEST(due_at, COALESCE(locked_until, due_at)), id) WHERE (status = 'pending'::text);
 
 -- Name: rule_pending_executions_rule_idx; Type: INDEX
 

@@ -38,16 +38,7 @@ from libs.common.core import validation
 from libs.common.core.clock import Clock
 from libs.common.core.effects import NudgeTriggers, after_commit, committed
 from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
-from libs.common.core.jobs import (
-    ROUND_ROBIN,
-    Failed,
-    Failure,
-    Fairness,
-    Queue,
-    Retry,
-    run_batch,
-    savepoint,
-)
+from libs.common.core.jobs import Failed, Failure, Fairness, Queue, Retry, run_batch, savepoint
 from libs.common.core.outbox import write_events
 from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
@@ -242,11 +233,11 @@ def skipped_rows(
 def process_chunk(
     pool: ConnectionPool, clock: Clock, *, chunk: int = CHUNK, runtime: Runtime | None = None
 ) -> int:
-    """Move the next unfinished job (round-robin across projects) on by one chunk; returns how many
-    contacts it handled. A job that only finishes (its last chunk was full, it was cancelled, it had nobody)
-    does not end the call: the next job is moved on, so 0 means there was nothing to do (or every
-    unfinished job is held by another worker). The chunk's after-commit effects (one release nudge per
-    project for the enrollments due now) run with ``runtime`` once it committed (without one, dropped)."""
+    """Move the oldest unfinished job on by one chunk; returns how many contacts it handled. A job that only
+    finishes (its last chunk was full, it was cancelled, it had nobody) does not end the call: the next job
+    is moved on, so 0 means there was nothing to do (or every unfinished job is held by another worker).
+    The chunk's after-commit effects (one release nudge per project for the enrollments due now) run with
+    ``runtime`` once it committed (without one, they are dropped)."""
     while True:
         handled, moved = _one_chunk(pool, clock, chunk, runtime)
         if handled or not moved:
@@ -254,11 +245,11 @@ def process_chunk(
 
 
 def _one_chunk(pool: ConnectionPool, clock: Clock, chunk: int, runtime: Runtime | None) -> tuple[int, bool]:
-    """One chunk of the next unfinished job: (contacts handled, whether a job was there to move on)."""
+    """One chunk of the oldest unfinished job: (contacts handled, whether a job was there to move on)."""
     now = clock.now()
     with committed(pool, runtime) as conn:
         with conn.cursor(row_factory=dict_row) as cur:
-            job = cur.execute(QUERIES["lock_next_job"], ROUND_ROBIN.params()).fetchone()
+            job = cur.execute(QUERIES["lock_next_job"]).fetchone()
         if job is None:
             return 0, False
         context = {"job_id": str(job["id"]), "project_id": str(job["project_id"])}

@@ -41,21 +41,15 @@ UPDATE followup_bulk_jobs SET cancel_requested = true, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s AND status IN ('queued', 'running')
 
 -- name: lock_next_job
--- The next unfinished job no other worker is processing, shared among projects as the job runner's fairness
--- says (round-robin: the project whose open jobs moved least recently, then its job that moved least
--- recently, so jobs take turns a chunk at a time; else the oldest job): its row stays locked for the chunk,
--- so one worker at a time moves a job on, and a worker that dies releases it with its transaction.
-SELECT j.id, j.project_id, j.sequence_id, j.variables, j.anchor_at, j.anchor_attribute, j.cursor, j.total,
-       j.processed, j.enrolled, j.skipped, j.cancel_requested, j.progress_at
-FROM followup_bulk_jobs j
-WHERE j.status IN ('queued', 'running')
-ORDER BY CASE WHEN %(round_robin)s::boolean
-              THEN (SELECT max(o.updated_at) FROM followup_bulk_jobs o
-                    WHERE o.project_id = j.project_id AND o.status IN ('queued', 'running')) END,
-         CASE WHEN %(round_robin)s::boolean THEN j.updated_at END,
-         j.created_at, j.id
+-- The oldest unfinished job no other worker is processing: its row stays locked for the chunk, so one
+-- worker at a time moves a job on, and a worker that dies releases it with its transaction.
+SELECT id, project_id, sequence_id, variables, anchor_at, anchor_attribute, cursor, total, processed,
+       enrolled, skipped, cancel_requested, progress_at
+FROM followup_bulk_jobs
+WHERE status IN ('queued', 'running')
+ORDER BY created_at, id
 LIMIT 1
-FOR UPDATE OF j SKIP LOCKED
+FOR UPDATE SKIP LOCKED
 
 -- name: next_items
 -- The job's next chunk of contacts after its cursor.

@@ -39,15 +39,7 @@ from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
 from libs.common.core.errors import Conflict, NotFound
-from libs.common.core.jobs import (
-    ROUND_ROBIN,
-    STANDARD_BACKOFF,
-    Failure,
-    Fairness,
-    OwnTransactions,
-    Retry,
-    run_batch,
-)
+from libs.common.core.jobs import STANDARD_BACKOFF, Failure, Fairness, OwnTransactions, Retry, run_batch
 from libs.common.core.metrics import RULE_EXECUTION_LAG, RULE_EXECUTIONS, RULE_PENDING_EXECUTIONS
 from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
@@ -179,9 +171,7 @@ def sweep(
     all of it in one query per rule), then each in a transaction of its own (the job runner's, whose
     after-commit effects run with ``runtime`` once it committed; without one, they are dropped)."""
     swept = Swept()
-    ran = run_batch(
-        _Sweep(pool, clock, stale_after, swept, runtime=runtime), limit=limit, fairness=ROUND_ROBIN
-    )
+    ran = run_batch(_Sweep(pool, clock, stale_after, swept, runtime=runtime), limit=limit)
     swept.claimed = ran.claimed
     for (outcome, reason), count in swept.outcomes.items():
         RULE_EXECUTIONS.labels(outcome, reason).inc(count)
@@ -207,21 +197,17 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
     runtime: Runtime | None = None
     until: datetime = datetime.min
     holds: dict[uuid.UUID, bool] = field(default_factory=dict)
-    #: The executions whose rule's re-check failed, with its error.
-    errors: dict[uuid.UUID, Exception] = field(default_factory=dict)
 
     def claim(self, limit: int, fairness: Fairness) -> list[dict[str, Any]]:
         now = self.clock.now()
         self.until = now + LEASE
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            params = {"now": now, "until": self.until, "limit": limit} | fairness.params()
+            params = {"now": now, "until": self.until, "limit": limit}
             claimed = cur.execute(QUERIES["claim_due"], params).fetchall()
-            self.holds, self.errors = _conditions(conn, claimed)
+            self.holds = _conditions(conn, claimed)
         return claimed
 
     def run(self, ctx: Connection[Any], item: dict[str, Any]) -> None:
-        if item["id"] in self.errors:
-            raise self.errors[item["id"]]  # its rule's re-check failed: this execution backs off alone
         holds = self.holds.get(item["id"], False)
         _execute(ctx, item["id"], self.until, holds, self.stale_after, self.swept, self.clock.now())
         return None
@@ -244,31 +230,22 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
         return {"execution_id": str(item["id"])} | {k: str(item[k]) for k in ("rule_id", "project_id")}
 
 
-def _conditions(
-    conn: Connection[Any], claimed: list[dict[str, Any]]
-) -> tuple[dict[uuid.UUID, bool], dict[uuid.UUID, Exception]]:
-    """Whether each claimed execution's rule, as it is now, holds over its trigger's context now; each rule's
-    statement in a SAVEPOINT of its own: the executions of a rule whose re-check fails get its error."""
+def _conditions(conn: Connection[Any], claimed: list[dict[str, Any]]) -> dict[uuid.UUID, bool]:
+    """Whether each claimed execution's rule, as it is now, holds over its trigger's context now."""
     by_rule: dict[tuple[uuid.UUID, uuid.UUID], list[dict[str, Any]]] = {}
     for item in claimed:
         by_rule.setdefault((item["project_id"], item["rule_id"]), []).append(item)
     holds: dict[uuid.UUID, bool] = {}
-    errors: dict[uuid.UUID, Exception] = {}
     for (project_id, rule_id), items in by_rule.items():
         rule = RULES.rule(conn, project_id, rule_id)
         if rule is None:
             continue  # inactive or deleted: the guard chain says so
         query = sql.SQL("SELECT t.id, {} FROM {} WHERE t.id = ANY(%s)").format(rule.predicate, CONTEXT)
         triggers = [item["trigger_id"] for item in items if item["trigger_id"] is not None]
-        try:
-            with conn.transaction():
-                by_trigger = dict(conn.execute(query, [*rule.params, triggers]).fetchall())
-        except Exception as exc:
-            errors.update((item["id"], exc) for item in items)
-            continue
+        by_trigger = dict(conn.execute(query, [*rule.params, triggers]).fetchall())
         for item in items:
             holds[item["id"]] = bool(by_trigger.get(item["trigger_id"], False))
-    return holds, errors
+    return holds
 
 
 def _execute(

@@ -26,46 +26,17 @@ JOIN conversations v ON v.project_id = k.project_id AND v.id = k.id
 SELECT timezone FROM projects WHERE id = %(project_id)s
 
 -- name: claim_due
--- A batch of due pending executions, leased to this sweeper, shared among projects as the job runner's
--- fairness says (round-robin: each project with due executions at most its share, every project's first
--- before anyone's second; else the oldest due first). The projects come from a skip scan of the project's
--- due index (one descent each), each one's oldest due from the same index; rows locked or leased by another
--- sweeper are skipped. An execution is ready from the later of its due time and its lease's end (a
--- backoff is a lease).
-WITH RECURSIVE with_work(project_id) AS (
-    (SELECT e.project_id FROM rule_pending_executions e WHERE e.status = 'pending'
-     ORDER BY e.project_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT e.project_id FROM rule_pending_executions e
-            WHERE e.status = 'pending' AND e.project_id > p.project_id
-            ORDER BY e.project_id LIMIT 1)
-    FROM with_work p WHERE p.project_id IS NOT NULL
-), share AS (
-    SELECT fair_share(%(limit)s::integer, count(*), %(round_robin)s::boolean) AS n
-    FROM with_work WHERE project_id IS NOT NULL
-), picked AS (
-    SELECT d.id, d.ready_at, d.round
-    FROM with_work p
-    CROSS JOIN LATERAL (
-        SELECT e.id, greatest(e.due_at, coalesce(e.locked_until, e.due_at)) AS ready_at,
-               row_number() OVER (ORDER BY greatest(e.due_at, coalesce(e.locked_until, e.due_at)), e.id) AS round
-        FROM rule_pending_executions e
-        WHERE e.project_id = p.project_id AND e.status = 'pending'
-          AND greatest(e.due_at, coalesce(e.locked_until, e.due_at)) <= %(now)s
-        ORDER BY greatest(e.due_at, coalesce(e.locked_until, e.due_at)), e.id
-        LIMIT (SELECT n FROM share)
-    ) d
-    WHERE p.project_id IS NOT NULL
-    ORDER BY CASE WHEN %(round_robin)s::boolean THEN d.round ELSE 0 END, d.ready_at, d.id
+-- A batch of due pending executions, oldest due first, leased to this sweeper (rows locked or leased by
+-- another sweeper are skipped).
+WITH due AS (
+    SELECT id FROM rule_pending_executions
+    WHERE status = 'pending' AND due_at <= %(now)s AND (locked_until IS NULL OR locked_until <= %(now)s)
+    ORDER BY due_at
     LIMIT %(limit)s
-), due AS (
-    SELECT e.id FROM rule_pending_executions e
-    WHERE e.id = ANY(ARRAY(SELECT id FROM picked))
-      AND e.status = 'pending' AND e.due_at <= %(now)s AND (e.locked_until IS NULL OR e.locked_until <= %(now)s)
-    FOR UPDATE OF e SKIP LOCKED
+    FOR UPDATE SKIP LOCKED
 )
 UPDATE rule_pending_executions e SET locked_until = %(until)s
-WHERE e.id = ANY(ARRAY(SELECT id FROM due))
+FROM due WHERE e.id = due.id
 RETURNING e.id, e.project_id, e.rule_id, e.trigger_id, e.attempts
 
 -- name: lock_leased

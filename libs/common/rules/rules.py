@@ -26,7 +26,7 @@ from psycopg import Connection, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from libs.common.contracts.limits import MAX_RULES_PER_PROJECT, Name
+from libs.common.contracts.limits import Name
 from libs.common.core import validation
 from libs.common.core.effects import Invalidate, after_commit
 from libs.common.core.errors import InvalidInput, NotFound
@@ -167,21 +167,10 @@ def create_rule(conn: Connection[Any], project_id: uuid.UUID, data: RuleCreate, 
         "position": data.position,
         "now": now,
     }
-    _check_room(conn, project_id)
     rule = _row(conn, "insert_rule", params)
     assert rule is not None
     _changed(conn, project_id)
     return rule
-
-
-def _check_room(conn: Connection[Any], project_id: uuid.UUID) -> None:
-    """Refuse a new rule of a project that holds :data:`MAX_RULES_PER_PROJECT` (creates of one project are
-    serialised until they commit, so two at once cannot both take the last place)."""
-    conn.execute(QUERIES["lock_rule_count"], {"project_id": project_id})
-    row = conn.execute(QUERIES["count_rules"], {"project_id": project_id}).fetchone()
-    assert row is not None
-    if row[0] >= MAX_RULES_PER_PROJECT:
-        raise InvalidInput(f"a project has at most {MAX_RULES_PER_PROJECT} rules", field="body")
 
 
 def get_rule(conn: Connection[Any], project_id: uuid.UUID, rule_id: uuid.UUID) -> Rule:
@@ -213,7 +202,7 @@ def update_rule(
     if current is None:
         raise NotFound("rule not found", field="rule_id")
     conditions = (
-        parse_conditions(current.conditions, stored=True)
+        parse_conditions(current.conditions)
         if data.conditions is msgspec.UNSET
         else parse_conditions(data.conditions)
     )
@@ -292,7 +281,7 @@ class ActiveRule:
 
 
 def _active(rule: Rule) -> ActiveRule:
-    node = parse_conditions(rule.conditions, stored=True)
+    node = parse_conditions(rule.conditions)
     predicate, params = compile_conditions(node)
     return ActiveRule(
         rule.id,

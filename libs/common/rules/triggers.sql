@@ -16,52 +16,11 @@ SELECT %(project_id)s, %(type)s, %(contact_id)s, %(conversation_id)s,
 RETURNING public_id
 
 -- name: claim_triggers
--- A batch of due triggers, shared among projects as the job runner's fairness says (round-robin: each
--- project with due work at most its share, every project's first before anyone's second; else the oldest
--- first). The projects come from a skip scan of the pending index (one descent each), each one's oldest due
--- from the same index; triggers locked by another worker are skipped.
-WITH RECURSIVE with_work(project_id) AS (
-    (SELECT t.project_id FROM followup_triggers t WHERE t.processed_at IS NULL ORDER BY t.project_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.project_id FROM followup_triggers t
-            WHERE t.processed_at IS NULL AND t.project_id > p.project_id
-            ORDER BY t.project_id LIMIT 1)
-    FROM with_work p WHERE p.project_id IS NOT NULL
-), share AS (
-    SELECT fair_share(%(limit)s::integer, count(*), %(round_robin)s::boolean) AS n
-    FROM with_work WHERE project_id IS NOT NULL
-), picked AS (
-    SELECT d.id, d.next_attempt_at, d.round
-    FROM with_work p
-    CROSS JOIN LATERAL (
-        SELECT t.id, t.next_attempt_at, row_number() OVER (ORDER BY t.next_attempt_at, t.id) AS round
-        FROM followup_triggers t
-        WHERE t.project_id = p.project_id AND t.processed_at IS NULL AND t.next_attempt_at <= %(now)s
-        ORDER BY t.next_attempt_at, t.id
-        LIMIT (SELECT n FROM share)
-    ) d
-    WHERE p.project_id IS NOT NULL
-    ORDER BY CASE WHEN %(round_robin)s::boolean THEN d.round ELSE 0 END, d.next_attempt_at, d.id
-    LIMIT %(limit)s
-)
-SELECT t.id, t.public_id, t.type, t.project_id, t.contact_id, t.conversation_id, t.payload, t.occurred_at,
-       t.attempts
-FROM picked
-JOIN followup_triggers t ON t.id = picked.id
-WHERE t.processed_at IS NULL AND t.next_attempt_at <= %(now)s
-ORDER BY CASE WHEN %(round_robin)s::boolean THEN picked.round ELSE 0 END, t.next_attempt_at, t.id
-FOR UPDATE OF t SKIP LOCKED
-
--- name: claim_lane
--- The slow lane: the oldest due triggers of one project's event whose rules are heavy, while this worker
--- holds the project's lane (a transaction-scoped advisory lock: nothing when another worker holds it).
-SELECT t.id, t.public_id, t.type, t.project_id, t.contact_id, t.conversation_id, t.payload, t.occurred_at,
-       t.attempts
-FROM followup_triggers t
-WHERE pg_try_advisory_xact_lock(hashtextextended('triggers:' || %(project_id)s::uuid::text, 0))
-  AND t.project_id = %(project_id)s::uuid AND t.type = %(type)s::text AND t.processed_at IS NULL
-  AND t.next_attempt_at <= %(now)s
-ORDER BY t.next_attempt_at, t.id
+-- A batch of due triggers, oldest first; triggers locked by another worker are skipped.
+SELECT id, public_id, type, project_id, contact_id, conversation_id, payload, occurred_at, attempts
+FROM followup_triggers
+WHERE processed_at IS NULL AND next_attempt_at <= %(now)s
+ORDER BY next_attempt_at, id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
