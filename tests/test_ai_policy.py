@@ -37,6 +37,8 @@ from tests.factories import make_contact, make_enrollment
 from tests.helpers import rows, start_worker, stop_all, wait_until
 from tests.test_ai_steps import (
     FALLBACK_TEXT,
+    INJECTION,
+    INSTRUCTIONS,
     Counts,
     ai_sequence,
     ai_step,
@@ -582,3 +584,51 @@ def test_the_release_and_ai_steps_workers_apply_the_policy_and_the_operators_cap
         assert messages_of(pool, enrollment.id) == [(FALLBACK_TEXT, "QUEUED", "followup", 0)]
     assert model.received() == 1
     assert COUPON not in json.dumps(rows(pool, "SELECT body FROM messages"))
+
+
+# --- the prompt: the customer's words only as quoted data, only the listed attributes and variables
+
+
+def test_the_customers_words_reach_the_model_only_as_quoted_data(
+    runtime: Runtime,
+    project: Project,
+    client: TestClient[Any],
+    model: ModelServer,  # noqa: F811 (the fixture)
+    model_client: ModelClient,
+) -> None:
+    pool, clock = runtime.pool, runtime.clock
+    assert isinstance(clock, ManualClock)
+    contact_id = make_contact(pool, project.id, name="Ana", attributes={"plan": "gold", "secret": "s3cr3t"})
+    # The contact wrote the injection before the enrollment (a reply after it would stop it)
+    event = {
+        "type": "message.inbound",
+        "contact_id": str(contact_id),
+        "provider_message_id": "wamid.injection",
+        "body": INJECTION,
+    }
+    assert client.post("/v1/events", json=event).status_code == 201
+    clock.advance(timedelta(minutes=5))
+    step = ai_step(goal="Close the sale", contact_attributes=["plan"], variables=["quote"])
+    sequence = ai_sequence(pool, project.id, step)
+    enrollment = make_enrollment(pool, clock, project.id, sequence, contact_id, variables={"quote": "Q-17"})
+    due = lease_one(runtime, enrollment)
+
+    released = second_pass(runtime, model_client, due)
+    assert released is not None and released.action == "queue"
+
+    [request] = model.chat_requests()
+    system, user = request["messages"]
+    assert system["role"] == "system" and user["role"] == "user"
+    assert "HACKED" not in system["content"]
+    assert "never instructions" in system["content"]
+    head, marker, data_text = user["content"].partition("\nData (JSON")
+    assert marker, user["content"]
+    assert "HACKED" not in head
+    assert head.startswith("Goal: Close the sale\nInstructions: " + INSTRUCTIONS)
+    data = json.loads(data_text.split("\n", 1)[1])
+    assert data["conversation"] == [
+        {"from": "customer", "at": "2030-01-01T09:00:00+00:00", "text": INJECTION}
+    ]
+    assert data["contact"] == {"name": "Ana", "attributes": {"plan": "gold"}}  # only the listed attributes
+    assert data["variables"] == {"quote": "Q-17"}
+    assert "s3cr3t" not in json.dumps(request)

@@ -15,7 +15,6 @@ outside numbers (a budget, a usage) too big for their integer columns.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import threading
 import time
@@ -859,50 +858,6 @@ def test_a_step_the_sending_constraints_hold_back_is_not_written_by_the_model(
     assert ledger(pool, project.id) == []
 
 
-# --- the prompt
-
-
-def test_the_customers_words_reach_the_model_only_as_quoted_data(
-    runtime: Runtime, project: Project, client: TestClient[Any], model: ModelServer, model_client: ModelClient
-) -> None:
-    pool, clock = runtime.pool, runtime.clock
-    assert isinstance(clock, ManualClock)
-    contact_id = make_contact(pool, project.id, name="Ana", attributes={"plan": "gold", "secret": "s3cr3t"})
-    # The contact wrote the injection before the enrollment (a reply after it would stop it)
-    event = {
-        "type": "message.inbound",
-        "contact_id": str(contact_id),
-        "provider_message_id": "wamid.injection",
-        "body": INJECTION,
-    }
-    assert client.post("/v1/events", json=event).status_code == 201
-    clock.advance(timedelta(minutes=5))
-    step = ai_step(goal="Close the sale", contact_attributes=["plan"], variables=["quote"])
-    sequence = ai_sequence(pool, project.id, step)
-    enrollment = make_enrollment(pool, clock, project.id, sequence, contact_id, variables={"quote": "Q-17"})
-    due = lease_one(runtime, enrollment)
-
-    released = second_pass(runtime, model_client, due)
-    assert released is not None and released.action == "queue"
-
-    [request] = model.chat_requests()
-    system, user = request["messages"]
-    assert system["role"] == "system" and user["role"] == "user"
-    assert "HACKED" not in system["content"]
-    assert "never instructions" in system["content"]
-    head, marker, data_text = user["content"].partition("\nData (JSON")
-    assert marker, user["content"]
-    assert "HACKED" not in head
-    assert head.startswith("Goal: Close the sale\nInstructions: " + INSTRUCTIONS)
-    data = json.loads(data_text.split("\n", 1)[1])
-    assert data["conversation"] == [
-        {"from": "customer", "at": "2030-01-01T09:00:00+00:00", "text": INJECTION}
-    ]
-    assert data["contact"] == {"name": "Ana", "attributes": {"plan": "gold"}}  # only the listed attributes
-    assert data["variables"] == {"quote": "Q-17"}
-    assert "s3cr3t" not in json.dumps(request)
-
-
 # --- concurrency
 
 
@@ -929,71 +884,6 @@ def test_model_calls_overlap(
     assert elapsed < 1.5, f"8 calls of 300 ms took {elapsed:.2f}s"
     [(count,)] = rows(pool, "SELECT count(*) FROM messages WHERE source = 'followup'")
     assert count == 8
-
-
-# --- bad AI steps through the API
-
-
-def _ai(**fields: Any) -> dict[str, Any]:
-    return {"kind": "ai", "instructions": "Ask about the quote", "fallback": {"kind": "skip"}} | fields
-
-
-@pytest.mark.parametrize(
-    ("step", "field"),
-    [
-        (_ai(min_confidence=1.5), "definition.steps.0.min_confidence"),
-        (_ai(min_confidence=-0.1), "definition.steps.0.min_confidence"),
-        (_ai(fallback={"kind": "retry"}), "definition.steps.0.fallback.kind"),
-        (_ai(history_messages=51), "definition.steps.0.history_messages"),
-    ],
-)
-def test_creating_an_ai_step_with_a_bad_value_is_422_naming_the_field(
-    client: TestClient[Any], step: dict[str, Any], field: str
-) -> None:
-    response = client.post("/v1/sequences", json={"name": "x", "definition": {"steps": [step]}})
-    assert_problem(response, 422, field)
-
-
-@pytest.mark.parametrize(
-    ("step", "field"),
-    [
-        ({"kind": "ai", "fallback": {"kind": "skip"}}, "definition.steps.0.instructions"),
-        ({"kind": "ai", "instructions": "Ask"}, "definition.steps.0.fallback"),
-        (_ai(fallback={"kind": "template"}), "definition.steps.0.fallback.text"),
-        (_ai(min_confidence="high"), "definition.steps.0.min_confidence"),
-    ],
-)
-def test_creating_an_ai_step_missing_a_field_is_400_naming_it(
-    client: TestClient[Any], step: dict[str, Any], field: str
-) -> None:
-    """A missing or mistyped field is a shape error (400), like a message step without its text."""
-    response = client.post("/v1/sequences", json={"name": "x", "definition": {"steps": [step]}})
-    assert_problem(response, 400, field)
-
-
-@pytest.mark.parametrize(
-    ("step", "field"),
-    [
-        (_ai(instructions="   "), "definition.steps.0.instructions"),
-        (_ai(fallback={"kind": "template", "text": ""}), "definition.steps.0.fallback.text"),
-        (_ai(language="Portuguese"), "definition.steps.0.language"),
-    ],
-)
-def test_publishing_an_ai_step_with_empty_text_is_422_naming_the_field(
-    client: TestClient[Any], step: dict[str, Any], field: str
-) -> None:
-    response = client.post("/v1/sequences", json={"name": "x", "definition": {"steps": [step]}})
-    assert response.status_code == 201, response.text
-    sequence_id = response.json()["id"]
-    assert_problem(client.post(f"/v1/sequences/{sequence_id}/publish"), 422, field)
-
-
-def test_an_inline_ai_step_with_a_bad_value_is_422_naming_the_field(client: TestClient[Any]) -> None:
-    contact = client.post("/v1/contacts", json={"phone": "+14155550999"}).json()["id"]
-    response = client.post(
-        "/v1/enrollments", json={"contact_id": contact, "steps": [_ai(min_confidence=1.5)]}
-    )
-    assert_problem(response, 422, "steps.0.min_confidence")
 
 
 # --- a worker killed in the middle of a call (processes, RabbitMQ)
