@@ -13,7 +13,14 @@ attributes, nested any/all groups) and cheap actions (a label, a tag, a private 
    run; each worker polls every 5 ms when idle (standing for the nudge a committed event sends over
    RabbitMQ). The event-to-action time of a trigger is its batch's commit time minus the event's time.
 
-The last line is `triggers: events_per_s=<n> matched_per_s=<n> p99_ms_event_to_action=<n>`.
+3. Noisy neighbour: project B holds the hostile rule set (132 ``contact.created`` rules of 100
+   ``attribute_changed`` leaves each, in groups of the most children a group may have: together more
+   parameters than one PostgreSQL statement takes) and a backlog of 100,000 recorded triggers of its
+   contacts, while the first project's events keep flowing at E per second for S seconds; the W workers
+   run both. neighbour p99 = the first project's event-to-action p99 meanwhile.
+
+The last line is `triggers: events_per_s=<n> matched_per_s=<n> p99_ms_event_to_action=<n>
+neighbour_p99_ms=<n>`.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import msgspec
 import psycopg
 
 from benchmarks.common import bench_database, percentile, start_all
+from libs.common.contracts.limits import MAX_GROUP_CHILDREN
 from libs.common.contracts.platform_events import ConversationUpdated, InboundMessage, LeadCreated
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
@@ -177,6 +185,65 @@ def _seed(url: str, contacts: int, rules: int) -> uuid.UUID:
     return project_id
 
 
+#: The noisy neighbour: rules, leaves per rule, recorded triggers of its backlog, contacts they are about.
+HOSTILE_RULES = 132
+HOSTILE_LEAVES = 100
+BACKLOG = 100_000
+NEIGHBOUR_CONTACTS = 1_000
+
+
+def _hostile_conditions() -> dict[str, Any]:
+    """``HOSTILE_LEAVES`` attribute_changed leaves (from and to: five parameters each), in groups of the
+    most children a group may have."""
+    leaves = [
+        {
+            "attribute": f"contact.attributes.k{i}",
+            "operator": "attribute_changed",
+            "value": {"from": i, "to": i},
+        }
+        for i in range(HOSTILE_LEAVES)
+    ]
+    step = MAX_GROUP_CHILDREN
+    return {"any": [{"all": leaves[i : i + step]} for i in range(0, len(leaves), step)]}
+
+
+def _seed_neighbour(url: str) -> uuid.UUID:
+    """Project B: its hostile rules (saved through the domain, within its limits) and its backlog."""
+    with psycopg.connect(url) as conn:
+        project_id = create_project(conn, "noisy neighbour").project_id
+        now = datetime.now(UTC)
+        conditions = _hostile_conditions()
+        for i in range(HOSTILE_RULES):
+            rule = {
+                "name": f"hostile {i}",
+                "event": "contact.created",
+                "conditions": conditions,
+                "actions": [{"type": "add_contact_tag", "tags": ["hostile"]}],
+            }
+            create_rule(conn, project_id, msgspec.convert(rule, RuleCreate), now=now)
+        conn.execute(
+            "INSERT INTO contacts (project_id, phone, name)"
+            " SELECT %s, '+1' || lpad((5000000000 + g)::text, 10, '0'), 'Neighbour ' || g"
+            " FROM generate_series(1, %s) AS g",
+            (project_id, NEIGHBOUR_CONTACTS),
+        )
+        conn.execute(
+            """
+            INSERT INTO followup_triggers (project_id, type, contact_id, payload, occurred_at,
+                                           next_attempt_at)
+            SELECT %(project_id)s, 'contact.created', c.id, '{}', %(now)s, %(now)s
+            FROM generate_series(1, %(backlog)s) AS g
+            JOIN (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM contacts
+                  WHERE project_id = %(project_id)s) c ON c.n = g %% %(contacts)s
+            """,
+            {"project_id": project_id, "now": now, "backlog": BACKLOG, "contacts": NEIGHBOUR_CONTACTS},
+        )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE followup_triggers")
+        conn.execute("VACUUM ANALYZE contacts")
+    return project_id
+
+
 class _Producer:
     """Mixed events through the real event path, each in a transaction of its own."""
 
@@ -240,8 +307,7 @@ def _worker(url: str, ready: Any, go: Any, stop: Any, results: Any, idle_exit: b
     finished: list[tuple[int, float]] = []
     while not stop.is_set():
         processed = process_triggers(pool, SYSTEM_CLOCK, limit=100)
-        committed = time.time()
-        finished += [(trigger_id, committed) for trigger_id in processed.trigger_ids]
+        finished += processed.committed
         if processed.triggers == 0:
             if idle_exit:
                 break
@@ -280,6 +346,9 @@ def main() -> None:
     parser.add_argument("-w", "--workers", type=int, default=2)
     parser.add_argument("--rate", type=int, default=200, help="events per second of the steady stream")
     parser.add_argument("--seconds", type=int, default=15, help="length of the steady stream")
+    parser.add_argument(
+        "--neighbour-seconds", type=int, default=15, help="length of the stream beside the noisy neighbour"
+    )
     args = parser.parse_args()
 
     print(
@@ -310,15 +379,7 @@ def main() -> None:
         with psycopg.connect(url) as conn:
             first_new = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM followup_triggers").fetchone()[0]  # type: ignore[index]
 
-        def stream() -> None:
-            interval = 1.0 / args.rate
-            next_at = time.perf_counter()
-            for _ in range(args.rate * args.seconds):
-                producer.one()
-                next_at += interval
-                time.sleep(max(0.0, next_at - time.perf_counter()))
-
-        producer_thread = threading.Thread(target=stream)
+        producer_thread = threading.Thread(target=_stream, args=(producer, args.rate, args.seconds))
 
         def during() -> None:
             producer_thread.start()
@@ -326,23 +387,82 @@ def main() -> None:
 
         _, finished = _run_workers(url, args.workers, idle_exit=False, during=during)
         producer.close()
-        committed = dict(finished)
-        with psycopg.connect(url) as conn:
-            occurred = conn.execute(
-                "SELECT id, extract(epoch FROM occurred_at) FROM followup_triggers WHERE id >= %s",
-                (first_new,),
-            ).fetchall()
-        latencies = [(committed[i] - float(at)) * 1000 for i, at in occurred if i in committed]
-        assert len(latencies) == len(occurred), f"{len(occurred) - len(latencies)} triggers not processed"
+        latencies = _latencies(url, finished, first_new, None)
         p50, p99 = statistics.median(latencies), percentile(latencies, 99)
         print(
             f"  steady {args.rate} events/s for {args.seconds} s: {len(latencies)} triggers, event to action"
             f" p50 {p50:.0f} ms, p99 {p99:.0f} ms"
         )
+        neighbour_p99 = _neighbour(url, project_id, args)
     print(
         f"triggers: events_per_s={events_per_s:.0f} matched_per_s={matched_per_s:.0f}"
-        f" p99_ms_event_to_action={p99:.0f}"
+        f" p99_ms_event_to_action={p99:.0f} neighbour_p99_ms={neighbour_p99:.0f}"
     )
+
+
+def _latencies(
+    url: str, finished: list[tuple[int, float]], first_new: int, project_id: uuid.UUID | None
+) -> list[float]:
+    """Event to action (ms) of every trigger from ``first_new`` on (of ``project_id``: None, any)."""
+    committed = dict(finished)
+    with psycopg.connect(url) as conn:
+        occurred = conn.execute(
+            "SELECT id, extract(epoch FROM occurred_at) FROM followup_triggers"
+            " WHERE id >= %s AND (%s::uuid IS NULL OR project_id = %s::uuid)",
+            (first_new, project_id, project_id),
+        ).fetchall()
+    latencies = [(committed[i] - float(at)) * 1000 for i, at in occurred if i in committed]
+    assert len(latencies) == len(occurred), f"{len(occurred) - len(latencies)} triggers not processed"
+    return latencies
+
+
+def _stream(producer: _Producer, rate: int, seconds: int) -> None:
+    """``rate`` events a second for ``seconds`` seconds."""
+    interval = 1.0 / rate
+    next_at = time.perf_counter()
+    for _ in range(rate * seconds):
+        producer.one()
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+
+
+def _neighbour(url: str, project_id: uuid.UUID, args: argparse.Namespace) -> float:
+    """Phase 3: the first project's event-to-action p99 while project B's hostile rules and backlog run."""
+    neighbour = _seed_neighbour(url)
+    with psycopg.connect(url) as conn:
+        first_new = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM followup_triggers").fetchone()[0]  # type: ignore[index]
+    producer = _Producer(url, project_id, seed=2)
+
+    def during() -> None:
+        _stream(producer, args.rate, args.neighbour_seconds)
+        deadline = time.perf_counter() + 30
+        with psycopg.connect(url, autocommit=True) as conn:
+            while time.perf_counter() < deadline:  # until the first project's last triggers are acted on
+                left = conn.execute(
+                    "SELECT count(*) FROM followup_triggers WHERE project_id = %s AND id >= %s"
+                    " AND processed_at IS NULL",
+                    (project_id, first_new),
+                ).fetchone()
+                if left is not None and left[0] == 0:
+                    break
+                time.sleep(0.05)
+
+    _, finished = _run_workers(url, args.workers, idle_exit=False, during=during)
+    producer.close()
+    latencies = _latencies(url, finished, first_new, project_id)
+    with psycopg.connect(url) as conn:
+        drained = conn.execute(
+            "SELECT count(*) FROM followup_triggers WHERE project_id = %s AND processed_at IS NOT NULL",
+            (neighbour,),
+        ).fetchone()
+    p50, p99 = statistics.median(latencies), percentile(latencies, 99)
+    print(
+        f"  beside a neighbour ({HOSTILE_RULES} rules of {HOSTILE_LEAVES} leaves, {BACKLOG} triggers backlog,"
+        f" {drained[0] if drained else 0} of them drained meanwhile): {len(latencies)} triggers at"
+        f" {args.rate} events/s for {args.neighbour_seconds} s, event to action p50 {p50:.0f} ms,"
+        f" p99 {p99:.0f} ms"
+    )
+    return p99
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from libs.common.rules.conditions import CONTEXT, CUSTOM_PREFIX, compile_conditions, parse_conditions
+from libs.common.rules.conditions import CONTEXT, CUSTOM_PREFIX, compile_conditions, inline, parse_conditions
+from libs.common.rules.triggers import match
 from tests.condition_helpers import (
     HOSTILE,
     NUMBER,
@@ -109,3 +110,6 @@ def test_values_and_keys_are_bound_never_written_into_the_sql(pool: ConnectionPo
         # and the server takes it as it is
         query = sql.SQL("SELECT {} FROM {} WHERE t.id = -1").format(predicate, CONTEXT)
         assert conn.execute(query, params).fetchall() == []
+        # written in as psycopg-quoted literals (how the triggers service matches), the server parses it too
+        # (test_rule_condition_sql checks that it answers as the bound predicate does)
+        assert match(conn, [-1], [inline(conn, predicate, params)]) == {}

@@ -41,8 +41,10 @@ from libs.common.rules.conditions import (
     Group,
     Node,
     compile_conditions,
+    inline,
     parse_conditions,
 )
+from libs.common.rules.triggers import match
 from tests.condition_helpers import (
     CHANGE_VALUES,
     CHANGED_KEYS,
@@ -398,6 +400,9 @@ def evaluate(conn: Connection[Any], nodes: list[Node], trigger_id: int) -> list[
     )
     found = conn.execute(query, [*params, trigger_id]).fetchall()
     assert len(found) == 1
+    # the triggers service matches with the values written in: the same answers
+    literals = [inline(conn, *compile_conditions(node)) for node in nodes]
+    assert match(conn, [trigger_id], literals) == {trigger_id: list(found[0][0])}
     return list(found[0][0])
 
 

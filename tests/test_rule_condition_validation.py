@@ -12,6 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from libs.common.contracts.limits import MAX_GROUP_CHILDREN
 from libs.common.core.errors import InvalidInput
 from libs.common.rules.conditions import (
     ALWAYS,
@@ -126,11 +127,16 @@ INVALID: list[tuple[str, Any, str]] = [
     ("values for value", _leaf("contact.tags", "in") | {"values": ["a"]}, "conditions.values"),
     ("too deep: a leaf", nest(LEAF, MAX_DEPTH + 1), "conditions" + DEEPEST),
     ("too deep: a group", nest({"any": []}, MAX_DEPTH + 1), "conditions" + DEEPEST),
-    ("too many leaves", {"all": [LEAF] * (MAX_LEAVES + 1)}, f"conditions.all.{MAX_LEAVES}"),
     (
         "too many leaves, counted across groups",
-        {"any": [{"all": [LEAF] * 60}, {"all": [LEAF] * (MAX_LEAVES - 59)}]},
-        f"conditions.any.1.all.{MAX_LEAVES - 60}",
+        {"any": [{"all": [LEAF] * 40}] * 2 + [{"all": [LEAF] * (MAX_LEAVES - 79)}]},
+        f"conditions.any.2.all.{MAX_LEAVES - 80}",
+    ),
+    ("a group of too many children", {"all": [LEAF] * (MAX_GROUP_CHILDREN + 1)}, "conditions.all"),
+    (
+        "too many nodes, groups counted",
+        {"any": [{"all": [{"all": [LEAF]}, LEAF]}] * 50},
+        "conditions.any.49.all.1",
     ),
     # attribute
     ("an empty object", {}, "conditions.attribute"),

@@ -36,6 +36,12 @@ MAX_JSON_BYTES = 16 * 1024
 MAX_TEXT_LENGTH = 65_536
 #: Longest overlap of a webhook secret's rotation (the old secret signs too meanwhile): a week.
 MAX_SECRET_OVERLAP_SECONDS = 7 * 86400
+#: Most rules one project holds (active or not): a project's rules are matched together on every event.
+MAX_RULES_PER_PROJECT = 500
+#: Most nodes of one condition tree (a rule's, a segment's): groups and leaves together.
+MAX_CONDITION_NODES = 200
+#: Most children of one ``all`` / ``any`` group of a condition tree.
+MAX_GROUP_CHILDREN = 50
 
 #: A name: 1 to 200 characters.
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_LENGTH)]

@@ -30,14 +30,19 @@ runner does the rest, the same for every queue::
 An item's error never aborts the batch: it backs off that item only and the next item runs. Errors outside
 ``item_errors`` propagate (a bulk chunk is rolled back whole and redone).
 
-**Fairness across projects** is a seam, not a feature yet: :func:`run_batch` hands the claim a
-:class:`Fairness` (today only :data:`OLDEST_FIRST`: the oldest due first, whatever the project); a policy
-sharing a batch among projects is a new value of it that the claims read.
+**Fairness across projects**: :func:`run_batch` hands the claim a :class:`Fairness` whose
+:meth:`~Fairness.params` its SQL reads. :data:`OLDEST_FIRST` takes the oldest due first, whatever the
+project. A :class:`RoundRobin` (the rules' queues: triggers, delayed executions, bulk jobs) shares the batch
+among the projects with pending work: each takes at most its share (the batch over their number, at least
+one item), at most ``limit`` projects a batch, walked from where this queue's previous batch in this process
+stopped, so a project's backlog of any size delays another project's single item by one batch at most,
+and a thousand projects with work each get their turn.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -118,16 +123,46 @@ class Retry:
         return Failure(error=error, attempt=attempt, delay=delay, given_up=given_up, about=about)
 
 
-@dataclass(frozen=True)
 class Fairness:
-    """How a claim shares a batch among projects: the seam for per-project fairness. Only
-    :data:`OLDEST_FIRST` exists: the oldest due first, whatever the project."""
+    """How a claim shares a batch among projects: the oldest due first, whatever the project."""
 
-    name: str
+    name = "oldest_first"
+
+    def params(self, limit: int) -> dict[str, Any]:
+        """The claim's parameters (the SQL of a claim that takes turns reads them)."""
+        return {}
+
+    def served(self, project_ids: Sequence[uuid.UUID]) -> None:
+        """The projects the claim took items of, in the order it walked them."""
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
 
 
-#: The oldest due items first, whatever their project (every queue's claim today).
-OLDEST_FIRST = Fairness("oldest_first")
+#: The oldest due items first, whatever their project.
+OLDEST_FIRST = Fairness()
+
+#: Where a walk of the projects starts before any batch: the smallest uuid.
+FIRST_PROJECT = uuid.UUID(int=0)
+
+
+class RoundRobin(Fairness):
+    """Turns across projects for one queue in this process: the claim walks the projects with pending work
+    in id order from ``after`` (wrapping around), at most ``limit`` of them, and takes at most
+    ``share`` = the batch over their number (at least one) items of each; the next batch walks on from the
+    last project served. SQL parameters: ``after``, ``projects`` and ``limit``."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self.after = FIRST_PROJECT
+
+    def params(self, limit: int) -> dict[str, Any]:
+        return {"after": self.after, "projects": limit, "limit": limit}
+
+    def served(self, project_ids: Sequence[uuid.UUID]) -> None:
+        if project_ids:
+            self.after = project_ids[-1]
 
 
 @dataclass(frozen=True)

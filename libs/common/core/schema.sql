@@ -883,13 +883,13 @@ CREATE INDEX followup_enrollments_sequence_idx ON public.followup_enrollments US
 
 CREATE INDEX followup_sequences_project_idx ON public.followup_sequences USING btree (project_id, created_at);
 
--- Name: followup_triggers_pending_idx; Type: INDEX
-
-CREATE INDEX followup_triggers_pending_idx ON public.followup_triggers USING btree (next_attempt_at) WHERE (processed_at IS NULL);
-
 -- Name: followup_triggers_processed_idx; Type: INDEX
 
 CREATE INDEX followup_triggers_processed_idx ON public.followup_triggers USING btree (processed_at) WHERE (processed_at IS NOT NULL);
+
+-- Name: followup_triggers_project_pending_idx; Type: INDEX
+
+CREATE INDEX followup_triggers_project_pending_idx ON public.followup_triggers USING btree (project_id, next_attempt_at, id) WHERE (processed_at IS NULL);
 
 -- Name: leads_contact_idx; Type: INDEX
 
@@ -978,6 +978,10 @@ CREATE INDEX rule_pending_executions_done_idx ON public.rule_pending_executions 
 -- Name: rule_pending_executions_due_idx; Type: INDEX
 
 CREATE INDEX rule_pending_executions_due_idx ON public.rule_pending_executions USING btree (due_at) WHERE (status = 'pending'::text);
+
+-- Name: rule_pending_executions_project_ready_idx; Type: INDEX
+
+CREATE INDEX rule_pending_executions_project_ready_idx ON public.rule_pending_executions USING btree (project_id, GREATEST(due_at, COALESCE(locked_until, due_at)), id) WHERE (status = 'pending'::text);
 
 -- Name: rule_pending_executions_rule_idx; Type: INDEX
 

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-from psycopg import sql
+from psycopg import ClientCursor, Connection, sql
 from psycopg.types.json import Jsonb
+from psycopg.types.numeric import FloatDumper
 
+from libs.common.contracts.limits import MAX_CONDITION_NODES, MAX_GROUP_CHILDREN
 from libs.common.core.errors import InvalidInput
 
 #: How deep a tree may nest, and how many leaves it may have.
@@ -206,12 +208,14 @@ Node = Leaf | Group
 ALWAYS = Group("all", ())
 
 
-def parse_conditions(raw: Any, field: str = "conditions") -> Node:
-    """A validated tree from JSON-like data (None: always true); InvalidInput names the JSON path."""
+def parse_conditions(raw: Any, field: str = "conditions", *, stored: bool = False) -> Node:
+    """A validated tree from JSON-like data (None: always true); InvalidInput names the JSON path. A tree
+    ``stored`` before its limits (:data:`MAX_CONDITION_NODES`, :data:`MAX_GROUP_CHILDREN`) keeps working
+    (they are enforced when a tree is saved)."""
     if raw is None:
         return ALWAYS
-    leaves = [0]
-    return _parse(raw, field, 0, leaves)
+    counts = _Counts(bounded=not stored)
+    return _parse(raw, field, 0, counts)
 
 
 def parse_segment(raw: Any, field: str = "segment") -> Node:
@@ -249,11 +253,25 @@ def _leaves(node: Node, path: str) -> list[tuple[str, Leaf]]:
     ]
 
 
-def _parse(raw: Any, field: str, depth: int, leaves: list[int]) -> Node:
+class _Counts:
+    """What a tree's walk has seen so far: it stops at the first node over a limit."""
+
+    def __init__(self, bounded: bool) -> None:
+        self.bounded = bounded
+        self.nodes = 0
+        self.leaves = 0
+
+
+def _parse(raw: Any, field: str, depth: int, counts: _Counts) -> Node:
     if not isinstance(raw, dict):
         raise InvalidInput("a condition is an object: {all: [...]}, {any: [...]} or a leaf", field=field)
     if depth > MAX_DEPTH:
         raise InvalidInput(f"conditions nest at most {MAX_DEPTH} groups deep", field=field)
+    counts.nodes += 1
+    if counts.bounded and counts.nodes > MAX_CONDITION_NODES:
+        raise InvalidInput(
+            f"conditions have at most {MAX_CONDITION_NODES} nodes (groups and leaves together)", field=field
+        )
     groups = [key for key in ("all", "any") if key in raw]
     if groups:
         kind = groups[0]
@@ -262,14 +280,20 @@ def _parse(raw: Any, field: str, depth: int, leaves: list[int]) -> Node:
         children = raw[kind]
         if not isinstance(children, list):
             raise InvalidInput(f"{kind} is a list of conditions", field=f"{field}.{kind}")
+        if (
+            counts.bounded and len(children) > MAX_GROUP_CHILDREN
+        ):  # before walking them: a huge flat list is refused at once
+            raise InvalidInput(
+                f"a group has at most {MAX_GROUP_CHILDREN} conditions", field=f"{field}.{kind}"
+            )
         return Group(
             kind,  # type: ignore[arg-type]
             tuple(
-                _parse(child, f"{field}.{kind}.{i}", depth + 1, leaves) for i, child in enumerate(children)
+                _parse(child, f"{field}.{kind}.{i}", depth + 1, counts) for i, child in enumerate(children)
             ),
         )
-    leaves[0] += 1
-    if leaves[0] > MAX_LEAVES:
+    counts.leaves += 1
+    if counts.leaves > MAX_LEAVES:
         raise InvalidInput(f"conditions have at most {MAX_LEAVES} leaves", field=field)
     unknown = set(raw) - {"attribute", "operator", "value"}
     if unknown:
@@ -399,6 +423,23 @@ def compile_conditions(node: Node) -> tuple[sql.Composable, list[Any]]:
     """ONE SQL predicate (never NULL) over ``CONTEXT`` and its parameters, in placeholder order."""
     params: list[Any] = []
     return _compile(node, params), params
+
+
+class _Float8Literal(FloatDumper):
+    """A float written into a statement as a float8 literal (psycopg writes a bare ``1.5``, a numeric),
+    so an inlined value compares exactly as the bound parameter does."""
+
+    def quote(self, obj: Any) -> bytes:
+        return b"'" + bytes(self.dump(obj) or b"") + b"'::float8"
+
+
+def inline(conn: Connection[Any], predicate: sql.Composable, params: list[Any]) -> str:
+    """A compiled predicate with its parameters written in as literals (psycopg's client-side quoting, the
+    connection's encoding): a statement that binds nothing, whatever the number of leaves, and whose text
+    stays the same while the rule does, so the server parses and plans it once per connection (prepared)."""
+    cursor = ClientCursor(conn)
+    cursor.adapters.register_dumper(float, _Float8Literal)
+    return cursor.mogrify(sql.Composed([predicate]), params)
 
 
 def _compile(node: Node, params: list[Any]) -> sql.Composable:

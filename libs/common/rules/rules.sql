@@ -69,3 +69,12 @@ FROM rule_runs r JOIN followup_triggers t ON t.id = r.trigger_id
 WHERE r.project_id = %(project_id)s AND r.rule_id = %(rule_id)s
 ORDER BY r.ran_at DESC, r.trigger_id DESC
 LIMIT %(limit)s
+
+-- name: lock_rule_count
+-- Serialise the creates of one project's rules (a transaction-scoped advisory lock), so the count that
+-- follows holds until the insert commits.
+SELECT pg_advisory_xact_lock(hashtextextended('rules:' || %(project_id)s::text, 0))
+
+-- name: count_rules
+-- How many rules a project holds (active or not).
+SELECT count(*) FROM rules WHERE project_id = %(project_id)s

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from psycopg import Connection, sql
+from psycopg import Connection, RawCursor
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -40,6 +40,7 @@ from libs.common.core.jobs import (
     Fairness,
     OwnTransactions,
     Retry,
+    RoundRobin,
     run_batch,
 )
 from libs.common.core.metrics import FOLLOWUP_TRIGGERS
@@ -64,6 +65,8 @@ MAX_ATTEMPTS = RETRY.max_attempts
 BACKOFF_MIN = STANDARD_BACKOFF.first
 #: How long a claimed trigger is kept from other workers while its rules run.
 LEASE = timedelta(minutes=2)
+#: Where this process's trigger claims resume: in turns across the projects with pending triggers.
+TURNS = RoundRobin()
 
 
 def record_trigger(
@@ -134,7 +137,7 @@ def process_triggers(
     """
     processed = Processed()
     batch = _Batch(pool, clock.now(), processed, runtime)
-    run_batch(batch, limit=limit)
+    run_batch(batch, limit=limit, fairness=TURNS)
     if not batch.ids:
         return processed
     processed.triggers = len(batch.ids)
@@ -167,7 +170,7 @@ class _Batch(OwnTransactions[_ToRun]):
         self.ids: list[int] = []
 
     def claim(self, limit: int, fairness: Fairness) -> list[_ToRun]:
-        return _claim(self.pool, self.now, self.until, limit, self.processed, self.ids)
+        return _claim(self, limit, fairness)
 
     def run(self, ctx: Connection[Any], item: _ToRun) -> Failed | None:
         trigger, rules = item
@@ -184,78 +187,127 @@ class _Batch(OwnTransactions[_ToRun]):
         return {"trigger_id": trigger.id, "project_id": str(trigger.project_id), "event_type": trigger.type}
 
 
-def _claim(
-    pool: ConnectionPool,
-    now: datetime,
-    until: datetime,
-    limit: int,
-    processed: Processed,
-    ids: list[int],
-) -> list[_ToRun]:
-    """Claim a batch of due triggers in one transaction: the ones no rule matched (or whose delayed rules
-    only schedule) are processed at once, the others leased until ``until``; returns those, with the rules
-    each runs. ``ids`` receives every trigger claimed."""
-    with pool.connection() as conn:
+def _claim(batch: _Batch, limit: int, fairness: Fairness) -> list[_ToRun]:
+    """Claim a batch of due triggers in one transaction, in turns across projects: each (project, event)
+    group is settled in a SAVEPOINT of its own (:func:`_settle`): its triggers that no rule matched (or whose
+    delayed rules only schedule) are processed at once, the others leased until ``batch.until``; returns
+    those, with the rules each runs. ``batch.ids`` receives every trigger claimed."""
+    with batch.pool.connection() as conn:
         with conn.cursor(row_factory=class_row(_Claimed)) as cur:
-            claimed = cur.execute(QUERIES["claim_triggers"], {"now": now, "limit": limit}).fetchall()
+            params = {"now": batch.now} | fairness.params(limit)
+            claimed = cur.execute(QUERIES["claim_triggers"], params).fetchall()
         if not claimed:
             return []
-        ids += [t.id for t in claimed]
-        already = {(t, r) for t, r in conn.execute(QUERIES["already_run"], {"ids": ids}).fetchall()}
-        candidates: dict[tuple[uuid.UUID, str], list[ActiveRule]] = {}
+        fairness.served(list(dict.fromkeys(t.project_id for t in claimed)))
+        batch.ids += [t.id for t in claimed]
+        already = {(t, r) for t, r in conn.execute(QUERIES["already_run"], {"ids": batch.ids}).fetchall()}
+        groups: dict[tuple[uuid.UUID, str], list[_Claimed]] = {}
         for trigger in claimed:
-            key = (trigger.project_id, trigger.type)
-            if key not in candidates:
-                candidates[key] = RULES.rules(conn, trigger.project_id, trigger.type)
-        matched = _match(conn, claimed, candidates)
-        to_run: list[_ToRun] = []
-        delayed: list[ToSchedule] = []
-        for trigger in claimed:
-            rules = _to_run(
-                trigger, candidates[(trigger.project_id, trigger.type)], matched, already, delayed, processed
-            )
-            if rules:
-                to_run.append((trigger, rules))
-        if delayed:
-            recorded = schedule(conn, delayed, now=now)
-            runs = [
-                {
-                    "trigger_id": item.subject.trigger_id,
-                    "rule_id": str(item.rule.id),
-                    "project_id": str(item.subject.project_id),
-                    "outcome": "scheduled",
-                    "detail": None,
-                }
-                for item in recorded
-            ]
-            conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})
-        running = [trigger.id for trigger, _ in to_run]
-        conn.execute(
-            QUERIES["mark_processed"], {"ids": [i for i in ids if i not in set(running)], "now": now}
-        )
-        if running:
-            conn.execute(QUERIES["lease"], {"ids": running, "until": until})
+            groups.setdefault((trigger.project_id, trigger.type), []).append(trigger)
+        to_run = [item for group in groups.values() for item in _settle(conn, group, already, batch)]
+        if to_run:
+            conn.execute(QUERIES["lease"], {"ids": [t.id for t, _ in to_run], "until": batch.until})
     return to_run
 
 
-def _match(
+def _settle(
+    conn: Connection[Any], group: list[_Claimed], already: set[tuple[int, uuid.UUID]], batch: _Batch
+) -> list[_ToRun]:
+    """Match one (project, event) group's triggers against the project's rules, schedule the delayed ones
+    that match and mark processed the triggers left with nothing to run, in a SAVEPOINT; returns the others
+    with the rules each runs. When it fails (any error: a statement's included), each trigger is settled
+    alone, and the one that fails alone is backed off alone (or given up): one project's failing match
+    never holds up another's triggers, nor its own other ones."""
+    outcomes: Counter[tuple[str, str]] = Counter()
+    try:
+        with savepoint(conn):
+            to_run = _settle_group(conn, group, already, batch.now, outcomes)
+    except Exception as exc:
+        if len(group) > 1:
+            return [item for trigger in group for item in _settle(conn, [trigger], already, batch)]
+        trigger = group[0]
+        _write_failure(conn, trigger, RETRY.failure(exc, trigger.attempts + 1), batch.processed, batch.now)
+        return []
+    batch.processed.outcomes += outcomes
+    return to_run
+
+
+def _settle_group(
     conn: Connection[Any],
-    claimed: list[_Claimed],
-    candidates: dict[tuple[uuid.UUID, str], list[ActiveRule]],
-) -> dict[int, list[bool]]:
-    """Every candidate rule's conditions for every claimed trigger: one query per (project, event)."""
-    matched: dict[int, list[bool]] = {}
-    for (project_id, kind), rules in candidates.items():
-        ids = [t.id for t in claimed if t.project_id == project_id and t.type == kind]
-        if not rules:
-            continue
-        query = sql.SQL("SELECT t.id, ARRAY[{}] FROM {} WHERE t.id = ANY(%s)").format(
-            sql.SQL(", ").join(rule.predicate for rule in rules), CONTEXT
-        )
-        params = [param for rule in rules for param in rule.params] + [ids]
-        for trigger_id, results in conn.execute(query, params).fetchall():
-            matched[trigger_id] = results
-    return matched
+    group: list[_Claimed],
+    already: set[tuple[int, uuid.UUID]],
+    now: datetime,
+    outcomes: Counter[tuple[str, str]],
+) -> list[_ToRun]:
+    project_id, kind = group[0].project_id, group[0].type
+    rules = RULES.rules(conn, project_id, kind)
+    matched = match(conn, [t.id for t in group], [rule.literal for rule in rules])
+    to_run: list[_ToRun] = []
+    delayed: list[ToSchedule] = []
+    for trigger in group:
+        chosen = _to_run(trigger, rules, matched, already, delayed, outcomes)
+        if chosen:
+            to_run.append((trigger, chosen))
+    if delayed:
+        recorded = schedule(conn, delayed, now=now)
+        runs = [
+            {
+                "trigger_id": item.subject.trigger_id,
+                "rule_id": str(item.rule.id),
+                "project_id": str(item.subject.project_id),
+                "outcome": "scheduled",
+                "detail": None,
+            }
+            for item in recorded
+        ]
+        conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})
+    running = {trigger.id for trigger, _ in to_run}
+    settled = [t.id for t in group if t.id not in running]
+    if settled:
+        conn.execute(QUERIES["mark_processed"], {"ids": settled, "now": now})
+    return to_run
+
+
+#: The FROM clause the rules' predicates are written over, as text.
+_CONTEXT = CONTEXT.as_string()
+#: Longest text of one matching statement (its rules' predicates with their values written in): a project's
+#: rules are matched in as many statements as keep each under it, so a change of one rule makes the server
+#: parse and plan again only the statement that holds it.
+MAX_STATEMENT_CHARS = 256 * 1024
+
+
+def match(conn: Connection[Any], ids: list[int], predicates: list[str]) -> dict[int, list[bool]]:
+    """Each predicate (a rule's conditions with their values written in: :attr:`ActiveRule.literal`) over
+    each trigger of ``ids`` (of one project and event), in order; a trigger whose contact is gone is left
+    out. A statement binds only the triggers' ids, whatever the number of leaves (PostgreSQL binds at most
+    65,535 parameters), and its text stays the same while the rules do, so it is prepared once per
+    connection instead of parsed and planned on every batch."""
+    if not predicates:
+        return {}
+    results: dict[int, list[bool]] = {i: [] for i in ids}
+    for chunk in _chunks(predicates):
+        query = f"SELECT t.id, ARRAY[{', '.join(chunk)}] FROM {_CONTEXT} WHERE t.id = ANY($1)"
+        with RawCursor(conn) as cur:
+            found = dict(cur.execute(query.encode(), [ids], prepare=True).fetchall())
+        for trigger_id in list(results):
+            if trigger_id in found:
+                results[trigger_id] += found[trigger_id]
+            else:
+                del results[trigger_id]  # the contact is gone: no rule matches
+    return results
+
+
+def _chunks(predicates: list[str]) -> list[list[str]]:
+    """The predicates in order, in chunks whose text stays under :data:`MAX_STATEMENT_CHARS`."""
+    chunks: list[list[str]] = [[]]
+    size = 0
+    for predicate in predicates:
+        if chunks[-1] and size + len(predicate) > MAX_STATEMENT_CHARS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(predicate)
+        size += len(predicate)
+    return chunks
 
 
 def _to_run(
@@ -264,24 +316,24 @@ def _to_run(
     matched: dict[int, list[bool]],
     already: set[tuple[int, uuid.UUID]],
     delayed: list[ToSchedule],
-    processed: Processed,
+    outcomes: Counter[tuple[str, str]],
 ) -> list[ActiveRule]:
     """The rules whose actions the trigger runs now: those that match and have not run for it yet; the
     delayed ones that match go to ``delayed`` (a pending execution each)."""
     results = matched.get(trigger.id)
     if not rules or results is None:  # no active rule any more, or the contact is gone
-        processed.outcomes[(trigger.type, "no_rule")] += 1
+        outcomes[(trigger.type, "no_rule")] += 1
         return []
     chosen = []
     for rule, holds in zip(rules, results, strict=True):
         if (trigger.id, rule.id) in already:
             continue
         if not holds:
-            processed.outcomes[(trigger.type, "not_matched")] += 1
+            outcomes[(trigger.type, "not_matched")] += 1
         elif rule.execution_delay_minutes is not None:
             # a delayed rule waits for its time and re-checks its conditions then
             delayed.append(ToSchedule(rule=rule, subject=_subject(trigger)))
-            processed.outcomes[(trigger.type, "delayed")] += 1
+            outcomes[(trigger.type, "delayed")] += 1
         else:
             chosen.append(rule)
     return chosen
@@ -358,6 +410,15 @@ def _failed(
     lease = {"id": trigger.id, "until": until, "attempts": trigger.attempts}
     if conn.execute(QUERIES["lock_leased"], lease).fetchone() is None:
         return False
+    _write_failure(conn, trigger, failure, processed, now)
+    return True
+
+
+def _write_failure(
+    conn: Connection[Any], trigger: _Claimed, failure: Failure, processed: Processed, now: datetime
+) -> None:
+    """Write a trigger's failed attempt (its row locked by the caller): due again after the backoff, or
+    given up ``failed``; counted and logged."""
     rule: ActiveRule | None = failure.about
     error = f"rule {rule.id}: {failure.error!r}" if rule is not None else repr(failure.error)
     params = {
@@ -386,4 +447,3 @@ def _failed(
         },
         exc_info=failure.error if isinstance(failure.error, BaseException) else None,
     )
-    return True

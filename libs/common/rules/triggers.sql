@@ -16,13 +16,50 @@ SELECT %(project_id)s, %(type)s, %(contact_id)s, %(conversation_id)s,
 RETURNING public_id
 
 -- name: claim_triggers
--- A batch of due triggers, oldest first; triggers locked by another worker are skipped.
-SELECT id, public_id, type, project_id, contact_id, conversation_id, payload, occurred_at, attempts
-FROM followup_triggers
-WHERE processed_at IS NULL AND next_attempt_at <= %(now)s
-ORDER BY next_attempt_at, id
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
+-- A batch of due triggers in turns across projects (jobs.RoundRobin): the projects with pending triggers
+-- after %(after)s in id order, wrapping around, at most %(projects)s of them (a skip scan of the pending
+-- index: one descent a project); of each, its oldest due triggers up to its share of the batch (the batch
+-- over their number, at least one), from the same index. Triggers locked by another worker are skipped
+-- within each project's share. Rows come in the order the projects were walked.
+WITH RECURSIVE after_cursor(project_id, turn) AS (
+    SELECT (SELECT t.project_id FROM followup_triggers t
+            WHERE t.processed_at IS NULL AND t.project_id > %(after)s::uuid
+            ORDER BY t.project_id LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT t.project_id FROM followup_triggers t
+            WHERE t.processed_at IS NULL AND t.project_id > w.project_id
+            ORDER BY t.project_id LIMIT 1), w.turn + 1
+    FROM after_cursor w WHERE w.project_id IS NOT NULL AND w.turn < %(projects)s
+), wrapped(project_id, turn) AS (
+    SELECT (SELECT t.project_id FROM followup_triggers t
+            WHERE t.processed_at IS NULL AND t.project_id <= %(after)s::uuid
+            ORDER BY t.project_id LIMIT 1), %(projects)s + 1
+    UNION ALL
+    SELECT (SELECT t.project_id FROM followup_triggers t
+            WHERE t.processed_at IS NULL AND t.project_id > w.project_id AND t.project_id <= %(after)s::uuid
+            ORDER BY t.project_id LIMIT 1), w.turn + 1
+    FROM wrapped w WHERE w.project_id IS NOT NULL AND w.turn < 2 * %(projects)s
+), walked AS (
+    SELECT project_id, turn FROM (SELECT * FROM after_cursor UNION ALL SELECT * FROM wrapped) w
+    WHERE project_id IS NOT NULL
+    ORDER BY turn
+    LIMIT %(projects)s
+), share AS (
+    SELECT ceil(%(limit)s::numeric / greatest(count(*), 1))::integer AS n FROM walked
+)
+SELECT d.id, d.public_id, d.type, d.project_id, d.contact_id, d.conversation_id, d.payload, d.occurred_at,
+       d.attempts
+FROM walked w
+CROSS JOIN LATERAL (
+    SELECT t.id, t.public_id, t.type, t.project_id, t.contact_id, t.conversation_id, t.payload,
+           t.occurred_at, t.attempts, t.next_attempt_at
+    FROM followup_triggers t
+    WHERE t.project_id = w.project_id AND t.processed_at IS NULL AND t.next_attempt_at <= %(now)s
+    ORDER BY t.next_attempt_at, t.id
+    LIMIT (SELECT n FROM share)
+    FOR UPDATE SKIP LOCKED
+) d
+ORDER BY w.turn, d.next_attempt_at, d.id
 
 -- name: lease
 -- Triggers whose rules run next, each in a transaction of its own: no other worker claims them meanwhile.
