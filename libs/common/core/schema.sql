@@ -33,6 +33,12 @@ BEGIN
 END
 $$;
 
+-- Name: fair_share(integer, bigint[]); Type: FUNCTION
+
+CREATE FUNCTION public.fair_share(batch integer, due bigint[]) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN (WITH ranked AS (SELECT u.d, u.k, sum(u.d) OVER (ORDER BY u.k) AS below, cardinality(fair_share.due) AS n FROM unnest(fair_share.due) WITH ORDINALITY u(d, k)), served AS (SELECT COALESCE(max(ranked.k), (0)::bigint) AS k, COALESCE(max(ranked.below), (0)::numeric) AS below, max(ranked.n) AS n FROM ranked WHERE ((ranked.below + (((ranked.n - ranked.k) * ranked.d))::numeric) <= (fair_share.batch)::numeric)) SELECT CASE WHEN ((cardinality(fair_share.due) IS NULL) OR (served.k >= cardinality(fair_share.due))) THEN fair_share.batch ELSE (GREATEST((1)::numeric, floor((((fair_share.batch)::numeric - served.below) / ((cardinality(fair_share.due) - served.k))::numeric))))::integer END AS "greatest" FROM served);
+
 -- Name: messages; Type: TABLE
 
 CREATE TABLE public.messages (

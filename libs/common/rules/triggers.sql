@@ -18,8 +18,9 @@ RETURNING public_id
 -- name: claim_triggers
 -- A batch of due triggers in turns across projects (jobs.RoundRobin): the projects with pending triggers
 -- after %(after)s in id order, wrapping around, at most %(projects)s of them (a skip scan of the pending
--- index: one descent a project); of each, its oldest due triggers up to its share of the batch (the batch
--- over their number, at least one), from the same index. Triggers locked by another worker are skipped
+-- index: one descent a project); of each, its oldest due triggers up to its share of the batch
+-- (fair_share: what the projects with less than an even share leave goes to the others), from the same
+-- index. Triggers locked by another worker are skipped
 -- within each project's share. Rows come in the order the projects were walked.
 WITH RECURSIVE after_cursor(project_id, turn) AS (
     SELECT (SELECT t.project_id FROM followup_triggers t
@@ -44,8 +45,16 @@ WITH RECURSIVE after_cursor(project_id, turn) AS (
     WHERE project_id IS NOT NULL
     ORDER BY turn
     LIMIT %(projects)s
+), counted AS (
+    -- each project's due triggers, counted up to four times an even share (index entries only)
+    SELECT w.project_id, w.turn,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM followup_triggers t
+                WHERE t.project_id = w.project_id AND t.processed_at IS NULL AND t.next_attempt_at <= %(now)s
+                LIMIT (SELECT least(%(limit)s, ceil(4.0 * %(limit)s / count(*))) FROM walked)) x) AS due
+    FROM walked w
 ), share AS (
-    SELECT ceil(%(limit)s::numeric / greatest(count(*), 1))::integer AS n FROM walked
+    SELECT fair_share(%(limit)s, array_agg(due ORDER BY due)) AS n FROM counted
 )
 SELECT d.id, d.public_id, d.type, d.project_id, d.contact_id, d.conversation_id, d.payload, d.occurred_at,
        d.attempts

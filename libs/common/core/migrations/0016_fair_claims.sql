@@ -12,3 +12,21 @@ DROP INDEX followup_triggers_pending_idx;
 CREATE INDEX rule_pending_executions_project_ready_idx
     ON rule_pending_executions (project_id, (greatest(due_at, coalesce(locked_until, due_at))), id)
     WHERE status = 'pending';
+
+-- A project's share of a fair claim's batch of `batch` items among projects with `due` items each (sorted
+-- ascending): the most items each may take so that together they take at most the batch (water-filling:
+-- what the projects with less than an even share leave goes to the others), at least one.
+CREATE FUNCTION fair_share(batch integer, due bigint[]) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN (
+    WITH ranked AS (
+        SELECT d, k, sum(d) OVER (ORDER BY k) AS below, cardinality(due) AS n
+        FROM unnest(due) WITH ORDINALITY AS u(d, k)
+    ), served AS (  -- the smallest ones, while all of them and an equal part for each of the rest fit
+        SELECT coalesce(max(k), 0) AS k, coalesce(max(below), 0) AS below, max(n) AS n
+        FROM ranked WHERE below + (n - k) * d <= batch
+    )
+    SELECT CASE WHEN cardinality(due) IS NULL OR k >= cardinality(due) THEN batch
+                ELSE greatest(1, floor((batch - below) / (cardinality(due) - k)))::integer END
+    FROM served
+);
