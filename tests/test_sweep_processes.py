@@ -30,6 +30,7 @@ from psycopg_pool import ConnectionPool
 
 from benchmarks.sweep import seed_executions, seed_project_and_rule
 from libs.common.core.clock import SYSTEM_CLOCK, ManualClock
+from libs.common.core.jobs import RoundRobin
 from libs.common.rules import executions
 from libs.common.rules.executions import LEASE, QUERIES, Swept, sweep
 from tests.helpers import Process, rows, start_worker, stop_all, wait_until
@@ -247,7 +248,9 @@ def test_a_lease_that_ran_out_is_taken_over_but_never_run_twice(
     with pool.connection() as conn:
         claimed = [
             row[0]
-            for row in conn.execute(QUERIES["claim_due"], {"now": start, "until": until_a, "limit": 100})
+            for row in conn.execute(
+                QUERIES["claim_due"], {"now": start, "until": until_a} | RoundRobin().params(100)
+            )
         ]
     assert len(claimed) == 10
     first, rest = claimed[0], claimed[1:]
@@ -291,7 +294,8 @@ def test_a_row_taken_over_after_the_lease_is_run_by_the_new_holder_only(
     leases = []
     for now in (start, later):
         with pool.connection() as conn:
-            claimed = conn.execute(QUERIES["claim_due"], {"now": now, "until": now + LEASE, "limit": 100})
+            params = {"now": now, "until": now + LEASE} | RoundRobin().params(100)
+            claimed = conn.execute(QUERIES["claim_due"], params)
             leases.append((now, [row[0] for row in claimed]))
     (_, [id_a]), (_, [id_b]) = leases
     assert id_a == id_b

@@ -87,6 +87,38 @@ CREATE FUNCTION public.message_counter_deltas(changed public.messages, sign inte
     WHERE changed.status = 'QUEUED'
 $$;
 
+-- Name: projects_in_turn(regclass, text, uuid, integer); Type: FUNCTION
+
+CREATE FUNCTION public.projects_in_turn(queue regclass, pending text, after uuid, most integer) RETURNS TABLE(project_id uuid, turn integer)
+    LANGUAGE plpgsql STABLE
+    AS $_$
+BEGIN
+    RETURN QUERY EXECUTE format($walk$
+        WITH RECURSIVE after_cursor(project_id, turn) AS (
+            SELECT (SELECT q.project_id FROM %1$s q WHERE %2$s AND q.project_id > $1
+                    ORDER BY q.project_id LIMIT 1), 1
+            UNION ALL
+            SELECT (SELECT q.project_id FROM %1$s q WHERE %2$s AND q.project_id > w.project_id
+                    ORDER BY q.project_id LIMIT 1), w.turn + 1
+            FROM after_cursor w WHERE w.project_id IS NOT NULL AND w.turn < $2
+        ), wrapped(project_id, turn) AS (
+            SELECT (SELECT q.project_id FROM %1$s q WHERE %2$s AND q.project_id <= $1
+                    ORDER BY q.project_id LIMIT 1), $2 + 1
+            UNION ALL
+            SELECT (SELECT q.project_id FROM %1$s q WHERE %2$s AND q.project_id > w.project_id
+                        AND q.project_id <= $1
+                    ORDER BY q.project_id LIMIT 1), w.turn + 1
+            FROM wrapped w WHERE w.project_id IS NOT NULL AND w.turn < 2 * $2
+        )
+        SELECT w.project_id, w.turn::integer
+        FROM (SELECT * FROM after_cursor UNION ALL SELECT * FROM wrapped) w
+        WHERE w.project_id IS NOT NULL
+        ORDER BY w.turn
+        LIMIT $2
+    $walk$, queue, pending) USING after, most;
+END
+$_$;
+
 -- Name: activities; Type: TABLE
 
 CREATE TABLE public.activities (

@@ -32,14 +32,23 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import msgspec
-from psycopg import Connection, sql
+from psycopg import Connection
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
+from libs.common.core.effects import savepoint
 from libs.common.core.errors import Conflict, NotFound
-from libs.common.core.jobs import STANDARD_BACKOFF, Failure, Fairness, OwnTransactions, Retry, run_batch
+from libs.common.core.jobs import (
+    STANDARD_BACKOFF,
+    Failure,
+    Fairness,
+    OwnTransactions,
+    Retry,
+    RoundRobin,
+    run_batch,
+)
 from libs.common.core.metrics import RULE_EXECUTION_LAG, RULE_EXECUTIONS, RULE_PENDING_EXECUTIONS
 from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
@@ -47,11 +56,14 @@ from libs.common.followups.project_settings import get_settings
 from libs.common.followups.send_window import add_open_time, zone
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
-from libs.common.rules.conditions import CONTEXT
+from libs.common.rules.conditions import match
 from libs.common.rules.episodes import current_key, episode_of, involves_status
 from libs.common.rules.rules import RULES, ActiveRule
 
 log = logging.getLogger(__name__)
+
+#: Where this process's sweeps resume: in turns across the projects with pending executions.
+TURNS = RoundRobin()
 
 QUERIES = load_queries("libs.common.rules", "executions.sql")
 
@@ -171,7 +183,7 @@ def sweep(
     all of it in one query per rule), then each in a transaction of its own (the job runner's, whose
     after-commit effects run with ``runtime`` once it committed; without one, they are dropped)."""
     swept = Swept()
-    ran = run_batch(_Sweep(pool, clock, stale_after, swept, runtime=runtime), limit=limit)
+    ran = run_batch(_Sweep(pool, clock, stale_after, swept, runtime=runtime), limit=limit, fairness=TURNS)
     swept.claimed = ran.claimed
     for (outcome, reason), count in swept.outcomes.items():
         RULE_EXECUTIONS.labels(outcome, reason).inc(count)
@@ -196,19 +208,23 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
     swept: Swept
     runtime: Runtime | None = None
     until: datetime = datetime.min
-    holds: dict[uuid.UUID, bool] = field(default_factory=dict)
+    #: Whether each claimed execution's rule holds now, or the error its re-check met.
+    holds: dict[uuid.UUID, bool | Exception] = field(default_factory=dict)
 
     def claim(self, limit: int, fairness: Fairness) -> list[dict[str, Any]]:
         now = self.clock.now()
         self.until = now + LEASE
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            params = {"now": now, "until": self.until, "limit": limit}
+            params = {"now": now, "until": self.until} | fairness.params(limit)
             claimed = cur.execute(QUERIES["claim_due"], params).fetchall()
+            fairness.served(list(dict.fromkeys(item["project_id"] for item in claimed)))
             self.holds = _conditions(conn, claimed)
         return claimed
 
     def run(self, ctx: Connection[Any], item: dict[str, Any]) -> None:
         holds = self.holds.get(item["id"], False)
+        if isinstance(holds, Exception):
+            raise holds  # its rule's re-check failed: this execution backs off, alone
         _execute(ctx, item["id"], self.until, holds, self.stale_after, self.swept, self.clock.now())
         return None
 
@@ -230,21 +246,28 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
         return {"execution_id": str(item["id"])} | {k: str(item[k]) for k in ("rule_id", "project_id")}
 
 
-def _conditions(conn: Connection[Any], claimed: list[dict[str, Any]]) -> dict[uuid.UUID, bool]:
-    """Whether each claimed execution's rule, as it is now, holds over its trigger's context now."""
+def _conditions(conn: Connection[Any], claimed: list[dict[str, Any]]) -> dict[uuid.UUID, bool | Exception]:
+    """Whether each claimed execution's rule, as it is now, holds over its trigger's context now: a rule's
+    re-check in a SAVEPOINT of its own; when it fails, each of its executions gets the error (and backs
+    off alone when it runs), the other rules' are checked on."""
     by_rule: dict[tuple[uuid.UUID, uuid.UUID], list[dict[str, Any]]] = {}
     for item in claimed:
         by_rule.setdefault((item["project_id"], item["rule_id"]), []).append(item)
-    holds: dict[uuid.UUID, bool] = {}
+    holds: dict[uuid.UUID, bool | Exception] = {}
     for (project_id, rule_id), items in by_rule.items():
-        rule = RULES.rule(conn, project_id, rule_id)
-        if rule is None:
-            continue  # inactive or deleted: the guard chain says so
-        query = sql.SQL("SELECT t.id, {} FROM {} WHERE t.id = ANY(%s)").format(rule.predicate, CONTEXT)
-        triggers = [item["trigger_id"] for item in items if item["trigger_id"] is not None]
-        by_trigger = dict(conn.execute(query, [*rule.params, triggers]).fetchall())
+        try:
+            with savepoint(conn):
+                rule = RULES.rule(conn, project_id, rule_id)
+                if rule is None:
+                    continue  # inactive or deleted: the guard chain says so
+                triggers = [item["trigger_id"] for item in items if item["trigger_id"] is not None]
+                by_trigger = match(conn, triggers, [rule.literal])
+        except Exception as exc:
+            for item in items:
+                holds[item["id"]] = exc
+            continue
         for item in items:
-            holds[item["id"]] = bool(by_trigger.get(item["trigger_id"], False))
+            holds[item["id"]] = bool(by_trigger.get(item["trigger_id"], [False])[0])
     return holds
 
 

@@ -26,14 +26,36 @@ JOIN conversations v ON v.project_id = k.project_id AND v.id = k.id
 SELECT timezone FROM projects WHERE id = %(project_id)s
 
 -- name: claim_due
--- A batch of due pending executions, oldest due first, leased to this sweeper (rows locked or leased by
--- another sweeper are skipped).
-WITH due AS (
-    SELECT id FROM rule_pending_executions
-    WHERE status = 'pending' AND due_at <= %(now)s AND (locked_until IS NULL OR locked_until <= %(now)s)
-    ORDER BY due_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+-- A batch of due pending executions in turns across projects (jobs.RoundRobin, as the triggers' claim): the
+-- projects with pending executions after %(after)s, wrapping around, at most %(projects)s of them; of each,
+-- its executions ready first (an execution is ready from the later of its due time and its lease's end: a
+-- backoff is a lease) up to its share of the batch (fair_share), from the project's ready index, so another
+-- project's backlog or backed-off executions are never read. Leased to this sweeper; rows locked by another
+-- sweeper are skipped within each project's share.
+WITH walked AS (
+    SELECT project_id, turn
+    FROM projects_in_turn('rule_pending_executions', $$q.status = 'pending'$$, %(after)s, %(projects)s)
+), counted AS (
+    SELECT w.project_id,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM rule_pending_executions e
+                WHERE e.project_id = w.project_id AND e.status = 'pending'
+                  AND greatest(e.due_at, coalesce(e.locked_until, e.due_at)) <= %(now)s
+                LIMIT (SELECT least(%(limit)s, ceil(4.0 * %(limit)s / count(*))) FROM walked)) x) AS due
+    FROM walked w
+), share AS (
+    SELECT fair_share(%(limit)s, array_agg(due ORDER BY due)) AS n FROM counted
+), due AS (
+    SELECT d.id
+    FROM walked w
+    CROSS JOIN LATERAL (
+        SELECT e.id FROM rule_pending_executions e
+        WHERE e.project_id = w.project_id AND e.status = 'pending'
+          AND greatest(e.due_at, coalesce(e.locked_until, e.due_at)) <= %(now)s
+        ORDER BY greatest(e.due_at, coalesce(e.locked_until, e.due_at)), e.id
+        LIMIT (SELECT n FROM share)
+        FOR UPDATE SKIP LOCKED
+    ) d
 )
 UPDATE rule_pending_executions e SET locked_until = %(until)s
 FROM due WHERE e.id = due.id

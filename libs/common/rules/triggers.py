@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from psycopg import Connection, RawCursor
+from psycopg import Connection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -48,7 +48,7 @@ from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
-from libs.common.rules.conditions import CONTEXT
+from libs.common.rules.conditions import match
 from libs.common.rules.executions import ToSchedule, schedule
 from libs.common.rules.rules import RULES, ActiveRule
 
@@ -266,48 +266,6 @@ def _settle_group(
     if settled:
         conn.execute(QUERIES["mark_processed"], {"ids": settled, "now": now})
     return to_run
-
-
-#: The FROM clause the rules' predicates are written over, as text.
-_CONTEXT = CONTEXT.as_string()
-#: Longest text of one matching statement (its rules' predicates with their values written in): a project's
-#: rules are matched in as many statements as keep each under it, so a change of one rule makes the server
-#: parse and plan again only the statement that holds it.
-MAX_STATEMENT_CHARS = 256 * 1024
-
-
-def match(conn: Connection[Any], ids: list[int], predicates: list[str]) -> dict[int, list[bool]]:
-    """Each predicate (a rule's conditions with their values written in: :attr:`ActiveRule.literal`) over
-    each trigger of ``ids`` (of one project and event), in order; a trigger whose contact is gone is left
-    out. A statement binds only the triggers' ids, whatever the number of leaves (PostgreSQL binds at most
-    65,535 parameters), and its text stays the same while the rules do, so it is prepared once per
-    connection instead of parsed and planned on every batch."""
-    if not predicates:
-        return {}
-    results: dict[int, list[bool]] = {i: [] for i in ids}
-    for chunk in _chunks(predicates):
-        query = f"SELECT t.id, ARRAY[{', '.join(chunk)}] FROM {_CONTEXT} WHERE t.id = ANY($1)"
-        with RawCursor(conn) as cur:
-            found = dict(cur.execute(query.encode(), [ids], prepare=True).fetchall())
-        for trigger_id in list(results):
-            if trigger_id in found:
-                results[trigger_id] += found[trigger_id]
-            else:
-                del results[trigger_id]  # the contact is gone: no rule matches
-    return results
-
-
-def _chunks(predicates: list[str]) -> list[list[str]]:
-    """The predicates in order, in chunks whose text stays under :data:`MAX_STATEMENT_CHARS`."""
-    chunks: list[list[str]] = [[]]
-    size = 0
-    for predicate in predicates:
-        if chunks[-1] and size + len(predicate) > MAX_STATEMENT_CHARS:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(predicate)
-        size += len(predicate)
-    return chunks
 
 
 def _to_run(

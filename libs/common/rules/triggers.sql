@@ -17,37 +17,17 @@ RETURNING public_id
 
 -- name: claim_triggers
 -- A batch of due triggers in turns across projects (jobs.RoundRobin): the projects with pending triggers
--- after %(after)s in id order, wrapping around, at most %(projects)s of them (a skip scan of the pending
--- index: one descent a project); of each, its oldest due triggers up to its share of the batch
+-- after %(after)s in id order, wrapping around, at most %(projects)s of them (projects_in_turn: a skip scan
+-- of the pending index, one descent a project); of each, its oldest due triggers up to its share of the batch
 -- (fair_share: what the projects with less than an even share leave goes to the others), from the same
--- index. Triggers locked by another worker are skipped
--- within each project's share. Rows come in the order the projects were walked.
-WITH RECURSIVE after_cursor(project_id, turn) AS (
-    SELECT (SELECT t.project_id FROM followup_triggers t
-            WHERE t.processed_at IS NULL AND t.project_id > %(after)s::uuid
-            ORDER BY t.project_id LIMIT 1), 1
-    UNION ALL
-    SELECT (SELECT t.project_id FROM followup_triggers t
-            WHERE t.processed_at IS NULL AND t.project_id > w.project_id
-            ORDER BY t.project_id LIMIT 1), w.turn + 1
-    FROM after_cursor w WHERE w.project_id IS NOT NULL AND w.turn < %(projects)s
-), wrapped(project_id, turn) AS (
-    SELECT (SELECT t.project_id FROM followup_triggers t
-            WHERE t.processed_at IS NULL AND t.project_id <= %(after)s::uuid
-            ORDER BY t.project_id LIMIT 1), %(projects)s + 1
-    UNION ALL
-    SELECT (SELECT t.project_id FROM followup_triggers t
-            WHERE t.processed_at IS NULL AND t.project_id > w.project_id AND t.project_id <= %(after)s::uuid
-            ORDER BY t.project_id LIMIT 1), w.turn + 1
-    FROM wrapped w WHERE w.project_id IS NOT NULL AND w.turn < 2 * %(projects)s
-), walked AS (
-    SELECT project_id, turn FROM (SELECT * FROM after_cursor UNION ALL SELECT * FROM wrapped) w
-    WHERE project_id IS NOT NULL
-    ORDER BY turn
-    LIMIT %(projects)s
+-- index. Triggers locked by another worker are skipped within each project's share. Rows come in the order
+-- the projects were walked.
+WITH walked AS (
+    SELECT project_id, turn
+    FROM projects_in_turn('followup_triggers', 'q.processed_at IS NULL', %(after)s, %(projects)s)
 ), counted AS (
     -- each project's due triggers, counted up to four times an even share (index entries only)
-    SELECT w.project_id, w.turn,
+    SELECT w.project_id,
            (SELECT count(*) FROM (
                 SELECT 1 FROM followup_triggers t
                 WHERE t.project_id = w.project_id AND t.processed_at IS NULL AND t.next_attempt_at <= %(now)s

@@ -30,3 +30,38 @@ RETURN (
                 ELSE greatest(1, floor((batch - below) / (cardinality(due) - k)))::integer END
     FROM served
 );
+
+-- The projects with pending work in `queue` (the rows where `pending` holds: the predicate of the queue's
+-- project-led partial index), in turns: those after `after` in id order, then from the first up to `after`
+-- (wrapping around), at most `most` of them. A skip scan: one index descent per project, whatever each
+-- one's backlog.
+CREATE FUNCTION projects_in_turn(queue regclass, pending text, after uuid, most integer)
+RETURNS TABLE (project_id uuid, turn integer)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY EXECUTE format($walk$
+        WITH RECURSIVE after_cursor(project_id, turn) AS (
+            SELECT (SELECT q.project_id FROM %1$s q WHERE %2$s AND q.project_id > $1
+                    ORDER BY q.project_id LIMIT 1), 1
+            UNION ALL
+            SELECT (SELECT q.project_id FROM %1$s q WHERE %2$s AND q.project_id > w.project_id
+                    ORDER BY q.project_id LIMIT 1), w.turn + 1
+            FROM after_cursor w WHERE w.project_id IS NOT NULL AND w.turn < $2
+        ), wrapped(project_id, turn) AS (
+            SELECT (SELECT q.project_id FROM %1$s q WHERE %2$s AND q.project_id <= $1
+                    ORDER BY q.project_id LIMIT 1), $2 + 1
+            UNION ALL
+            SELECT (SELECT q.project_id FROM %1$s q WHERE %2$s AND q.project_id > w.project_id
+                        AND q.project_id <= $1
+                    ORDER BY q.project_id LIMIT 1), w.turn + 1
+            FROM wrapped w WHERE w.project_id IS NOT NULL AND w.turn < 2 * $2
+        )
+        SELECT w.project_id, w.turn::integer
+        FROM (SELECT * FROM after_cursor UNION ALL SELECT * FROM wrapped) w
+        WHERE w.project_id IS NOT NULL
+        ORDER BY w.turn
+        LIMIT $2
+    $walk$, queue, pending) USING after, most;
+END
+$$;
