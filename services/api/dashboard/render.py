@@ -19,6 +19,7 @@ from litestar import Request, Response
 from litestar.enums import MediaType
 from markupsafe import Markup
 
+from libs.common.contracts.labels import label
 from libs.common.platform.api_keys import allows
 from services.api.dashboard.forms import FormErrors, field_id
 from services.api.dashboard.session import CSRF_FIELD, Session, Signer
@@ -103,7 +104,7 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, duration=duration, short=short)
+    env.filters.update(when=when, duration=duration, short=short, label=label)
     env.globals.update(percent=percent, navigation=NAVIGATION, field_id=field_id, allows=allows)
     return env
 
