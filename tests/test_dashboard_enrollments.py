@@ -127,6 +127,33 @@ def test_the_enrollment_list_filters_by_sequence_status_and_contact(
     )
 
 
+def test_the_enrollment_list_is_newest_first_with_the_step_each_is_at(
+    signed_in, project, runtime, clock
+) -> None:
+    client, token = signed_in
+    # Given a three-step sequence: Ada's enrollment (made on the dashboard) completes it, Bob's starts
+    sequence_id = make_sequence_via_form(client, token, "Three")
+    for text in ("one", "two", "three"):
+        add_step(client, token, sequence_id, text=text)
+    publish(client, token, sequence_id)
+    make_contact(runtime.pool, project.id, phone="+14155550183", name="Ada")
+    make_contact(runtime.pool, project.id, phone="+14155550184", name="Bob")
+    done = enroll(client, token, sequence_id, "+14155550183")
+    for _ in range(3):
+        release_one(runtime.pool, clock, runtime.settings.followup)
+    clock.advance(timedelta(seconds=1))
+    enroll(client, token, sequence_id, "+14155550184")
+
+    # Then the list shows Bob first at step 1, and Ada at the last step she reached (3, not 4)
+    page = client.get("/app/enrollments").text
+    listed = re.findall(r'<td><a href="/app/contacts/[^"]+">(\w+)</a></td>.*?<td class="num">([^<]+)</td>', page, re.S)
+    assert listed == [("Bob", "1"), ("Ada", "3")]
+    # the enrollment is recorded as the dashboard's, and a finished one has nothing due
+    found = api(client, project, "GET", f"/v1/enrollments/{done}")["enrollment"]
+    assert (found["status"], found["source"], found["next_run_at"]) == ("completed", "dashboard", None)
+    assert "Enrolled (Dashboard)" in client.get(f"/app/enrollments/{done}").text
+
+
 # --- contact card -------------------------------------------------------------------------------------------
 
 
@@ -204,10 +231,14 @@ def test_bulk_enrollment_from_a_csv_with_its_progress(signed_in, project, runtim
     job_id = bulk_upload(client, token, str(sequence_id), csv_text)
     page = client.get(f"/app/bulk/{job_id}").text
     assert f'data-refresh="/app/bulk/{job_id}/progress"' in page and '<progress id="bulk-progress"' in page
+    # the Cancel button is part of the fragment the page refreshes: a finished job loses it live
+    cancel = f'action="/app/bulk/{job_id}/cancel"'
+    assert cancel in client.get(f"/app/bulk/{job_id}/progress").text
     process_chunk(runtime.pool, clock)
     progress = client.get(f"/app/bulk/{job_id}/progress").text
     assert "data-final" in progress and "3 of 3 contacts processed" in progress and "2 enrolled" in progress
-    assert "<code>unknown_contact</code>: 1" in progress
+    assert cancel not in progress and cancel not in client.get(f"/app/bulk/{job_id}").text
+    assert "Unknown contact: 1" in progress
     skipped = client.get(f"/app/bulk/{job_id}/skipped.csv")
     assert skipped.headers["content-type"].startswith("text/csv") and "unknown_contact" in skipped.text
     # contact ids in the first column, without a header

@@ -87,6 +87,14 @@ def duration(seconds: int | float | None) -> str:
     return ("-" if seconds < 0 else "") + " ".join(parts)
 
 
+def step_of(enrollment: Any) -> str:
+    """The step an enrollment is at, counted from 1: a live one's next step; a finished one's last step
+    run or skipped (``step_index`` has moved past it), "—" when none ran."""
+    if enrollment.status in ("active", "paused"):
+        return str(enrollment.step_index + 1)
+    return str(enrollment.step_index) if enrollment.step_index else "—"
+
+
 def short(value: uuid.UUID | str | None) -> str:
     """An id's first 8 characters (the full id is in the link or the title)."""
     return "—" if value is None else str(value)[:8]
@@ -104,7 +112,7 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, duration=duration, short=short, label=label)
+    env.filters.update(when=when, duration=duration, short=short, label=label, step=step_of)
     env.globals.update(percent=percent, navigation=NAVIGATION, field_id=field_id, allows=allows)
     return env
 
