@@ -146,7 +146,8 @@ def test_the_enrollment_list_is_newest_first_with_the_step_each_is_at(
 
     # Then the list shows Bob first at step 1, and Ada at the last step she reached (3, not 4)
     page = client.get("/app/enrollments").text
-    listed = re.findall(r'<td><a href="/app/contacts/[^"]+">(\w+)</a></td>.*?<td class="num">([^<]+)</td>', page, re.S)
+    row = r'<td><a href="/app/contacts/[^"]+">(\w+)</a></td>.*?<td class="num">([^<]+)</td>'
+    listed = re.findall(row, page, re.S)
     assert listed == [("Bob", "1"), ("Ada", "3")]
     # the enrollment is recorded as the dashboard's, and a finished one has nothing due
     found = api(client, project, "GET", f"/v1/enrollments/{done}")["enrollment"]

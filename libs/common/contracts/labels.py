@@ -184,10 +184,10 @@ def markdown() -> str:
         "# Labels",
         "",
         "What the dashboard shows for each code the API answers. Written from",
-        "`libs/common/contracts/labels.py` (`python -m libs.common.contracts.labels > docs/labels.md`): edit",
-        "that module, not this file. A code not listed is shown with its underscores as spaces; a code with a",
-        "value after a colon (`only_if:<condition>`, `ai_fallback:<reason>`, `awaiting_agent:<time>`) is",
-        "shown as its head's label, then the value's.",
+        "`libs/common/contracts/labels.py` (`python -m libs.common.contracts.labels > docs/labels.md`):",
+        "edit that module, not this file. A code not listed is shown with its underscores as spaces; a",
+        "code with a value after a colon (`only_if:<condition>`, `ai_fallback:<reason>`,",
+        "`awaiting_agent:<time>`) is shown as its head's label, then the value's.",
     ]
     for heading, table in CATALOGUE.values():
         lines += ["", f"## {heading}", "", "| code | label |", "|---|---|"]
