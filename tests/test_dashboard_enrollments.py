@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 
+from libs.common.followups.definition import MessageStep
 from libs.common.rules.bulk import process_chunk
 from services.release.release import release_one
 from tests.dashboard_helpers import (
@@ -49,7 +50,7 @@ def test_enroll_one_contact_and_follow_its_timeline(signed_in, project, runtime,
     assert 'status-QUEUED">QUEUED' in timeline and "Step 2 · message: next" in timeline
     detail = client.get(f"/app/enrollments/{enrollment_id}").text
     assert f'data-refresh="/app/enrollments/{enrollment_id}/timeline"' in detail
-    assert "anchor 2030-01-01 10:00 UTC" in detail
+    assert "anchor 2030-01-01 10:00:00 UTC" in detail
     # pause, resume, stop with a note
     assert "Paused." in client.post(f"/app/enrollments/{enrollment_id}/pause", data={"_csrf": token}).text
     conflict = client.post(f"/app/enrollments/{enrollment_id}/pause", data={"_csrf": token})
@@ -153,6 +154,22 @@ def test_the_enrollment_list_is_newest_first_with_the_step_each_is_at(
     found = api(client, project, "GET", f"/v1/enrollments/{done}")["enrollment"]
     assert (found["status"], found["source"], found["next_run_at"]) == ("completed", "dashboard", None)
     assert "Enrolled (Dashboard)" in client.get(f"/app/enrollments/{done}").text
+
+
+def test_times_are_shown_to_the_second_with_how_far_they_are(signed_in, project, runtime, clock) -> None:
+    client, _ = signed_in
+    # Given an enrollment whose first step is due in 25 seconds
+    sequence_id = make_sequence(runtime.pool, project.id, MessageStep(text="Hi", delay_seconds=25))
+    contact = make_contact(runtime.pool, project.id)
+    enrollment = make_enrollment(runtime.pool, clock, project.id, sequence_id, contact)
+    due = clock.now() + timedelta(seconds=25)
+    # Then its page says when, to the second, and in how long
+    page = client.get(f"/app/enrollments/{enrollment.id}").text
+    assert f"<dd>{due:%Y-%m-%d %H:%M:%S} UTC (in 25 s)" in page
+    # and three minutes on, the enrollment was made 3 min ago
+    clock.advance(timedelta(minutes=3))
+    listed = client.get("/app/enrollments").text
+    assert f"{enrollment.enrolled_at:%Y-%m-%d %H:%M:%S} UTC (3 min ago)" in listed
 
 
 # --- contact card -------------------------------------------------------------------------------------------

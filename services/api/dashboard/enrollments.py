@@ -29,7 +29,7 @@ from services.api.dashboard.forms import (
     validation_error,
 )
 from services.api.dashboard.queries import contact_labels, sequence_names
-from services.api.dashboard.render import page
+from services.api.dashboard.render import moment, page
 from services.api.dashboard.step_form import describe
 from services.api.deps import runtime_of, transaction
 from services.api.problems import status_of
@@ -61,7 +61,7 @@ def timeline(detail: EnrollmentDetail, steps: list[Any]) -> list[TimelineEntry]:
             "done",
             f"Enrolled ({label_of(enrollment.source, 'source')})",
             enrollment.enrolled_at,
-            f"anchor {enrollment.anchor_at:%Y-%m-%d %H:%M} UTC" if enrollment.anchor_at else "",
+            f"anchor {moment(enrollment.anchor_at)}" if enrollment.anchor_at else "",
         )
     ]
     live = enrollment.status in LIVE
@@ -71,7 +71,7 @@ def timeline(detail: EnrollmentDetail, steps: list[Any]) -> list[TimelineEntry]:
         run = runs.get(index)
         if run is not None:
             if run.outcome == "queued":
-                detail_text = f"due {run.due_at:%Y-%m-%d %H:%M} UTC" + (
+                detail_text = f"due {moment(run.due_at)}" + (
                     f" · {label_of(run.reason, 'reason')}" if run.reason else ""
                 )
                 entries.append(

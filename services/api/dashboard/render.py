@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import jinja2
@@ -67,11 +67,37 @@ NOTICES = {
 }
 
 
-def when(value: datetime | None) -> str:
-    """A moment as the dashboard shows it: ``2025-03-01 14:05 UTC``."""
+def relative(value: datetime, now: datetime) -> str:
+    """How far ``value`` is from ``now``, in its largest whole unit: ``in 25 s``, ``3 min ago``, ``now``."""
+    seconds = (value - now).total_seconds()
+    size = abs(seconds)
+    if size < 1:
+        return "now"
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        if size >= length:
+            amount = f"{int(size // length)} {unit}"
+            return f"in {amount}" if seconds > 0 else f"{amount} ago"
+    return "now"  # unreachable: size >= 1
+
+
+def moment(value: datetime | None) -> str:
+    """A moment to the second: ``2025-03-01 14:05:07 UTC``."""
     if value is None:
         return "—"
-    return value.strftime("%Y-%m-%d %H:%M UTC") if value.utcoffset() is not None else value.isoformat()
+    if value.utcoffset() is None:
+        return value.isoformat()
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@jinja2.pass_context
+def when(context: jinja2.runtime.Context, value: datetime | None) -> str:
+    """A moment as the dashboard shows it: to the second, and how far from the page's ``now`` (the
+    runtime's clock when the page was drawn): ``2025-03-01 14:05:07 UTC (in 25 s)``."""
+    text = moment(value)
+    now = context.get("now")
+    if value is None or value.utcoffset() is None or not isinstance(now, datetime):
+        return text
+    return f"{text} ({relative(value, now)})"
 
 
 def duration(seconds: int | float | None) -> str:
@@ -112,7 +138,7 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, duration=duration, short=short, label=label, step=step_of)
+    env.filters.update(when=when, moment=moment, duration=duration, short=short, label=label, step=step_of)
     env.globals.update(percent=percent, navigation=NAVIGATION, field_id=field_id, allows=allows)
     return env
 
@@ -140,6 +166,7 @@ def csrf_input(request: Request[Any, Any, Any]) -> Markup:
 def render_text(request: Request[Any, Any, Any], template: str, **context: Any) -> str:
     nonce = request.state.get("dashboard_nonce") or ""
     values = {
+        "now": request.app.state.runtime.clock.now(),
         "request_path": request.url.path,
         "session": session_of(request),
         "csrf": csrf_input(request),
