@@ -10,6 +10,7 @@ The one catalogue: the dashboard shows a code through :func:`label` (its ``label
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Final, Literal
 
 #: What a code is: the catalogue has one table of each.
@@ -170,12 +171,31 @@ def label(code: str | None, kind: LabelKind) -> str:
         return found
     head, sep, rest = code.partition(":")
     if sep:
-        return f"{label(head, kind)}: {table.get(rest, rest.replace('_', ' '))}"
+        return f"{label(head, kind)}: {_value(rest, table)}"
     if kind == "attribute":
         for prefix in ("contact.attributes.", "conversation.attributes."):
             if code.startswith(prefix):
                 return f"{table[prefix.rstrip('.')]} “{code.removeprefix(prefix)}”"
     return code.replace("_", " ").replace(".", " ").capitalize()
+
+
+def _value(text: str, table: dict[str, str]) -> str:
+    """The value after a code's colon: a time to the second (UTC), a known code's label, else the text
+    with its underscores as spaces (and so on after a further colon: ``status:open:<time>``)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        pass
+    else:
+        if moment.utcoffset() is not None:
+            return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    found = table.get(text)
+    if found is not None:
+        return found
+    head, sep, rest = text.partition(":")
+    if sep:
+        return f"{table.get(head, head.replace('_', ' '))}, {_value(rest, table)}"
+    return text.replace("_", " ")
 
 
 def markdown() -> str:

@@ -40,6 +40,7 @@ SECURITY_HEADERS = {
 NAVIGATION = (
     ("/app/sequences", "Sequences", "read"),
     ("/app/enrollments", "Enrollments", "read"),
+    ("/app/bulk", "Bulk", "read"),
     ("/app/rules", "Rules", "read"),
     ("/app/contacts", "Contacts", "read"),
     ("/app/settings", "Settings", "read"),
@@ -100,6 +101,25 @@ def when(context: jinja2.runtime.Context, value: datetime | None) -> str:
     return f"{text} ({relative(value, now)})"
 
 
+#: What a status (or a stopped enrollment's reason) says, as its colour: went well, went badly, waits.
+GOOD = frozenset(
+    {"completed", "replied", "active", "executed", "connected", "SENT", "DELIVERED", "READ", "RECEIVED"}
+)
+BAD = frozenset({"failed", "FAILED", "opted_out", "disconnected", "contact_erased", "error"})
+WAITING = frozenset({"paused", "pending", "draft", "queued", "running", "QUEUED", "PROCESSING"})
+
+
+def tone(status: str, reason: str | None = None) -> str:
+    """``good``, ``bad``, ``wait`` or ``neutral``: a stopped enrollment by its reason (a reply is good news,
+    an opt-out bad, a stop by hand neither)."""
+    value = reason if status == "stopped" and reason else status
+    if value in GOOD:
+        return "good"
+    if value in BAD:
+        return "bad"
+    return "wait" if value in WAITING else "neutral"
+
+
 def duration(seconds: int | float | None) -> str:
     """Seconds as ``1d 2h``, ``45m``, ``30s`` (``0s`` for none)."""
     if not seconds:
@@ -139,7 +159,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(when=when, moment=moment, duration=duration, short=short, label=label, step=step_of)
-    env.globals.update(percent=percent, navigation=NAVIGATION, field_id=field_id, allows=allows)
+    env.globals.update(tone=tone, percent=percent, navigation=NAVIGATION, field_id=field_id, allows=allows)
     return env
 
 
