@@ -206,7 +206,8 @@ def test_the_contact_card_shows_live_follow_ups_pending_rules_and_opt_out(
     sequence_id = make_sequence(runtime.pool, project.id)
     enrollment = make_enrollment(runtime.pool, clock, project.id, sequence_id, uuid.UUID(contact_id))
     card = client.get(f"/app/contacts/{contact_id}").text
-    assert "Not opted out" in card and "<dt>Consent</dt><dd>unknown</dd>" in card and "lead, vip" in card
+    assert "Not opted out" in card and "<dt>Consent</dt><dd>unknown " in card
+    assert '<span class="tag">lead ' in card and '<span class="tag">vip ' in card
     assert f'href="/app/enrollments/{enrollment.id}"' in card
     assert 'status-pending">pending' in card and "later" in card
     # cancel the pending rule execution from the card: back on the card, none pending, and it is skipped
