@@ -541,13 +541,18 @@ def test_bad_enroll_bodies_are_problems_and_write_nothing(
 # --- list
 
 
-def test_list_filters_by_sequence_contact_and_status_and_paginates(
-    client: TestClient[Any], other_project: Project
+def test_list_filters_by_sequence_contact_and_status_and_paginates_newest_first(
+    client: TestClient[Any], other_project: Project, clock: ManualClock
 ) -> None:
-    # Given six enrollments over two sequences and three contacts, one paused and one stopped
+    # Given six enrollments over two sequences and three contacts, a second apart, one paused and one
+    # stopped
     first, second = published(client, message_step("x", delay_seconds=60)), published(client)
     a, b, c = new_contact(client), new_contact(client), new_contact(client)
-    enrollments = {(s, k): enroll(client, s, k)["id"] for s in (first, second) for k in (a, b, c)}
+    enrollments: dict[tuple[str, str], str] = {}
+    for s in (first, second):
+        for k in (a, b, c):
+            enrollments[s, k] = enroll(client, s, k)["id"]
+            clock.advance(timedelta(seconds=1))
     client.post(f"/v1/enrollments/{enrollments[first, b]}/pause")
     client.post(f"/v1/enrollments/{enrollments[second, c]}/stop")
 
@@ -568,10 +573,11 @@ def test_list_filters_by_sequence_contact_and_status_and_paginates(
         raise AssertionError("too many pages")
 
     def expected(*keys: tuple[str, str]) -> list[str]:
-        return sorted((enrollments[key] for key in keys), key=uuid.UUID)
+        """The enrollments of ``keys``, newest first."""
+        return [enrollments[key] for key in reversed(enrollments) if key in keys]
 
     everything = ids()
-    assert everything == sorted(enrollments.values(), key=uuid.UUID)
+    assert everything == list(reversed(enrollments.values()))
     assert ids(sequence_id=first) == expected((first, a), (first, b), (first, c))
     assert ids(contact_id=a) == expected((first, a), (second, a))
     assert ids(status="paused") == expected((first, b))

@@ -23,7 +23,7 @@ from libs.common.core.runtime import Runtime
 from services.api.app import create_app
 from services.release.release import release_one
 from tests.conftest import Project
-from tests.factories import make_contact
+from tests.factories import make_contact, make_enrollment, make_sequence
 from tests.helpers import rows, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
@@ -163,6 +163,27 @@ def test_build_publish_enroll_and_watch_the_first_step_in_the_timeline(
     page.get_by_role("link", name="Ada").click()
     expect(page.get_by_role("heading", name="Live follow-ups")).to_be_visible()
     screenshot(page, "contact-card")
+
+
+def test_the_live_refresh_updates_the_header_and_buttons_when_the_enrollment_completes(
+    page: Page, project: Project, runtime: Runtime
+) -> None:
+    # Given an active one-step enrollment's page, with Pause and Stop
+    contact = make_contact(runtime.pool, project.id, phone="+14155550101", name="Bea")
+    sequence_id = make_sequence(runtime.pool, project.id)
+    enrollment = make_enrollment(runtime.pool, runtime.clock, project.id, sequence_id, contact)
+    sign_in(page, project)
+    page.goto(f"/app/enrollments/{enrollment.id}")
+    heading = page.get_by_role("heading", level=1)
+    expect(heading).to_contain_text("active")
+    expect(page.get_by_role("button", name="Pause")).to_be_visible()
+    # When its step is released, which completes it
+    release_one(runtime.pool, runtime.clock, runtime.settings.followup)
+    # Then, without a reload by hand, the header says completed and the buttons are gone
+    expect(page.locator("#timeline")).to_contain_text("Completed")
+    expect(heading).to_contain_text("completed")
+    expect(page.get_by_role("button", name="Pause")).to_have_count(0)
+    expect(page.get_by_role("button", name="Stop")).to_have_count(0)
 
 
 def test_create_a_delayed_rule_and_see_its_badge(page: Page, project: Project, runtime: Runtime) -> None:

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 
+from libs.common.followups.definition import MessageStep
 from libs.common.rules.bulk import process_chunk
 from services.release.release import release_one
 from tests.dashboard_helpers import (
@@ -49,7 +50,7 @@ def test_enroll_one_contact_and_follow_its_timeline(signed_in, project, runtime,
     assert 'status-QUEUED">QUEUED' in timeline and "Step 2 · message: next" in timeline
     detail = client.get(f"/app/enrollments/{enrollment_id}").text
     assert f'data-refresh="/app/enrollments/{enrollment_id}/timeline"' in detail
-    assert "anchor 2030-01-01 10:00 UTC" in detail
+    assert "anchor 2030-01-01 10:00:00 UTC" in detail
     # pause, resume, stop with a note
     assert "Paused." in client.post(f"/app/enrollments/{enrollment_id}/pause", data={"_csrf": token}).text
     conflict = client.post(f"/app/enrollments/{enrollment_id}/pause", data={"_csrf": token})
@@ -127,6 +128,50 @@ def test_the_enrollment_list_filters_by_sequence_status_and_contact(
     )
 
 
+def test_the_enrollment_list_is_newest_first_with_the_step_each_is_at(
+    signed_in, project, runtime, clock
+) -> None:
+    client, token = signed_in
+    # Given a three-step sequence: Ada's enrollment (made on the dashboard) completes it, Bob's starts
+    sequence_id = make_sequence_via_form(client, token, "Three")
+    for text in ("one", "two", "three"):
+        add_step(client, token, sequence_id, text=text)
+    publish(client, token, sequence_id)
+    make_contact(runtime.pool, project.id, phone="+14155550183", name="Ada")
+    make_contact(runtime.pool, project.id, phone="+14155550184", name="Bob")
+    done = enroll(client, token, sequence_id, "+14155550183")
+    for _ in range(3):
+        release_one(runtime.pool, clock, runtime.settings.followup)
+    clock.advance(timedelta(seconds=1))
+    enroll(client, token, sequence_id, "+14155550184")
+
+    # Then the list shows Bob first at step 1, and Ada at the last step she reached (3, not 4)
+    page = client.get("/app/enrollments").text
+    row = r'<td><a href="/app/contacts/[^"]+">(\w+)</a></td>.*?<td class="num">([^<]+)</td>'
+    listed = re.findall(row, page, re.S)
+    assert listed == [("Bob", "1"), ("Ada", "3")]
+    # the enrollment is recorded as the dashboard's, and a finished one has nothing due
+    found = api(client, project, "GET", f"/v1/enrollments/{done}")["enrollment"]
+    assert (found["status"], found["source"], found["next_run_at"]) == ("completed", "dashboard", None)
+    assert "Enrolled (Dashboard)" in client.get(f"/app/enrollments/{done}").text
+
+
+def test_times_are_shown_to_the_second_with_how_far_they_are(signed_in, project, runtime, clock) -> None:
+    client, _ = signed_in
+    # Given an enrollment whose first step is due in 25 seconds
+    sequence_id = make_sequence(runtime.pool, project.id, MessageStep(text="Hi", delay_seconds=25))
+    contact = make_contact(runtime.pool, project.id)
+    enrollment = make_enrollment(runtime.pool, clock, project.id, sequence_id, contact)
+    due = clock.now() + timedelta(seconds=25)
+    # Then its page says when, to the second, and in how long
+    page = client.get(f"/app/enrollments/{enrollment.id}").text
+    assert f"<dd>{due:%Y-%m-%d %H:%M:%S} UTC (in 25 s)" in page
+    # and three minutes on, the enrollment was made 3 min ago
+    clock.advance(timedelta(minutes=3))
+    listed = client.get("/app/enrollments").text
+    assert f"{enrollment.enrolled_at:%Y-%m-%d %H:%M:%S} UTC (3 min ago)" in listed
+
+
 # --- contact card -------------------------------------------------------------------------------------------
 
 
@@ -161,7 +206,8 @@ def test_the_contact_card_shows_live_follow_ups_pending_rules_and_opt_out(
     sequence_id = make_sequence(runtime.pool, project.id)
     enrollment = make_enrollment(runtime.pool, clock, project.id, sequence_id, uuid.UUID(contact_id))
     card = client.get(f"/app/contacts/{contact_id}").text
-    assert "Not opted out" in card and "<dt>Consent</dt><dd>unknown</dd>" in card and "lead, vip" in card
+    assert "Not opted out" in card and "<dt>Consent</dt><dd>unknown " in card
+    assert '<span class="tag">lead ' in card and '<span class="tag">vip ' in card
     assert f'href="/app/enrollments/{enrollment.id}"' in card
     assert 'status-pending">pending' in card and "later" in card
     # cancel the pending rule execution from the card: back on the card, none pending, and it is skipped
@@ -204,10 +250,14 @@ def test_bulk_enrollment_from_a_csv_with_its_progress(signed_in, project, runtim
     job_id = bulk_upload(client, token, str(sequence_id), csv_text)
     page = client.get(f"/app/bulk/{job_id}").text
     assert f'data-refresh="/app/bulk/{job_id}/progress"' in page and '<progress id="bulk-progress"' in page
+    # the Cancel button is part of the fragment the page refreshes: a finished job loses it live
+    cancel = f'action="/app/bulk/{job_id}/cancel"'
+    assert cancel in client.get(f"/app/bulk/{job_id}/progress").text
     process_chunk(runtime.pool, clock)
     progress = client.get(f"/app/bulk/{job_id}/progress").text
     assert "data-final" in progress and "3 of 3 contacts processed" in progress and "2 enrolled" in progress
-    assert "<code>unknown_contact</code>: 1" in progress
+    assert cancel not in progress and cancel not in client.get(f"/app/bulk/{job_id}").text
+    assert "Unknown contact: 1" in progress
     skipped = client.get(f"/app/bulk/{job_id}/skipped.csv")
     assert skipped.headers["content-type"].startswith("text/csv") and "unknown_contact" in skipped.text
     # contact ids in the first column, without a header

@@ -132,8 +132,8 @@ def test_results_per_sequence_and_step_with_svg_charts(signed_in, project, runti
         release_one(runtime.pool, clock, runtime.settings.followup)
     page = client.get(f"/app/sequences/{sequence_id}/results").text
     assert '<svg class="chart" role="img"' in page and page.count("<svg") == 2
-    assert "Step 1 queued: 3" in page  # the funnel's description
-    assert "<code>missing_variable:vars.missing</code>: 3" in page
+    assert "Step 1: 3 messages (3 queued)" in page  # the funnel's description
+    assert "A placeholder has no value: vars.missing: 3" in page  # the skip reason's label
     assert 'Completed</div><div class="value">3' in page
     today = f'<td>{clock.now().date()}</td><td class="num">3</td><td class="num">3</td><td class="num">3</td>'
     assert today in page

@@ -279,7 +279,7 @@ def test_the_condition_builder_nests_all_and_any_groups(signed_in, project, runt
     edit = client.get(f"/app/rules/{rule_id}/edit").text
     assert 'name="conditions.all.1.any.1.custom_key" value="score"' in edit
     summary = client.get("/app/rules").text
-    assert "message.type equal to" in summary and " or " in summary
+    assert "Message direction equal to" in summary and " or " in summary
 
 
 def test_rules_actions_enable_disable_delete(signed_in, runtime) -> None:
@@ -339,5 +339,5 @@ def test_a_rules_executions_pending_executed_and_skipped_with_reasons(
     executions.sweep(runtime.pool, clock, stale_after=timedelta(days=1))
     page = client.get(f"/app/rules/{rule_id}").text
     assert 'status-executed">executed' in page
-    assert 'status-skipped">skipped' in page and "rule_inactive" in page
+    assert 'status-skipped">skipped' in page and "Rule disabled" in page
     assert "No pending executions." in client.get(f"/app/rules/{rule_id}?status=pending").text

@@ -87,3 +87,35 @@ def test_the_claimed_event_carries_what_the_send_lane_needs_and_erasure_removes_
         text = conn.execute("SELECT count(*) FROM outbox WHERE data::text LIKE '%%4155550177%%'").fetchone()
     assert left == (0,)
     assert text == (0,)
+
+
+def test_a_stopped_enrollment_keeps_no_next_run_ahead(client: TestClient[Any], runtime: Runtime) -> None:
+    # Given an enrollment whose second step is due in an hour
+    enrollment, _ = _queued_follow_up(client, runtime)
+    now = runtime.clock.now()
+    # When it is stopped by hand
+    stopped = client.post(f"/v1/enrollments/{enrollment['id']}/stop").json()
+    # Then nothing is due: the API answers no next run, and the row keeps none ahead
+    assert (stopped["status"], stopped["next_run_at"]) == ("stopped", None)
+    assert client.get(f"/v1/enrollments/{enrollment['id']}").json()["enrollment"]["next_run_at"] is None
+    with runtime.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT next_run_at FROM followup_enrollments WHERE id = %s", (enrollment["id"],)
+        ).fetchone()
+    assert row is not None and row[0] <= now
+
+
+def test_a_second_reply_with_nothing_to_stop_names_no_stop_reason(
+    client: TestClient[Any], runtime: Runtime
+) -> None:
+    # Given a follow-up that a first reply stopped
+    enrollment, _ = _queued_follow_up(client, runtime)
+    contact_id = enrollment["contact_id"]
+    event = {"type": "message.inbound", "contact_id": contact_id, "provider_message_id": "first"}
+    first = client.post("/v1/events", json=event).json()
+    assert (first["stopped_enrollment_ids"], first["stop_reason"]) == ([enrollment["id"]], "replied")
+    # When the contact writes again
+    second = client.post("/v1/events", json=event | {"provider_message_id": "second"}).json()
+    # Then nothing was stopped, and no reason is given
+    assert (second["stopped_enrollment_ids"], second["cancelled_message_ids"]) == ([], [])
+    assert second["stop_reason"] is None

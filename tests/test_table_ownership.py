@@ -87,8 +87,16 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
     **_reads(
         "followups",
         "libs/common/followups/statistics.sql::replies_after_step",
+        ("messages", "message_status_events"),
+        "a sequence's reply statistics join its step runs with their messages' send reports and the "
+        "replies: an aggregate over the three tables",
+    ),
+    **_reads(
+        "followups",
+        "libs/common/followups/statistics.sql::step_outcomes",
         ("messages",),
-        "a sequence's reply statistics join its step runs with the replies: an aggregate over both tables",
+        "a sequence's statistics count its step runs' messages by latest status: an aggregate over both "
+        "tables (a message's status per step run would be a round trip each)",
     ),
     **_reads(
         "followups",

@@ -913,6 +913,10 @@ CREATE INDEX followup_enrollments_live_project_idx ON public.followup_enrollment
 
 CREATE UNIQUE INDEX followup_enrollments_one_live_idx ON public.followup_enrollments USING btree (sequence_id, contact_id) WHERE ((status = ANY (ARRAY['active'::text, 'paused'::text])) AND (sequence_id IS NOT NULL));
 
+-- Name: followup_enrollments_project_enrolled_idx; Type: INDEX
+
+CREATE INDEX followup_enrollments_project_enrolled_idx ON public.followup_enrollments USING btree (project_id, enrolled_at DESC, id DESC);
+
 -- Name: followup_enrollments_sequence_idx; Type: INDEX
 
 CREATE INDEX followup_enrollments_sequence_idx ON public.followup_enrollments USING btree (sequence_id, status);

@@ -417,6 +417,7 @@ def stop_enrollment(
         reason="manual",
         note=note if note is not None else current.note,
         finished_at=now,
+        next_run_at=None,
     )
     return enrollment, stopped
 
@@ -451,7 +452,7 @@ def update_enrollment(
         validation.json_value(data.variables, "variables")
     current = _lock_live(conn, project_id, enrollment_id)
     anchor_at = current.anchor_at if isinstance(data.anchor_at, msgspec.UnsetType) else data.anchor_at
-    next_run_at = current.next_run_at
+    next_run_at = current.next_run_at or now  # live: never None
     if not isinstance(data.anchor_at, msgspec.UnsetType):
         definition = version_definition(conn, current.version_id)
         check_anchor(definition, anchor_at)
@@ -494,5 +495,6 @@ def _nudge_if_due(
     conn: Connection[Any], project_id: uuid.UUID, enrollment: Enrollment, now: datetime
 ) -> None:
     """An active enrollment due now: the release service is nudged once the change has committed."""
-    if enrollment.status == "active" and enrollment.next_run_at <= now:
+    due = enrollment.next_run_at
+    if enrollment.status == "active" and due is not None and due <= now:
         after_commit(conn, NudgeRelease(project_id, enrollment.id))

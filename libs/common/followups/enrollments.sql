@@ -91,15 +91,18 @@ WHERE project_id = %(project_id)s AND followup_enrollment_id = %(id)s
 ORDER BY created_at, followup_step_index
 
 -- name: list_enrollments
--- A page of enrollments in id order, optionally by sequence, contact and status.
+-- A page of enrollments, newest first (enrolled_at, then id), after the cursor (an enrollment's id),
+-- optionally by sequence, contact and status.
 SELECT *
 FROM followup_enrollments
 WHERE project_id = %(project_id)s
-  AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
+  AND (%(after)s::uuid IS NULL
+       OR (enrolled_at, id) < (SELECT a.enrolled_at, a.id FROM followup_enrollments a
+                               WHERE a.project_id = %(project_id)s AND a.id = %(after)s::uuid))
   AND (%(sequence_id)s::uuid IS NULL OR sequence_id = %(sequence_id)s::uuid)
   AND (%(contact_id)s::uuid IS NULL OR contact_id = %(contact_id)s::uuid)
   AND (%(status)s::text IS NULL OR status = %(status)s::text)
-ORDER BY id
+ORDER BY enrolled_at DESC, id DESC
 LIMIT %(limit)s
 
 -- name: paused_for_a_number

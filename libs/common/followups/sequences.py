@@ -165,9 +165,23 @@ def get_sequence(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid
 
 
 def list_sequences(
-    conn: Connection[Any], project_id: uuid.UUID, *, limit: int, after: uuid.UUID | None, status: str | None
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    *,
+    limit: int,
+    after: uuid.UUID | None,
+    status: str | None,
+    include_archived: bool = True,
 ) -> list[Sequence]:
-    params = {"project_id": project_id, "limit": limit, "after": after, "status": status}
+    """A page of the project's sequences (of ``status`` when given; without a status, the archived ones
+    only with ``include_archived``)."""
+    params = {
+        "project_id": project_id,
+        "limit": limit,
+        "after": after,
+        "status": status,
+        "include_archived": include_archived,
+    }
     with conn.cursor(row_factory=class_row(Sequence)) as cur:
         return cur.execute(QUERIES["list_sequences"], params).fetchall()
 

@@ -29,7 +29,8 @@ LEFT JOIN followup_sequence_versions v ON v.id = s.current_version_id
 WHERE s.project_id = %(project_id)s AND s.id = %(id)s
 
 -- name: list_sequences
--- A page of a project's sequences in id order.
+-- A page of a project's sequences in id order (of one status when given; the archived ones left out when
+-- neither that status nor include_archived asks for them).
 SELECT s.id, s.name, s.status, s.draft, s.current_version_id, v.version AS current_version, s.created_at,
        s.updated_at
 FROM followup_sequences s
@@ -37,6 +38,7 @@ LEFT JOIN followup_sequence_versions v ON v.id = s.current_version_id
 WHERE s.project_id = %(project_id)s
   AND (%(after)s::uuid IS NULL OR s.id > %(after)s::uuid)
   AND (%(status)s::text IS NULL OR s.status = %(status)s::text)
+  AND (%(status)s::text IS NOT NULL OR %(include_archived)s OR s.status <> 'archived')
 ORDER BY s.id
 LIMIT %(limit)s
 

@@ -1,4 +1,5 @@
-"""Statistics of a sequence: its enrollments by outcome, and per step what was sent, skipped and replied."""
+"""Statistics of a sequence: its enrollments by outcome, and per step its messages by latest status, its
+skips, the replies to it and the enrollments stopped before it (the definitions: ``docs/api.md``)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,69 @@ from libs.common.followups.sequences import get_sequence
 QUERIES = load_queries("libs.common.followups", "statistics.sql")
 
 
+#: The field of :class:`MessageCounts` each message status counts in.
+_STATUS_FIELDS = {
+    "QUEUED": "queued",
+    "PROCESSING": "processing",
+    "SENT": "sent",
+    "DELIVERED": "delivered",
+    "READ": "read",
+    "FAILED": "failed",
+    "CANCELLED": "cancelled",
+}
+
+
+class MessageCounts(msgspec.Struct, kw_only=True):
+    """Follow-up messages by their latest status, as the send lane reported it: each message counts once,
+    in one field (a delivered message is ``delivered``, not also ``sent``), so the fields add up to
+    ``total``."""
+
+    #: Every message the steps queued.
+    total: int = 0
+    #: Waiting for the send lane (QUEUED: a reply may still cancel it).
+    queued: int = 0
+    #: Claimed by the send lane, nothing reported yet (PROCESSING).
+    processing: int = 0
+    #: Reported SENT, not delivered yet.
+    sent: int = 0
+    #: Reported DELIVERED, not read yet.
+    delivered: int = 0
+    read: int = 0
+    #: Reported FAILED by the send lane (after it was sent, too).
+    failed: int = 0
+    #: Cancelled before the send lane claimed it (a stop path: a reply, an opt-out, a stop by hand).
+    cancelled: int = 0
+    #: Deleted since (its contact was erased, or retention removed it): its last status is unknown.
+    deleted: int = 0
+
+    def add(self, status: str | None, count: int) -> None:
+        self.total += count
+        name = _STATUS_FIELDS.get(status or "", "deleted")
+        setattr(self, name, getattr(self, name) + count)
+
+
 class StepStatistics(msgspec.Struct, kw_only=True):
     step_index: int
-    sent: int = 0
+    #: The messages this step queued, by latest status.
+    messages: MessageCounts = msgspec.field(default_factory=MessageCounts)
+    #: Runs of this step that queued nothing (its ``only_if``, a missing variable, ...), by reason.
     skipped: int = 0
     skipped_by_reason: dict[str, int] = msgspec.field(default_factory=dict)
-    #: Enrollments whose contact replied after this step's message and before the next one.
-    replies: int = 0
+    #: Messages of this step the contact was sent (SENT, DELIVERED or READ) and answered before the next
+    #: message of the sequence was sent to them.
+    replied: int = 0
+    #: Enrollments stopped while waiting for this step (it never ran for them), by reason.
+    stopped: int = 0
+    stopped_by_reason: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class SequenceStatistics(msgspec.Struct, kw_only=True):
+    """A sequence's enrollments by status, and its steps' messages, skips, replies and stops (the steps'
+    sums at the top); the definitions are those of ``docs/api.md``, the dashboard's results page shows
+    these numbers."""
+
     sequence_id: uuid.UUID
+    #: Enrollments, by status.
     enrolled: int = 0
     active: int = 0
     paused: int = 0
@@ -33,8 +86,17 @@ class SequenceStatistics(msgspec.Struct, kw_only=True):
     stopped: int = 0
     failed: int = 0
     stopped_by_reason: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Every step's messages, by latest status.
+    messages: MessageCounts = msgspec.field(default_factory=MessageCounts)
+    skipped: int = 0
+    skipped_by_reason: dict[str, int] = msgspec.field(default_factory=dict)
+    replied: int = 0
     #: One entry per step of the sequence's published versions (the longest one), in step order.
     steps: list[StepStatistics] = msgspec.field(default_factory=list)
+
+
+def _bump(counts: dict[str, int], key: str | None, count: int) -> None:
+    counts[key or "unknown"] = counts.get(key or "unknown", 0) + count
 
 
 def sequence_statistics(
@@ -43,26 +105,34 @@ def sequence_statistics(
     get_sequence(conn, project_id, sequence_id)  # 404 for another project's sequence
     params = {"project_id": project_id, "sequence_id": sequence_id}
     stats = SequenceStatistics(sequence_id=sequence_id)
-    for status, reason, count in conn.execute(QUERIES["enrollments_by_status"], params):
-        stats.enrolled += count
-        setattr(stats, status, getattr(stats, status) + count)
-        if status == "stopped":
-            key = reason or "unknown"
-            stats.stopped_by_reason[key] = stats.stopped_by_reason.get(key, 0) + count
     # every step of the published versions, those nothing has reached yet included (with zeros)
     row = conn.execute(QUERIES["step_count"], params).fetchone()
     steps = {index: StepStatistics(step_index=index) for index in range(row[0] if row else 0)}
-    for step_index, outcome, reason, count in conn.execute(QUERIES["step_runs_by_outcome"], params):
-        step = steps.setdefault(step_index, StepStatistics(step_index=step_index))
+
+    def step(index: int) -> StepStatistics:
+        return steps.setdefault(index, StepStatistics(step_index=index))
+
+    for status, reason, step_index, count in conn.execute(QUERIES["enrollments_by_status"], params):
+        stats.enrolled += count
+        setattr(stats, status, getattr(stats, status) + count)
+        if status == "stopped":
+            _bump(stats.stopped_by_reason, reason, count)
+            at = step(step_index)
+            at.stopped += count
+            _bump(at.stopped_by_reason, reason, count)
+    for step_index, outcome, reason, message_status, count in conn.execute(QUERIES["step_outcomes"], params):
+        at = step(step_index)
         if outcome == "queued":
-            step.sent += count
+            at.messages.add(message_status, count)
+            stats.messages.add(message_status, count)
         else:
-            step.skipped += count
-            step.skipped_by_reason[reason or "unknown"] = (
-                step.skipped_by_reason.get(reason or "unknown", 0) + count
-            )
+            at.skipped += count
+            stats.skipped += count
+            _bump(at.skipped_by_reason, reason, count)
+            _bump(stats.skipped_by_reason, reason, count)
     for step_index, count in conn.execute(QUERIES["replies_after_step"], params):
-        steps.setdefault(step_index, StepStatistics(step_index=step_index)).replies = count
+        step(step_index).replied = count
+        stats.replied += count
     stats.steps = [steps[i] for i in sorted(steps)]
     return stats
 

@@ -1,39 +1,49 @@
 -- name: enrollments_by_status
--- A sequence's enrollments counted by status and reason.
-SELECT status, reason, count(*)::int
+-- A sequence's enrollments counted by status, reason and the step they are at (a stopped enrollment's step
+-- is the one it was waiting for: that step never ran for it).
+SELECT status, reason, step_index, count(*)::int
 FROM followup_enrollments
 WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s
-GROUP BY status, reason
+GROUP BY status, reason, step_index
 
--- name: step_runs_by_outcome
--- A sequence's step runs counted by step, outcome and reason.
-SELECT r.step_index, r.outcome, r.reason, count(*)::int
+-- name: step_outcomes
+-- A sequence's step runs counted by step, outcome and reason, and a queued step's message by its latest
+-- status (NULL: the message was deleted since, with its erased contact or by retention).
+SELECT r.step_index, r.outcome, r.reason, m.status, count(*)::int
 FROM followup_step_runs r
 JOIN followup_enrollments e ON e.id = r.enrollment_id
+LEFT JOIN messages m ON m.project_id = r.project_id AND m.id = r.message_id
 WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s
-GROUP BY r.step_index, r.outcome, r.reason
+GROUP BY r.step_index, r.outcome, r.reason, m.status
 
 -- name: replies_after_step
--- Per step: enrollments whose contact replied after the step's message and before the next follow-up message
--- of this sequence to the contact (the enrollment's next step, or the first step of a later enrollment after
--- a re-entry), so one reply is counted once, for the message it answers.
-SELECT r.step_index, count(*)::int
-FROM followup_step_runs r
-JOIN followup_enrollments e ON e.id = r.enrollment_id
-WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND r.outcome = 'queued'
-  AND EXISTS (
-      SELECT 1 FROM messages m
-      WHERE m.project_id = e.project_id AND m.contact_id = e.contact_id AND m.direction = 'inbound'
-        AND m.created_at > r.ran_at
-        AND m.created_at < coalesce(
-            (SELECT min(n.ran_at)
-             FROM followup_step_runs n
-             JOIN followup_enrollments ne ON ne.id = n.enrollment_id
-             WHERE ne.project_id = e.project_id AND ne.sequence_id = e.sequence_id
-               AND ne.contact_id = e.contact_id AND n.outcome = 'queued' AND n.ran_at > r.ran_at),
-            'infinity')
-  )
-GROUP BY r.step_index
+-- Per step: its messages the contact was sent (the send lane reported SENT, DELIVERED or READ, and not
+-- FAILED since) that the contact answered: an inbound message after the first such report and before the
+-- next sent follow-up of this sequence to the contact (the enrollment's next step, or the first step of a
+-- later enrollment after a re-entry), so one reply is counted once, for the message it answers.
+WITH sent AS (
+    SELECT r.step_index, e.contact_id,
+           (SELECT min(s.occurred_at) FROM message_status_events s
+            WHERE s.message_id = m.id AND s.project_id = m.project_id
+              AND s.status IN ('SENT', 'DELIVERED', 'READ')) AS sent_at
+    FROM followup_step_runs r
+    JOIN followup_enrollments e ON e.id = r.enrollment_id
+    JOIN messages m ON m.project_id = r.project_id AND m.id = r.message_id
+    WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND r.outcome = 'queued'
+      AND m.status IN ('SENT', 'DELIVERED', 'READ')
+), answerable AS (
+    SELECT step_index, contact_id, sent_at,
+           lead(sent_at) OVER (PARTITION BY contact_id ORDER BY sent_at) AS next_sent_at
+    FROM sent
+)
+SELECT a.step_index, count(*)::int
+FROM answerable a
+WHERE EXISTS (
+    SELECT 1 FROM messages i
+    WHERE i.project_id = %(project_id)s AND i.contact_id = a.contact_id AND i.direction = 'inbound'
+      AND i.created_at > a.sent_at AND i.created_at < coalesce(a.next_sent_at, 'infinity')
+)
+GROUP BY a.step_index
 
 -- name: step_count
 -- The most steps any published version of the sequence has (0 before the first publish).

@@ -107,7 +107,8 @@ def stop_followups_for_contact(
                 "cancelled_message_ids": [str(i) for i in cancelled],
             },
         )
-    return Stopped(reason, [e.id for e in stoppable], cancelled)
+    # a reason only when something was stopped or cancelled (a second reply stops nothing: no reason)
+    return Stopped(reason if stoppable or cancelled else None, [e.id for e in stoppable], cancelled)
 
 
 def stop_enrollment(

@@ -39,7 +39,8 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
     status: str
     source: str
     step_index: int
-    next_run_at: datetime
+    #: When the next step is due (a paused one: when it was); null once the enrollment finished.
+    next_run_at: datetime | None
     anchor_at: datetime | None
     variables: dict[str, Any]
     dedupe_key: str | None
@@ -55,6 +56,8 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
 
 
 def _enrollment(**columns: Any) -> Enrollment:
+    if columns["status"] not in ("active", "paused"):
+        columns["next_run_at"] = None  # a finished enrollment has nothing due
     return msgspec.convert(columns, Enrollment)
 
 

@@ -40,10 +40,10 @@ RETURNING *
 -- name: finish
 -- Finish live enrollments: completed, stopped or failed, with the reason (and a note). The last step's
 -- advance folds in here: step_index, last message (and its conversation, when the enrollment had none) and
--- last step time, when given.
+-- last step time, when given. Nothing is due any more: a next run still ahead is brought back to now.
 UPDATE followup_enrollments
 SET status = %(status)s, reason = %(reason)s, note = coalesce(%(note)s, note), finished_at = %(now)s,
-    locked_until = NULL, updated_at = %(now)s,
+    locked_until = NULL, updated_at = %(now)s, next_run_at = least(next_run_at, %(now)s),
     step_index = coalesce(%(step_index)s, step_index),
     last_message_id = coalesce(%(message_id)s, last_message_id),
     conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),

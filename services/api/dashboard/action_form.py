@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import types
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -219,14 +221,26 @@ def _read(item: ActionInput, raw: str, where: str, errors: FormErrors) -> Any:
             return raw
 
 
-def actions_summary(actions: list[Action]) -> list[str]:
-    """Each action in a few words (``add label: vip``, ``send message: "Just checking in"``)."""
+def action_sequence_ids(actions: list[Action]) -> list[uuid.UUID]:
+    """The sequences the actions name (an ``enroll_in_sequence``'s), to show them by name."""
+    return [uuid.UUID(str(raw["sequence_id"])) for raw in builtins(actions) if raw.get("sequence_id")]
+
+
+def actions_summary(
+    actions: list[Action], sequence_names: Mapping[uuid.UUID, str] | None = None
+) -> list[str]:
+    """Each action in a few words (``add label: vip``, ``send message: "Just checking in"``, ``enroll in
+    sequence: Welcome``: a sequence by its name, "deleted sequence" when it is gone)."""
+    names = sequence_names or {}
     out = []
     for raw in builtins(actions):
         kind = str(raw.pop("type")).replace("_", " ")
         details = []
-        for value in raw.values():
+        for key, value in raw.items():
             if value in (None, [], {}, "none"):
+                continue
+            if key == "sequence_id":
+                details.append(names.get(uuid.UUID(str(value)), "deleted sequence"))
                 continue
             if isinstance(value, list):
                 details.append(", ".join(map(str, value)))

@@ -39,31 +39,66 @@ class Chart:
     description: str
 
 
+#: A step's messages in the funnel, by latest status: (field of MessageCounts, label, colour), in the
+#: order the bar stacks them (the furthest along first; green good, amber waiting, red bad).
+FUNNEL_SEGMENTS = (
+    ("read", "read", "#145a2c"),
+    ("delivered", "delivered", "#1e7a3c"),
+    ("sent", "sent", "#5fae7a"),
+    ("processing", "with the send lane", "#c99a00"),
+    ("queued", "queued", "#e8c766"),
+    ("failed", "failed", "#b3261e"),
+    ("cancelled", "cancelled", "#d98c86"),
+    ("deleted", "deleted", "#9aa3ad"),
+)
+
+
 def funnel(stats: SequenceStatistics) -> Chart:
-    """A row per stage: enrolled, then each step's messages queued; each step's replies beside it."""
-    rows: list[tuple[str, int, int | None]] = [("Enrolled", stats.enrolled, None)]
-    rows += [(f"Step {s.step_index + 1} queued", s.sent, s.replies) for s in stats.steps]
-    top = max([value for _, value, _ in rows] + [1])
+    """A row per stage: enrolled, then each step's messages as one bar stacked by latest status (the
+    numbers of ``GET /v1/sequences/{id}/statistics``), its replies as a thin bar beneath."""
+    top = max([stats.enrolled] + [s.messages.total for s in stats.steps] + [1])
     plot = WIDTH - LABEL_WIDTH - 150
     bars: list[Bar] = []
     labels: list[tuple[float, float, str, str]] = []
-    for index, (label, value, replies) in enumerate(rows):
+    descriptions = [f"Enrolled: {stats.enrolled}"]
+    y = 10.0
+    width = plot * stats.enrolled / top
+    bars.append(Bar("Enrolled", stats.enrolled, LABEL_WIDTH, y, width, BAR_HEIGHT, "#0b5cad"))
+    labels.append((LABEL_WIDTH - 8, y + BAR_HEIGHT - 5, "Enrolled", "end"))
+    labels.append((LABEL_WIDTH + width + 6, y + BAR_HEIGHT - 5, str(stats.enrolled), "start"))
+    for index, step in enumerate(stats.steps, start=1):
         y = 10 + index * ROW_HEIGHT
-        width = plot * value / top
-        bars.append(Bar(label, value, LABEL_WIDTH, y, max(width, 1 if value else 0), BAR_HEIGHT, "#0b5cad"))
-        labels.append((LABEL_WIDTH - 8, y + BAR_HEIGHT - 5, label, "end"))
-        text = str(value) if replies is None else f"{value} ({replies} replied)"
-        labels.append((LABEL_WIDTH + width + 6, y + BAR_HEIGHT - 5, text, "start"))
-        if replies:
-            reply_width = plot * replies / top
+        label = f"Step {step.step_index + 1}"
+        x = float(LABEL_WIDTH)
+        parts = []
+        for name, text, fill in FUNNEL_SEGMENTS:
+            value = getattr(step.messages, name)
+            if value:
+                segment = plot * value / top
+                bars.append(Bar(f"{label}: {text}", value, x, y, segment, BAR_HEIGHT - 6, fill))
+                x += segment
+                parts.append(f"{value} {text}")
+        if step.replied:
+            reply_width = plot * step.replied / top
             bars.append(
-                Bar(f"{label}: replied", replies, LABEL_WIDTH, y + BAR_HEIGHT - 6, reply_width, 6, "#1e7a3c")
+                Bar(
+                    f"{label}: replied",
+                    step.replied,
+                    LABEL_WIDTH,
+                    y + BAR_HEIGHT - 5,
+                    reply_width,
+                    5,
+                    "#0b5cad",
+                )
             )
-    description = "; ".join(
-        f"{label}: {value}" + ("" if replies is None else f", {replies} replied")
-        for label, value, replies in rows
-    )
-    return Chart(WIDTH, 20 + len(rows) * ROW_HEIGHT, bars, labels, description)
+        labels.append((LABEL_WIDTH - 8, y + BAR_HEIGHT - 5, label, "end"))
+        labels.append((x + 6, y + BAR_HEIGHT - 5, f"{step.messages.total} ({step.replied} replied)", "start"))
+        descriptions.append(
+            f"{label}: {step.messages.total} messages"
+            + (f" ({', '.join(parts)})" if parts else "")
+            + f", {step.replied} replied, {step.skipped} skipped, {step.stopped} stopped before it"
+        )
+    return Chart(WIDTH, 20 + (len(stats.steps) + 1) * ROW_HEIGHT, bars, labels, "; ".join(descriptions))
 
 
 def daily(days: list[DailyActivity]) -> Chart:

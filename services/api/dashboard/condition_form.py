@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from libs.common.contracts.labels import label
 from libs.common.rules.conditions import ATTRIBUTES, CUSTOM_PREFIX
 from services.api.dashboard.forms import Form, FormErrors, comma_list
 
@@ -210,7 +211,8 @@ def group_of(raw: dict[str, Any]) -> Group:
 
 
 def summary(raw: dict[str, Any] | None) -> str:
-    """Conditions in one line: ``message.type equal to "incoming" and (… or …)`` (``always`` for none)."""
+    """Conditions in one line, attributes by their labels: ``Message direction equal to "incoming" and (… or
+    …)`` (``always`` for none)."""
     if not raw or not (raw.get("all") or raw.get("any")):
         return "always"
     return _summary(raw, top=True)
@@ -223,9 +225,10 @@ def _summary(raw: dict[str, Any], top: bool = False) -> str:
         text = f" {'and' if kind == 'all' else 'or'} ".join(parts) or "always"
         return text if top or len(parts) < 2 else f"({text})"
     operator = str(raw.get("operator", "")).replace("_", " ")
+    attribute = label(str(raw.get("attribute", "")), "attribute")
     if "value" not in raw:
-        return f"{raw.get('attribute')} {operator}"
-    return f"{raw.get('attribute')} {operator} {json.dumps(raw['value'], ensure_ascii=False)}"
+        return f"{attribute} {operator}"
+    return f"{attribute} {operator} {json.dumps(raw['value'], ensure_ascii=False)}"
 
 
 def leaf_name(parent: str, kind: str, index: int) -> str:

@@ -13,6 +13,7 @@ import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
 
+from libs.common.contracts.labels import label as label_of
 from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
 from libs.common.followups import enrollments, sequences
 from libs.common.followups.enrollments import EnrollmentDetail, EnrollRequest
@@ -28,7 +29,7 @@ from services.api.dashboard.forms import (
     validation_error,
 )
 from services.api.dashboard.queries import contact_labels, sequence_names
-from services.api.dashboard.render import page
+from services.api.dashboard.render import moment, page
 from services.api.dashboard.step_form import describe
 from services.api.deps import runtime_of, transaction
 from services.api.problems import status_of
@@ -58,9 +59,9 @@ def timeline(detail: EnrollmentDetail, steps: list[Any]) -> list[TimelineEntry]:
     entries = [
         TimelineEntry(
             "done",
-            f"Enrolled (source {enrollment.source})",
+            f"Enrolled ({label_of(enrollment.source, 'source')})",
             enrollment.enrolled_at,
-            f"anchor {enrollment.anchor_at:%Y-%m-%d %H:%M} UTC" if enrollment.anchor_at else "",
+            f"anchor {moment(enrollment.anchor_at)}" if enrollment.anchor_at else "",
         )
     ]
     live = enrollment.status in LIVE
@@ -70,8 +71,8 @@ def timeline(detail: EnrollmentDetail, steps: list[Any]) -> list[TimelineEntry]:
         run = runs.get(index)
         if run is not None:
             if run.outcome == "queued":
-                detail_text = f"due {run.due_at:%Y-%m-%d %H:%M} UTC" + (
-                    f" · {run.reason}" if run.reason else ""
+                detail_text = f"due {moment(run.due_at)}" + (
+                    f" · {label_of(run.reason, 'reason')}" if run.reason else ""
                 )
                 entries.append(
                     TimelineEntry("done", f"{label}: queued", run.ran_at, detail_text, messages.get(index))
@@ -79,25 +80,33 @@ def timeline(detail: EnrollmentDetail, steps: list[Any]) -> list[TimelineEntry]:
             else:
                 entries.append(
                     TimelineEntry(
-                        "skipped", f"{label}: skipped", run.ran_at, f"reason: {run.reason or 'unknown'}"
+                        "skipped",
+                        f"{label}: skipped",
+                        run.ran_at,
+                        f"reason: {label_of(run.reason or 'unknown', 'reason')}",
                     )
                 )
         elif live and index == enrollment.step_index:
             if enrollment.status == "paused":
                 entries.append(
                     TimelineEntry(
-                        "waiting", f"{label}: paused", None, f"reason: {enrollment.reason or 'manual'}"
+                        "waiting",
+                        f"{label}: paused",
+                        None,
+                        f"reason: {label_of(enrollment.reason or 'manual', 'reason')}",
                     )
                 )
             else:
                 waiting = (
-                    f"waiting: {enrollment.waiting_reason}" if enrollment.waiting_reason else "scheduled"
+                    f"waiting: {label_of(enrollment.waiting_reason, 'reason')}"
+                    if enrollment.waiting_reason
+                    else "scheduled"
                 )
                 entries.append(TimelineEntry("waiting", f"{label}: next", enrollment.next_run_at, waiting))
         elif live and index > enrollment.step_index:
             entries.append(TimelineEntry("later", f"{label}: later", None, described["text"][:80]))
     if not live:
-        reason = f"reason: {enrollment.reason}" if enrollment.reason else ""
+        reason = f"reason: {label_of(enrollment.reason, 'reason')}" if enrollment.reason else ""
         note = f" · note: {enrollment.note}" if enrollment.note else ""
         state = "done" if enrollment.status == "completed" else "stopped"
         entries.append(
@@ -187,7 +196,7 @@ class EnrollmentsController(Controller):
                     },
                     EnrollRequest,
                 )
-                enrollment, _ = enrollments.enroll(conn, project_id, data, now=now, source="api")
+                enrollment, _ = enrollments.enroll(conn, project_id, data, now=now, source="dashboard")
         except msgspec.ValidationError as exc:
             return self._form(request, values, validation_error(exc).renamed(ENROLL_FIELDS), status=422)
         except FollowupsError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import jinja2
@@ -19,6 +19,7 @@ from litestar import Request, Response
 from litestar.enums import MediaType
 from markupsafe import Markup
 
+from libs.common.contracts.labels import label
 from libs.common.platform.api_keys import allows
 from services.api.dashboard.forms import FormErrors, field_id
 from services.api.dashboard.session import CSRF_FIELD, Session, Signer
@@ -39,6 +40,7 @@ SECURITY_HEADERS = {
 NAVIGATION = (
     ("/app/sequences", "Sequences", "read"),
     ("/app/enrollments", "Enrollments", "read"),
+    ("/app/bulk", "Bulk", "read"),
     ("/app/rules", "Rules", "read"),
     ("/app/contacts", "Contacts", "read"),
     ("/app/settings", "Settings", "read"),
@@ -66,11 +68,56 @@ NOTICES = {
 }
 
 
-def when(value: datetime | None) -> str:
-    """A moment as the dashboard shows it: ``2025-03-01 14:05 UTC``."""
+def relative(value: datetime, now: datetime) -> str:
+    """How far ``value`` is from ``now``, in its largest whole unit: ``in 25 s``, ``3 min ago``, ``now``."""
+    seconds = (value - now).total_seconds()
+    size = abs(seconds)
+    if size < 1:
+        return "now"
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        if size >= length:
+            amount = f"{int(size // length)} {unit}"
+            return f"in {amount}" if seconds > 0 else f"{amount} ago"
+    return "now"  # unreachable: size >= 1
+
+
+def moment(value: datetime | None) -> str:
+    """A moment to the second: ``2025-03-01 14:05:07 UTC``."""
     if value is None:
         return "—"
-    return value.strftime("%Y-%m-%d %H:%M UTC") if value.utcoffset() is not None else value.isoformat()
+    if value.utcoffset() is None:
+        return value.isoformat()
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@jinja2.pass_context
+def when(context: jinja2.runtime.Context, value: datetime | None) -> str:
+    """A moment as the dashboard shows it: to the second, and how far from the page's ``now`` (the
+    runtime's clock when the page was drawn): ``2025-03-01 14:05:07 UTC (in 25 s)``."""
+    text = moment(value)
+    now = context.get("now")
+    if value is None or value.utcoffset() is None or not isinstance(now, datetime):
+        return text
+    return f"{text} ({relative(value, now)})"
+
+
+#: What a status (or a stopped enrollment's reason) says, as its colour: went well, went badly, waits.
+GOOD = frozenset(
+    {"completed", "replied", "active", "executed", "connected", "SENT", "DELIVERED", "READ", "RECEIVED"}
+)
+BAD = frozenset({"failed", "FAILED", "opted_out", "disconnected", "contact_erased", "error"})
+WAITING = frozenset({"paused", "pending", "draft", "queued", "running", "QUEUED", "PROCESSING"})
+
+
+def tone(status: str, reason: str | None = None) -> str:
+    """``good``, ``bad``, ``wait`` or ``neutral``: a stopped enrollment by its reason (a reply is good news,
+    an opt-out bad, a stop by hand neither)."""
+    value = reason if status == "stopped" and reason else status
+    if value in GOOD:
+        return "good"
+    if value in BAD:
+        return "bad"
+    return "wait" if value in WAITING else "neutral"
 
 
 def duration(seconds: int | float | None) -> str:
@@ -84,6 +131,14 @@ def duration(seconds: int | float | None) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return ("-" if seconds < 0 else "") + " ".join(parts)
+
+
+def step_of(enrollment: Any) -> str:
+    """The step an enrollment is at, counted from 1: a live one's next step; a finished one's last step
+    run or skipped (``step_index`` has moved past it), "—" when none ran."""
+    if enrollment.status in ("active", "paused"):
+        return str(enrollment.step_index + 1)
+    return str(enrollment.step_index) if enrollment.step_index else "—"
 
 
 def short(value: uuid.UUID | str | None) -> str:
@@ -103,8 +158,8 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, duration=duration, short=short)
-    env.globals.update(percent=percent, navigation=NAVIGATION, field_id=field_id, allows=allows)
+    env.filters.update(when=when, moment=moment, duration=duration, short=short, label=label, step=step_of)
+    env.globals.update(tone=tone, percent=percent, navigation=NAVIGATION, field_id=field_id, allows=allows)
     return env
 
 
@@ -131,6 +186,7 @@ def csrf_input(request: Request[Any, Any, Any]) -> Markup:
 def render_text(request: Request[Any, Any, Any], template: str, **context: Any) -> str:
     nonce = request.state.get("dashboard_nonce") or ""
     values = {
+        "now": request.app.state.runtime.clock.now(),
         "request_path": request.url.path,
         "session": session_of(request),
         "csrf": csrf_input(request),

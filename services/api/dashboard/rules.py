@@ -15,10 +15,17 @@ from libs.common.core.errors import Conflict, FollowupsError
 from libs.common.followups import sequences
 from libs.common.rules import executions, rules
 from libs.common.rules.rules import RuleCreate, RuleUpdate
-from services.api.dashboard.action_form import ACTION_CHOICES, ACTION_FIELDS, ACTION_TYPES, actions_summary
+from services.api.dashboard.action_form import (
+    ACTION_CHOICES,
+    ACTION_FIELDS,
+    ACTION_TYPES,
+    action_sequence_ids,
+    actions_summary,
+)
 from services.api.dashboard.base import paged, project_of, see_other
 from services.api.dashboard.condition_form import ATTRIBUTE_CHOICES, OPERATOR_CHOICES, VALUE_TYPES, summary
 from services.api.dashboard.forms import Form, FormErrors, back_to_card, error_of, validation_error
+from services.api.dashboard.queries import sequence_names
 from services.api.dashboard.render import page
 from services.api.dashboard.rule_form import EVENTS, RuleForm
 from services.api.deps import runtime_of, transaction
@@ -36,12 +43,15 @@ class RulesController(Controller):
         after = request.query_params.get("after")
         with transaction(runtime_of(request)) as conn:
             rows = rules.list_rules(conn, project_id, limit=51, after=uuid.UUID(after) if after else None)
-        items, cursor = paged(rows)
+            items, cursor = paged(rows)
+            names = sequence_names(
+                conn, project_id, [i for rule in items for i in action_sequence_ids(rule.actions)]
+            )
         return page(
             request,
             "rules/list.html",
             title="Rules",
-            rules=[(rule, summary(rule.conditions), actions_summary(rule.actions)) for rule in items],
+            rules=[(rule, summary(rule.conditions), actions_summary(rule.actions, names)) for rule in items],
             cursor=cursor,
         )
 
@@ -62,13 +72,14 @@ class RulesController(Controller):
             rule = rules.get_rule(conn, project_id, rule_id)
             found = executions.list_executions(conn, project_id, rule_id=rule_id, status=status, limit=100)
             runs = rules.rule_runs(conn, project_id, rule_id, limit=20)
+            names = sequence_names(conn, project_id, action_sequence_ids(rule.actions))
         return page(
             request,
             "rules/detail.html",
             title=rule.name,
             rule=rule,
             conditions=summary(rule.conditions),
-            actions=actions_summary(rule.actions),
+            actions=actions_summary(rule.actions, names),
             executions=found,
             runs=runs,
             status_filter=status,

@@ -126,7 +126,12 @@ class SequencesController(Controller):
         status_filter = status_filter if status_filter in STATUS_FILTERS else None
         with transaction(runtime_of(request)) as conn:
             rows = sequences.list_sequences(
-                conn, project_id, limit=51, after=query_uuid(request, "after"), status=status_filter
+                conn,
+                project_id,
+                limit=51,
+                after=query_uuid(request, "after"),
+                status=status_filter,
+                include_archived=False,  # "All" is every sequence but the archived ones
             )
             items, cursor = paged(rows)
             counts = statistics.sequence_counts(conn, project_id, [s.id for s in items])

@@ -1,0 +1,57 @@
+"""The one catalogue of human labels (``libs/common/contracts/labels.py``): docs/labels.md is it written
+out, and every code the product records of each kind has a label in it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from libs.common.contracts.labels import ATTRIBUTES, EVENTS, REASONS, SOURCES, label, markdown
+from libs.common.followups.stops import REASONS as STOP_REASONS
+from libs.common.platform.messages import MessageSource
+from libs.common.rules.conditions import ATTRIBUTES as CONDITION_ATTRIBUTES
+from libs.common.rules.rules import Event
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "labels.md"
+
+
+def test_docs_labels_is_the_catalogue_written_out() -> None:
+    assert DOCS.read_text() == markdown(), (
+        "docs/labels.md is stale: python -m libs.common.contracts.labels > docs/labels.md"
+    )
+
+
+def test_every_recorded_code_has_a_label() -> None:
+    assert sorted(set(get_args(Event)) - EVENTS.keys()) == []
+    assert sorted(set(CONDITION_ATTRIBUTES) - ATTRIBUTES.keys()) == []
+    assert sorted(set(STOP_REASONS.values()) - REASONS.keys()) == []
+    enrollment_sources = {"api", "dashboard", "rule", "bulk", "campaign", "conversation"}
+    assert sorted((set(get_args(MessageSource)) | enrollment_sources) - SOURCES.keys()) == []
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "shown"),
+    [
+        ("contact.tag_added", "event", "Tag added to the contact"),
+        ("replied", "reason", "Contact replied"),
+        (
+            "awaiting_agent:2026-12-01T18:06:57.73+00:00",
+            "reason",
+            "Waiting for an agent since: 2026-12-01 18:06:57 UTC",
+        ),
+        (
+            "only_if:no_reply_since_previous_step",
+            "reason",
+            "Condition not met: no reply since the previous step",
+        ),
+        ("missing_variable:vars.plan", "reason", "A placeholder has no value: vars.plan"),
+        ("contact.attributes.plan", "attribute", "Contact attribute “plan”"),
+        ("dashboard", "source", "Dashboard"),
+        ("something_new", "reason", "Something new"),
+        (None, "reason", "—"),
+    ],
+)
+def test_a_code_is_shown_by_its_label_or_readably(code: str | None, kind: str, shown: str) -> None:
+    assert label(code, kind) == shown  # type: ignore[arg-type]
