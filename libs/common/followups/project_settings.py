@@ -17,7 +17,7 @@ from psycopg import Connection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from libs.common.core.errors import InvalidInput
+from libs.common.core.errors import Refusals
 from libs.common.core.sql import load_queries
 from libs.common.followups.send_window import SendWindow, validate_window
 
@@ -93,21 +93,29 @@ def put_settings(
     now: datetime,
     ai_token_cap: int | None,
 ) -> ProjectSettings:
-    """Replace the project's settings (validated first: nothing is stored half). ``ai_token_cap`` is the
-    operator's cap (``AI_MAX_MONTHLY_TOKENS_PER_PROJECT``): a budget above it is refused."""
-    budget = settings.ai_monthly_token_budget
-    if ai_token_cap is not None and budget is not None and budget > ai_token_cap:
-        raise InvalidInput(
-            f"ai_monthly_token_budget may be at most {ai_token_cap} (this deployment's cap on a project's"
-            " monthly tokens); leave it empty to use the cap",
-            field="ai_monthly_token_budget",
-        )
-    for name in ("send_window", "business_hours"):
-        window = getattr(settings, name)
-        if window is not None:
-            validate_window(window, name)
+    """Replace the project's settings (checked first by :func:`check_settings`: nothing is stored half)."""
+    check_settings(settings, ai_token_cap=ai_token_cap)
     params = msgspec.to_builtins(settings) | {"project_id": project_id, "now": now}
     for name in ("send_window", "business_hours"):
         params[name] = Jsonb(params[name]) if params[name] is not None else None
     conn.execute(QUERIES["put_settings"], params)
     return settings
+
+
+def check_settings(settings: ProjectSettings, *, ai_token_cap: int | None) -> None:
+    """The checks settings must pass, every error at once (one InvalidInput): windows that can open, a
+    budget within ``ai_token_cap``, the operator's cap (``AI_MAX_MONTHLY_TOKENS_PER_PROJECT``)."""
+    refusals = Refusals()
+    budget = settings.ai_monthly_token_budget
+    if ai_token_cap is not None and budget is not None and budget > ai_token_cap:
+        refusals.add(
+            "ai_monthly_token_budget",
+            f"ai_monthly_token_budget may be at most {ai_token_cap} (this deployment's cap on a project's"
+            " monthly tokens); leave it empty to use the cap",
+        )
+    for name in ("send_window", "business_hours"):
+        window = getattr(settings, name)
+        if window is not None:
+            with refusals.check():
+                validate_window(window, name)
+    refusals.raise_any()
