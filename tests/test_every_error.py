@@ -185,3 +185,38 @@ def test_the_settings_page_shows_every_error_beside_its_field(signed_in) -> None
     )
     assert field_error(response.text, "send_window.start") == "start must be a 24-hour time HH:MM"
     assert "start and end must differ" in response.text
+
+
+def test_publish_warns_about_each_placeholder_without_a_fallback(client) -> None:
+    sequence_id = new_sequence(
+        client,
+        message_step(text='Hi {{contact.name | "there"}}, your plan {{vars.plan}} ({{contact.phone}})'),
+        message_step(text="Reminder at {{anchor.time}}", anchor_offset_seconds=-3600),
+        message_step(text="{{contact.attributes.city}} on {{anchor.date}}", delay_seconds=60),
+    )
+    response = client.post(f"/v1/sequences/{sequence_id}/publish")
+    assert response.status_code == 201, response.text
+    warnings = [(w["field"], w["placeholder"], w["skip_reason"]) for w in response.json()["warnings"]]
+    # contact.phone is always there, a fallback guards contact.name, a reminder has its anchor
+    assert warnings == [
+        ("definition.steps.0.text", "vars.plan", "missing_variable:vars.plan"),
+        ("definition.steps.2.text", "contact.attributes.city", "missing_variable:contact.attributes.city"),
+        ("definition.steps.2.text", "anchor.date", "missing_anchor"),
+    ]
+    assert '{{vars.plan | "..."}}' in response.json()["warnings"][0]["message"]
+    # publishing the same draft again answers the same version with the same warnings
+    again = client.post(f"/v1/sequences/{sequence_id}/publish")
+    assert again.status_code == 200 and again.json()["warnings"] == response.json()["warnings"]
+    clean = new_sequence(client, message_step(text='Hi {{vars.plan | "friend"}}'))
+    assert client.post(f"/v1/sequences/{clean}/publish").json()["warnings"] == []
+
+
+def test_the_builder_shows_the_warnings_on_their_step(signed_in) -> None:
+    client, token = signed_in
+    sequence_id = make_sequence_via_form(client, token, "S")
+    add_step(client, token, sequence_id, text="Hi")
+    add_step(client, token, sequence_id, text="Your plan: {{vars.plan}}")
+    builder = client.get(f"/app/sequences/{sequence_id}").text
+    first, second = builder.split('id="f-definition-steps-1"')
+    assert "step-warning" not in first.split('id="f-definition-steps-0"')[1]
+    assert "{{vars.plan}} has no fallback" in second.split("</li>")[0]

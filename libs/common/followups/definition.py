@@ -279,6 +279,45 @@ def check_whatsapp_template(
     return {f"whatsapp_template.parameters.{i}": parameter for i, parameter in enumerate(template.parameters)}
 
 
+class DefinitionWarning(msgspec.Struct, kw_only=True, frozen=True):
+    """Something a valid definition may not do as meant: a placeholder without a fallback skips its step
+    for an enrollment that lacks the value."""
+
+    #: The text it is in (``definition.steps.1.text``).
+    field: str
+    #: The placeholder's path (``vars.plan``).
+    placeholder: str
+    #: The step run's reason when it is skipped for it (``missing_variable:vars.plan``).
+    skip_reason: str
+    message: str
+
+
+def placeholder_warnings(definition: Definition, field: str = "definition") -> list[DefinitionWarning]:
+    """A warning for each placeholder without a fallback in a step's texts (an anchor-timed step's
+    ``anchor.*`` excepted: without an anchor it is skipped anyway). The definition is a valid one."""
+    out: list[DefinitionWarning] = []
+    for index, step in enumerate(definition.steps):
+        where = f"{_steps_field(field)}.{index}"
+        for name, text in step_texts(step, where).items():
+            try:
+                unguarded = parse_template(text).unguarded()
+            except TemplateError:  # a draft's malformed text: publishing refuses it, naming it
+                continue
+            for path, reason in unguarded.items():
+                if reason == "missing_anchor" and step.anchor_offset_seconds is not None:
+                    continue
+                out.append(
+                    DefinitionWarning(
+                        field=f"{where}.{name}",
+                        placeholder=path,
+                        skip_reason=reason,
+                        message=f"{{{{{path}}}}} has no fallback: the step is skipped ({reason}) for an"
+                        f' enrollment without it; write {{{{{path} | "..."}}}} to send a default instead',
+                    )
+                )
+    return out
+
+
 def _check_media(step: MessageStep, where: str) -> None:
     """Media is an http(s) URL with its kind; a kind without a URL is a mistake, not a text message."""
     if step.media_url is None:
