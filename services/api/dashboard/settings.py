@@ -1,6 +1,6 @@
-"""Settings: the send window, consent mode, caps, pacing, quotas, retention, business hours and the AI
-budget (``PUT /v1/settings``: the form replaces them all), with the numbers and their status and the AI
-model this deployment uses."""
+"""Settings: the project's time zone, the send window, consent mode, caps, pacing, quotas, retention,
+business hours and the AI budget (``PUT /v1/settings``: the form replaces them all), with the numbers and
+their status and the AI model this deployment uses."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ WINDOWS = ("send_window", "business_hours")
 def values_of(settings: ProjectSettings) -> dict[str, Any]:
     """The settings as the form shows them."""
     out: dict[str, Any] = {
+        "timezone": settings.timezone if isinstance(settings.timezone, str) else "UTC",
         "consent_mode": settings.consent_mode,
         "service_window": settings.service_window,
     }
@@ -66,11 +67,13 @@ class SettingsController(Controller):
     def replace(self, request: Request[Any, Any, Any]) -> Response[str]:
         form = Form.of(request)
         values: dict[str, Any] = {
+            "timezone": form.get("timezone").strip(),
             "consent_mode": form.get("consent_mode"),
             "service_window": form.get("service_window"),
         }
         errors = FormErrors()
         payload: dict[str, Any] = {
+            "timezone": values["timezone"] or "UTC",
             "consent_mode": values["consent_mode"],
             "service_window": values["service_window"],
         }
