@@ -495,7 +495,7 @@ def test_the_dashboard_step_form_edits_what_an_ai_step_shows_the_model_and_keeps
         ("variables", "first_name\n2nd", "a variable's name"),
         ("private", "vars.coupon", "a variable's name"),
         ("allowed_domains", "https://shop.example", "a domain name in lowercase"),
-        ("history_messages", "51", "<= 50"),
+        ("history_messages", "51", "from 0 to 50"),
     ],
 )
 def test_a_bad_name_in_the_step_form_is_shown_next_to_its_list(

@@ -232,7 +232,7 @@ def test_change_the_send_window_and_see_a_bad_input_next_to_its_field(
     delay.fill("99999999")
     page.get_by_role("button", name="Save settings").click()
     error = page.locator("#f-send_delay_ms-error")
-    expect(error).to_contain_text("<= 3600000")
+    expect(error).to_contain_text("from 0 to 3600000")
     expect(delay).to_have_attribute("aria-invalid", "true")
     expect(page.locator(".error-summary")).to_be_focused()
     screenshot(page, "settings-error")
@@ -305,3 +305,40 @@ def test_create_a_key_see_it_once_and_revoke_it(page: Page, project: Project, ru
     assert rows(runtime.pool, "SELECT revoked_at IS NOT NULL FROM api_keys WHERE prefix = %s", key[:8]) == [
         (True,)
     ]
+
+
+# --- the step form: its preview beside the text on a desktop screen, right below it on a phone
+
+
+def open_new_step(tab: Page) -> None:
+    tab.get_by_label("Name").fill("Welcome")
+    tab.get_by_role("button", name="Create sequence").click()
+    tab.get_by_role("link", name="Add message").click()
+
+
+def test_the_preview_is_beside_the_text_and_shows_the_rendered_step(
+    page: Page, project: Project, runtime: Runtime
+) -> None:
+    make_contact(runtime.pool, project.id, phone="+14155550100", name="Ada")
+    sign_in(page, project)
+    open_new_step(page)
+    # the first step is not offered a condition about a previous step
+    expect(page.get_by_label("the contact has not replied since the previous step")).to_have_count(0)
+    page.get_by_label("Message", exact=True).fill("Hi {{contact.name}}, your plan is {{vars.plan}}")
+    page.get_by_label("Contact", exact=True).select_option(label="Ada")
+    page.get_by_label("Enrollment variables (key=value, one a line)").fill("plan=gold")
+    page.get_by_role("button", name="Preview").click()
+    expect(page.locator("#preview")).to_contain_text("Hi Ada, your plan is gold")
+    text = page.get_by_label("Message", exact=True).bounding_box()
+    preview = page.locator("#step-preview").bounding_box()
+    assert text is not None and preview is not None
+    # beside the text: to its right, its top level with the text's (not 1,300 px below it)
+    assert preview["x"] >= text["x"] + text["width"], (text, preview)
+    assert preview["y"] < text["y"] + text["height"], (text, preview)
+    screenshot(page, "step-form")
+    # on a phone the preview follows the text at once
+    page.set_viewport_size(PHONE)
+    text = page.get_by_label("Message", exact=True).bounding_box()
+    preview = page.locator("#step-preview").bounding_box()
+    assert text is not None and preview is not None
+    assert 0 <= preview["y"] - (text["y"] + text["height"]) < 300, (text, preview)

@@ -124,7 +124,7 @@ def test_the_builder_adds_edits_reorders_and_removes_steps(signed_in, runtime) -
         ({"text": "  "}, "text", "text must not be empty"),
         ({"text": "Hi {{vars.x"}, "text", "unclosed placeholder"),
         ({"text": "Hi {{name}}"}, "text", ""),
-        ({"wait_value": "-1"}, "delay_seconds", ">= 0"),
+        ({"wait_value": "-1"}, "delay_seconds", "a whole number from 0 to 31622400"),
         ({"wait_value": "soon"}, "delay_seconds", "whole number"),
         ({"only_if": "no_reply_since_previous_step"}, "only_if", "the first step has no previous step"),
         (
@@ -139,7 +139,11 @@ def test_the_builder_adds_edits_reorders_and_removes_steps(signed_in, runtime) -
         ),
         ({"media_url": "ftp://x", "media_kind": "image"}, "media_url", "http or https"),
         ({"whatsapp_template.name": "Bad Name"}, "whatsapp_template.name", "lowercase"),
-        ({"kind": "ai", "instructions": "x", "min_confidence": "2"}, "min_confidence", "<= 1"),
+        (
+            {"kind": "ai", "instructions": "x", "min_confidence": "2"},
+            "min_confidence",
+            "a number from 0 to 1",
+        ),
         ({"kind": "ai", "instructions": "x", "language": "Portuguese"}, "language", "language code"),
         ({"timing": "anchor", "offset_value": ""}, "anchor_offset_seconds", "required"),
     ],

@@ -92,9 +92,7 @@ def test_a_delay_in_business_hours_counts_open_time_only(client: TestClient[Any]
 def test_business_hours_are_counted_in_the_projects_time_zone(
     client: TestClient[Any], runtime: Runtime, project: Project
 ) -> None:
-    with runtime.pool.connection() as conn:  # UTC-3 all year
-        conn.execute("UPDATE projects SET timezone = 'America/Sao_Paulo' WHERE id = %s", (project.id,))
-    put_settings(client, business_hours=NINE_TO_FIVE)
+    put_settings(client, timezone="America/Sao_Paulo", business_hours=NINE_TO_FIVE)  # UTC-3 all year
     rule = create_rule(
         client,
         "conversation.updated",

@@ -79,6 +79,7 @@ def at(moment: datetime) -> str:
 def test_settings_default_to_no_constraint_and_are_replaced_whole(client: TestClient[Any]) -> None:
     defaults = ok(client.get("/v1/settings"))
     assert defaults == {
+        "timezone": "UTC",
         "send_window": None,
         "consent_mode": "off",
         "service_window": "off",
@@ -184,9 +185,10 @@ def test_a_step_window_overrides_the_sequence_and_the_project_window_and_uses_th
 def test_a_contact_without_a_zone_is_in_the_projects_zone(
     client: TestClient[Any], runtime: Runtime, clock: ManualClock, pool: ConnectionPool, project: Project
 ) -> None:
-    with pool.connection() as conn:
-        conn.execute("UPDATE projects SET timezone = 'America/New_York' WHERE id = %s", (project.id,))
-    put_settings(client, send_window={"start": "09:00", "end": "17:00"})
+    settings = put_settings(
+        client, timezone="America/New_York", send_window={"start": "09:00", "end": "17:00"}
+    )
+    assert settings["timezone"] == "America/New_York"
     clock.set(MONDAY.replace(hour=13))  # 08:00 in New York
     enrolled = enroll(client, sequence(client), contact(client))
     release(runtime, clock)

@@ -86,6 +86,13 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
     ),
     **_reads(
         "followups",
+        "libs/common/followups/project_settings.sql::get_settings",
+        ("projects",),
+        "the settings carry the project's time zone (the platform's, set through platform.projects): one "
+        "statement for the rule, AI and message paths that read the settings",
+    ),
+    **_reads(
+        "followups",
         "libs/common/followups/statistics.sql::replies_after_step",
         ("messages", "message_status_events"),
         "a sequence's reply statistics join its step runs with their messages' send reports and the "

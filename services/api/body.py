@@ -7,6 +7,9 @@ since 1970), so :class:`StrictRequest` decodes the body straight into the handle
 ``strict=True``; the signature model then passes the decoded struct through untouched, and query and path
 parameters keep their string conversion.
 
+A body that does not decode is refused with every field it has wrong, each in plain words
+(:mod:`libs.common.core.decoding`), not only the first msgspec met.
+
 A body that does not decode is not refused at once: authentication comes first (an unknown caller learns
 nothing about the body), as for every other parameter. The refusal is held on the request and ``data``
 gets a value no type accepts, so the handler's parameters fail once its dependencies resolved;
@@ -21,6 +24,8 @@ import msgspec
 from litestar import Request
 from litestar.exceptions import ValidationException
 from litestar.handlers import HTTPRouteHandler
+
+from libs.common.core.decoding import refusals
 
 #: Largest request body (bytes) a route takes unless it says otherwise: a sequence of 50 steps of 4,096
 #: characters each is ~200 KB (~1 MB written in 4-byte characters), far below it.
@@ -60,18 +65,33 @@ class StrictRequest(Request[Any, Any, Any]):
         if target is None or target is Any:  # no type to hold a refusal against: Litestar's own decoding
             return await super().json()
         body = await self.body()
+        extra: list[dict[str, str]] = []
         try:
             return msgspec.json.decode(body or b"null", type=target, strict=True)
         except msgspec.ValidationError as exc:  # a wrong type, an unknown or missing field, a bound
             refusal = str(exc)
+            extra = _every_refusal(body, target, exc)
         except msgspec.DecodeError as exc:  # not JSON at all
             refusal = f"the body is not valid JSON: {exc}"
         except RecursionError:  # nested deeper than Python's recursion limit
             refusal = "the request body is nested too deeply"
         self.scope.setdefault("state", {})[_HELD] = ValidationException(
-            detail=refusal, extra=[{"message": refusal, "key": "data", "source": "body"}]
+            detail=refusal, extra=extra or [{"message": refusal, "key": "data", "source": "body"}]
         )
         return REFUSED
+
+
+def _every_refusal(body: bytes, target: Any, first: msgspec.ValidationError) -> list[dict[str, str]]:
+    """Every field of the body its type refuses, not only the first (the body as plain data, searched
+    whole); none when it is not JSON past the first refusal (then the first alone is reported)."""
+    try:
+        raw = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return []
+    return [
+        {"message": r.raw, "key": "data", "source": "body", "field": r.field, "plain": r.message}
+        for r in refusals(raw, target, first)
+    ]
 
 
 def held_refusal(request: Request[Any, Any, Any]) -> ValidationException | None:

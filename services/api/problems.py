@@ -7,6 +7,9 @@ length outside its bounds), the same status the domain gives the values it rejec
 route takes is 413 naming ``body``. A domain error with a stable ``code`` (``already_enrolled``,
 ``plan_limit``, ...) carries it as the ``code`` member.
 
+A body with several problems answers every one (``errors`` lists each field with its message, in plain
+words naming the allowed values or bounds: :mod:`libs.common.core.decoding`); ``detail`` joins them.
+
 Bodies are decoded strictly (no number for a time, no string for a number: :mod:`services.api.body`); a
 body refused there is reported here, after authentication, like any other parameter.
 """
@@ -136,7 +139,7 @@ def _field_of(message: str, key: str | None, source: str | None = None) -> str:
 
 def _domain_error(request: Request[Any, Any, Any], exc: FollowupsError) -> Response[Any]:
     status = status_of(exc)
-    errors = [{"field": exc.field, "message": exc.message}] if exc.field else None
+    errors = [{"field": field, "message": message} for field, message in exc.errors if field] or None
     headers = _HEADERS.get(status)
     return problem(status, exc.message, errors=errors, headers=headers, code=exc.code)
 
@@ -146,16 +149,18 @@ def _validation_error(request: Request[Any, Any, Any], exc: ValidationException)
     if (refusal := held_refusal(request)) is not None and isinstance(refusal.extra, list):
         # the body did not decode (services.api.body): its own refusal, not "got a RefusedBody"
         items = [item for item in items if item.get("source") != "body"] + refusal.extra
-    errors = []
+    errors, raw = [], []
     for item in items:
         message = str(item.get("message", ""))
-        field = _field_of(message, item.get("key"), item.get("source"))
-        errors.append({"field": field, "message": _AT_PATH.sub("", message)})
+        field = item.get("field") or _field_of(message, item.get("key"), item.get("source"))
+        errors.append({"field": field, "message": item.get("plain") or _AT_PATH.sub("", message)})
+        raw.append(_AT_PATH.sub("", message))
     if not errors and exc.detail:
         errors.append({"field": _field_of(exc.detail, None), "message": _AT_PATH.sub("", exc.detail)})
+        raw.append(errors[-1]["message"])
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "The request is not valid."
     # 422 only when every error is about a value; any shape error makes the request a bad request
-    status = 422 if errors and all(_VALUE_ERROR.match(e["message"]) for e in errors) else 400
+    status = 422 if raw and all(_VALUE_ERROR.match(message) for message in raw) else 400
     return problem(status, detail, errors=errors)
 
 

@@ -24,8 +24,8 @@ from libs.common.contracts.limits import (
     MessageText,
     Url,
 )
-from libs.common.core import validation
-from libs.common.core.errors import InvalidInput
+from libs.common.core import decoding, validation
+from libs.common.core.errors import InvalidInput, Refusals
 from libs.common.followups.send_window import SendWindow, validate_window
 from libs.common.followups.templates import SEGMENT_PATTERN, TemplateError, parse_template
 
@@ -59,14 +59,18 @@ _DOMAIN = r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9](?:[a-z0-9-]{0,6
 VariableName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KEY_LENGTH, pattern=_VARIABLE_NAME)]
 #: A domain name, lowercase ASCII (an internationalised one in its ``xn--`` form): ``example.com``.
 Domain = Annotated[str, msgspec.Meta(max_length=MAX_DOMAIN_LENGTH, pattern=_DOMAIN)]
-#: What a value that does not match a pattern must be, in words (msgspec's message shows the regex).
-_PATTERN_MEANING = {
+decoding.PATTERNS |= {
     _VARIABLE_NAME: "must be a variable's name: letters, digits and underscores, not starting with a digit",
     _DOMAIN: "must be a domain name in lowercase, such as example.com (an internationalised one as xn--)",
 }
 
 #: ``only_if`` conditions: the step is skipped unless every one holds at release.
 OnlyIf = Literal["no_reply_since_previous_step", "no_reply_since_enrollment", "previous_not_read"]
+#: The conditions the first step may not have (each needs a step before it), and why.
+FIRST_STEP_REFUSES: dict[str, str] = {
+    "no_reply_since_previous_step": "the first step has no previous step",
+    "previous_not_read": "the first step has no previous follow-up",
+}
 
 
 class _Def(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -177,26 +181,10 @@ class Definition(_Def, kw_only=True):
     number_id: uuid.UUID | None = None
 
 
-def _field_path(path: str) -> str:
-    """A msgspec error path (``$.steps[0].kind``) in the API's dotted style (``steps.0.kind``)."""
-    return re.sub(r"\[(\d+)\]", r".\1", path.removeprefix("$")).strip(".")
-
-
 def decode_definition(raw: Any, field: str = "definition") -> Definition:
-    """A definition from JSON-like data; a malformed one raises InvalidInput naming the field."""
-    try:
-        return msgspec.convert(raw, Definition)
-    except msgspec.ValidationError as exc:
-        message, _, path = explained(exc).partition(" - at `")
-        where = ".".join(part for part in (field, _field_path(path.rstrip("`"))) if part)
-        raise InvalidInput(f"{where}: {message}", field=where) from None
-
-
-def explained(exc: msgspec.ValidationError) -> str:
-    """msgspec's message, with a value that does not match a pattern of this module said in words."""
-    message, at, path = str(exc).partition(" - at `")
-    message = next((v for k, v in _PATTERN_MEANING.items() if message.endswith(f"regex {k!r}")), message)
-    return message + at + path
+    """A definition from JSON-like data; a malformed one raises InvalidInput naming every refused field."""
+    definition: Definition = decoding.decode(raw, Definition, field)
+    return definition
 
 
 def _steps_field(field: str) -> str:
@@ -205,7 +193,8 @@ def _steps_field(field: str) -> str:
 
 
 def validate_definition(definition: Definition, field: str = "definition") -> Definition:
-    """The checks a definition must pass to be published; each error names the step and field.
+    """The checks a definition must pass to be published; every error is raised at once (one
+    InvalidInput, :meth:`InvalidInput.every`), each naming its step and field.
 
     Field paths are dotted (``definition.steps.0.text``); ``field=""`` validates an inline list of steps
     (a one-off follow-up), named ``steps.0.text``.
@@ -213,61 +202,120 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
     steps_field = _steps_field(field)
     # the bounds of the struct's fields (lengths, counts), checked on decoding, for a definition built in code
     decode_definition(msgspec.to_builtins(definition), field)
+    refusals = Refusals()
     if definition.send_window is not None:
-        validate_window(definition.send_window, f"{field}.send_window" if field else "send_window")
+        with refusals.check():
+            validate_window(definition.send_window, f"{field}.send_window" if field else "send_window")
     if not definition.steps:
-        raise InvalidInput("a sequence needs at least one step", field=steps_field)
+        refusals.add(steps_field, "a sequence needs at least one step")
     if len(definition.steps) > MAX_STEPS:
-        raise InvalidInput(f"a sequence has at most {MAX_STEPS} steps", field=steps_field)
+        refusals.add(steps_field, f"a sequence has at most {MAX_STEPS} steps")
     for index, step in enumerate(definition.steps):
-        where = f"{steps_field}.{index}"
-        if step.anchor_offset_seconds is not None and step.delay_seconds:
-            raise InvalidInput(
-                "a step is timed either by delay_seconds or by anchor_offset_seconds, not both",
-                field=f"{where}.anchor_offset_seconds",
-            )
-        if index == 0 and "no_reply_since_previous_step" in step.only_if:
-            raise InvalidInput("the first step has no previous step", field=f"{where}.only_if")
-        if index == 0 and "previous_not_read" in step.only_if:
-            raise InvalidInput("the first step has no previous follow-up", field=f"{where}.only_if")
-        if isinstance(step, MessageStep):
-            _check_media(step, where)
-        elif step.language is not None and not _LANGUAGE.fullmatch(step.language):
-            raise InvalidInput(
-                "language must be a language code such as en or pt_BR", field=f"{where}.language"
-            )
-        if step.send_window is not None:
-            validate_window(step.send_window, f"{where}.send_window")
-        texts = {"text": step.text} if isinstance(step, MessageStep) else {"instructions": step.instructions}
-        if isinstance(step, AiStep) and isinstance(step.fallback, TemplateFallback):
-            texts["fallback.text"] = step.fallback.text
-        if step.whatsapp_template is not None:
-            texts |= check_whatsapp_template(step.whatsapp_template, f"{where}.whatsapp_template")
-        for name, text in texts.items():
-            if not text.strip():
-                raise InvalidInput(f"{name} must not be empty", field=f"{where}.{name}")
-            try:
-                parse_template(text)
-            except TemplateError as exc:
-                raise InvalidInput(str(exc), field=f"{where}.{name}") from None
+        _check_step(step, index, f"{steps_field}.{index}", refusals)
+    refusals.raise_any()
     return definition
+
+
+def _check_step(step: Step, index: int, where: str, refusals: Refusals) -> None:
+    """The checks of one step (at ``index``), each error kept in ``refusals``."""
+    if step.anchor_offset_seconds is not None and step.delay_seconds:
+        refusals.add(
+            f"{where}.anchor_offset_seconds",
+            "a step is timed either by delay_seconds or by anchor_offset_seconds, not both",
+        )
+    for condition in step.only_if:
+        if index == 0 and condition in FIRST_STEP_REFUSES:
+            refusals.add(f"{where}.only_if", FIRST_STEP_REFUSES[condition])
+    if isinstance(step, MessageStep):
+        with refusals.check():
+            _check_media(step, where)
+    elif step.language is not None and not _LANGUAGE.fullmatch(step.language):
+        refusals.add(f"{where}.language", "language must be a language code such as en or pt_BR")
+    if step.send_window is not None:
+        with refusals.check():
+            validate_window(step.send_window, f"{where}.send_window")
+    for name, text in step_texts(step, where, refusals).items():
+        if not text.strip():
+            refusals.add(f"{where}.{name}", f"{name} must not be empty")
+            continue
+        try:
+            parse_template(text)
+        except TemplateError as exc:
+            refusals.add(f"{where}.{name}", str(exc))
+
+
+def step_texts(step: Step, where: str = "", refusals: Refusals | None = None) -> dict[str, str]:
+    """A step's templates, keyed by field: its text (an AI step's instructions), a template fallback's
+    text, its WhatsApp template's parameters (whose name and language are checked into ``refusals``)."""
+    texts = {"text": step.text} if isinstance(step, MessageStep) else {"instructions": step.instructions}
+    if isinstance(step, AiStep) and isinstance(step.fallback, TemplateFallback):
+        texts["fallback.text"] = step.fallback.text
+    if step.whatsapp_template is not None:
+        texts |= check_whatsapp_template(step.whatsapp_template, f"{where}.whatsapp_template", refusals)
+    return texts
 
 
 _LANGUAGE = re.compile(r"[a-z]{2,3}(?:_[A-Z]{2})?")
 _TEMPLATE_NAME = re.compile(r"[a-z0-9_]{1,512}")
 
 
-def check_whatsapp_template(template: WhatsAppTemplate, where: str) -> dict[str, str]:
+def check_whatsapp_template(
+    template: WhatsAppTemplate, where: str, refusals: Refusals | None = None
+) -> dict[str, str]:
     """An approved template's name (lowercase letters, digits, underscores) and language (``en``,
-    ``pt_BR``); returns its parameters, keyed by field, to be checked as templates like the step's text."""
+    ``pt_BR``), errors kept in ``refusals`` (none given: raised); returns its parameters, keyed by field,
+    to be checked as templates like the step's text."""
+    own = refusals is None
+    refusals = Refusals() if refusals is None else refusals
     if not _TEMPLATE_NAME.fullmatch(template.name):
-        raise InvalidInput(
+        refusals.add(
+            f"{where}.name",
             "name must be the approved template's name: lowercase letters, digits and underscores",
-            field=f"{where}.name",
         )
     if not _LANGUAGE.fullmatch(template.language):
-        raise InvalidInput("language must be a language code such as en or pt_BR", field=f"{where}.language")
+        refusals.add(f"{where}.language", "language must be a language code such as en or pt_BR")
+    if own:
+        refusals.raise_any()
     return {f"whatsapp_template.parameters.{i}": parameter for i, parameter in enumerate(template.parameters)}
+
+
+class DefinitionWarning(msgspec.Struct, kw_only=True, frozen=True):
+    """Something a valid definition may not do as meant: a placeholder without a fallback skips its step
+    for an enrollment that lacks the value."""
+
+    #: The text it is in (``definition.steps.1.text``).
+    field: str
+    #: The placeholder's path (``vars.plan``).
+    placeholder: str
+    #: The step run's reason when it is skipped for it (``missing_variable:vars.plan``).
+    skip_reason: str
+    message: str
+
+
+def placeholder_warnings(definition: Definition, field: str = "definition") -> list[DefinitionWarning]:
+    """A warning for each placeholder without a fallback in a step's texts (an anchor-timed step's
+    ``anchor.*`` excepted: without an anchor it is skipped anyway). The definition is a valid one."""
+    out: list[DefinitionWarning] = []
+    for index, step in enumerate(definition.steps):
+        where = f"{_steps_field(field)}.{index}"
+        for name, text in step_texts(step, where).items():
+            try:
+                unguarded = parse_template(text).unguarded()
+            except TemplateError:  # a draft's malformed text: publishing refuses it, naming it
+                continue
+            for path, reason in unguarded.items():
+                if reason == "missing_anchor" and step.anchor_offset_seconds is not None:
+                    continue
+                out.append(
+                    DefinitionWarning(
+                        field=f"{where}.{name}",
+                        placeholder=path,
+                        skip_reason=reason,
+                        message=f"{{{{{path}}}}} has no fallback: the step is skipped ({reason}) for an"
+                        f' enrollment without it; write {{{{{path} | "..."}}}} to send a default instead',
+                    )
+                )
+    return out
 
 
 def _check_media(step: MessageStep, where: str) -> None:

@@ -17,9 +17,11 @@ from psycopg import Connection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from libs.common.core.errors import InvalidInput
+from libs.common.core import validation
+from libs.common.core.errors import Refusals
 from libs.common.core.sql import load_queries
 from libs.common.followups.send_window import SendWindow, validate_window
+from libs.common.platform import projects
 
 QUERIES = load_queries("libs.common.followups", "project_settings.sql")
 
@@ -28,8 +30,12 @@ MAX_SEND_DELAY_MS = 3_600_000
 
 
 class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """Every field has a default that constrains nothing; ``PUT /v1/settings`` replaces them all."""
+    """Every field has a default that constrains nothing; ``PUT /v1/settings`` replaces them all (the time
+    zone only when given)."""
 
+    #: The project's IANA time zone (default UTC): its send windows and anchor times for a contact without
+    #: a zone of its own, and its business hours. Left out of a ``PUT``, it stays as it is.
+    timezone: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | msgspec.UnsetType = msgspec.UNSET
     #: Local hours and days follow-ups may go out in (null: any time); a sequence or step may override it.
     send_window: SendWindow | None = None
     #: ``required``: a contact whose consent is not ``granted`` is skipped (``no_consent``).
@@ -62,15 +68,19 @@ DEFAULTS = ProjectSettings()
 
 
 def settings_from_row(row: dict[str, Any] | None) -> ProjectSettings:
-    """Settings from the columns of ``followup_settings`` (None: the defaults)."""
+    """Settings from the columns of ``followup_settings`` and the project's ``timezone`` (no settings row:
+    the defaults)."""
     if row is None:
         return DEFAULTS
+    if not row.get("has_settings", True):
+        return msgspec.structs.replace(DEFAULTS, timezone=row["timezone"])
     return msgspec.convert(
         {k: v for k, v in row.items() if k in ProjectSettings.__struct_fields__}, ProjectSettings
     )
 
 
 def get_settings(conn: Connection[Any], project_id: uuid.UUID) -> ProjectSettings:
+    """The project's settings, with its time zone."""
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(QUERIES["get_settings"], {"project_id": project_id}).fetchone()
     return settings_from_row(row)
@@ -93,21 +103,36 @@ def put_settings(
     now: datetime,
     ai_token_cap: int | None,
 ) -> ProjectSettings:
-    """Replace the project's settings (validated first: nothing is stored half). ``ai_token_cap`` is the
-    operator's cap (``AI_MAX_MONTHLY_TOKENS_PER_PROJECT``): a budget above it is refused."""
-    budget = settings.ai_monthly_token_budget
-    if ai_token_cap is not None and budget is not None and budget > ai_token_cap:
-        raise InvalidInput(
-            f"ai_monthly_token_budget may be at most {ai_token_cap} (this deployment's cap on a project's"
-            " monthly tokens); leave it empty to use the cap",
-            field="ai_monthly_token_budget",
-        )
-    for name in ("send_window", "business_hours"):
-        window = getattr(settings, name)
-        if window is not None:
-            validate_window(window, name)
+    """Replace the project's settings (checked first by :func:`check_settings`: nothing is stored half) and
+    set its time zone when given (the platform owns it); returns them as stored."""
+    check_settings(settings, ai_token_cap=ai_token_cap)
     params = msgspec.to_builtins(settings) | {"project_id": project_id, "now": now}
     for name in ("send_window", "business_hours"):
         params[name] = Jsonb(params[name]) if params[name] is not None else None
     conn.execute(QUERIES["put_settings"], params)
-    return settings
+    if isinstance(settings.timezone, str):
+        projects.set_timezone(conn, project_id, settings.timezone)
+    return get_settings(conn, project_id)
+
+
+def check_settings(settings: ProjectSettings, *, ai_token_cap: int | None) -> None:
+    """The checks settings must pass, every error at once (one InvalidInput): an IANA time zone, windows
+    that can open, a budget within ``ai_token_cap``, the operator's cap
+    (``AI_MAX_MONTHLY_TOKENS_PER_PROJECT``)."""
+    refusals = Refusals()
+    if isinstance(settings.timezone, str):
+        with refusals.check():
+            validation.timezone(settings.timezone)
+    budget = settings.ai_monthly_token_budget
+    if ai_token_cap is not None and budget is not None and budget > ai_token_cap:
+        refusals.add(
+            "ai_monthly_token_budget",
+            f"ai_monthly_token_budget may be at most {ai_token_cap} (this deployment's cap on a project's"
+            " monthly tokens); leave it empty to use the cap",
+        )
+    for name in ("send_window", "business_hours"):
+        window = getattr(settings, name)
+        if window is not None:
+            with refusals.check():
+                validate_window(window, name)
+    refusals.raise_any()

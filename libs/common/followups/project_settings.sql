@@ -1,10 +1,12 @@
 -- name: get_settings
--- A project's follow-up settings (no row: the defaults).
-SELECT send_window, consent_mode, service_window, max_per_contact_24h, send_delay_ms, max_in_flight_per_number,
-       monthly_message_quota, max_send_lane_backlog, retention_days, business_hours,
-       ai_monthly_token_budget
-FROM followup_settings
-WHERE project_id = %(project_id)s
+-- A project's follow-up settings (no settings row: the defaults) and its time zone.
+SELECT s.project_id IS NOT NULL AS has_settings, p.timezone,
+       s.send_window, s.consent_mode, s.service_window, s.max_per_contact_24h, s.send_delay_ms,
+       s.max_in_flight_per_number, s.monthly_message_quota, s.max_send_lane_backlog, s.retention_days,
+       s.business_hours, s.ai_monthly_token_budget
+FROM projects p
+LEFT JOIN followup_settings s ON s.project_id = p.id
+WHERE p.id = %(project_id)s
 
 -- name: put_settings
 -- Replace a project's follow-up settings.

@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
-from libs.common.core.errors import InvalidInput
+from libs.common.core.errors import Refusals
 
 Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 
@@ -37,16 +37,19 @@ class SendWindow(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
 
 
 def validate_window(window: SendWindow, field: str) -> SendWindow:
-    """A window that can open: valid clock times, start and end apart, at least one day, no repeats."""
+    """A window that can open: valid clock times, start and end apart, at least one day, no repeats
+    (every error at once)."""
+    refusals = Refusals()
     for name in ("start", "end"):
         if not _CLOCK.fullmatch(getattr(window, name)):
-            raise InvalidInput(f"{name} must be a 24-hour time HH:MM", field=f"{field}.{name}")
+            refusals.add(f"{field}.{name}", f"{name} must be a 24-hour time HH:MM")
     if window.start == window.end:
-        raise InvalidInput("start and end must differ (a window that never closes is no window)", field=field)
+        refusals.add(field, "start and end must differ (a window that never closes is no window)")
     if not window.days:
-        raise InvalidInput("a window needs at least one day", field=f"{field}.days")
+        refusals.add(f"{field}.days", "a window needs at least one day")
     if len(set(window.days)) != len(window.days):
-        raise InvalidInput("a day is given twice", field=f"{field}.days")
+        refusals.add(f"{field}.days", "a day is given twice")
+    refusals.raise_any()
     return window
 
 

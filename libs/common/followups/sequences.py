@@ -22,7 +22,14 @@ from libs.common.core import validation
 from libs.common.core.errors import Conflict, NotFound
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
-from libs.common.followups.definition import Definition, decode_definition, storable, validate_definition
+from libs.common.followups.definition import (
+    Definition,
+    DefinitionWarning,
+    decode_definition,
+    placeholder_warnings,
+    storable,
+    validate_definition,
+)
 from libs.common.platform.numbers import get_number
 
 QUERIES = load_queries("libs.common.followups", "sequences.sql")
@@ -55,6 +62,19 @@ class Version(msgspec.Struct, kw_only=True, frozen=True):
     version: int
     definition: dict[str, Any]
     created_at: datetime
+
+
+class Published(Version, kw_only=True, frozen=True):
+    """A version just published, with what its definition may not do as meant."""
+
+    #: Each placeholder without a fallback (the step is skipped for an enrollment that lacks it).
+    warnings: list[DefinitionWarning] = msgspec.field(default_factory=list)
+
+
+def with_warnings(version: Version) -> Published:
+    """``version`` with its definition's warnings (:func:`placeholder_warnings`)."""
+    warnings = placeholder_warnings(decode_definition(version.definition))
+    return Published(**msgspec.structs.asdict(version), warnings=warnings)
 
 
 class VersionSummary(msgspec.Struct, kw_only=True, frozen=True):

@@ -128,6 +128,16 @@ class Template:
         """The placeholder paths in order of first appearance, each once: ``["vars.first_name", ...]``."""
         return list(dict.fromkeys(p.path for p in self.parts if isinstance(p, _Placeholder)))
 
+    def unguarded(self) -> dict[str, str]:
+        """The placeholders without a fallback whose value an enrollment may lack (every one but
+        ``contact.phone``), each once, with the skip reason it then causes: ``{"vars.plan":
+        "missing_variable:vars.plan"}``."""
+        return {
+            p.path: p.missing
+            for p in self.parts
+            if isinstance(p, _Placeholder) and p.fallback is None and p.kind != "contact_phone"
+        }
+
 
 @dataclass(frozen=True)
 class RenderContext:

@@ -9,6 +9,7 @@ from typing import Any
 
 from psycopg import Connection
 
+from libs.common.core import validation
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.sql import load_queries
@@ -52,3 +53,11 @@ def project_name(conn: Connection[Any], project_id: uuid.UUID) -> tuple[str, str
     """The project's name and time zone; None for an unknown project."""
     row = conn.execute(QUERIES["project_name"], {"project_id": project_id}).fetchone()
     return (row[0], row[1]) if row else None
+
+
+def set_timezone(conn: Connection[Any], project_id: uuid.UUID, timezone: str) -> None:
+    """Set the project's time zone (``timezone`` an IANA name, else InvalidInput naming ``timezone``): the
+    zone of its send windows and anchor times for a contact without one, and of its business hours."""
+    conn.execute(
+        QUERIES["set_timezone"], {"project_id": project_id, "timezone": validation.timezone(timezone)}
+    )

@@ -9,3 +9,7 @@ SELECT 1 FROM projects WHERE id = %(project_id)s
 -- name: project_name
 -- A project's name and time zone (what a page header shows).
 SELECT name, timezone FROM projects WHERE id = %(project_id)s
+
+-- name: set_timezone
+-- Set a project's time zone (an IANA name, checked by the caller).
+UPDATE projects SET timezone = %(timezone)s WHERE id = %(project_id)s

@@ -72,8 +72,9 @@ class FormErrors:
 
 
 def error_of(exc: FollowupsError) -> FormErrors:
-    """A domain error as form errors: on its field, else on the whole form."""
-    return FormErrors([(exc.field or "", exc.message)])
+    """A domain error as form errors: each on its field (a body checked whole names several), else on the
+    whole form."""
+    return FormErrors(list(exc.errors) or [(exc.field or "", exc.message)])
 
 
 def validation_error(exc: msgspec.ValidationError, prefix: str = "") -> FormErrors:

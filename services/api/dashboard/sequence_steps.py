@@ -12,6 +12,7 @@ import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
 
+from libs.common.core import decoding
 from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
 from libs.common.followups import sequences
 from libs.common.followups.definition import Definition, MessageStep, Step, validate_definition
@@ -19,7 +20,7 @@ from libs.common.followups.send_window import WEEKDAYS
 from libs.common.followups.sequences import Sequence, SequenceUpdate
 from libs.common.platform import contacts
 from services.api.dashboard.base import project_of, see_other
-from services.api.dashboard.forms import Form, FormErrors, anchor_time, error_of, key_values, validation_error
+from services.api.dashboard.forms import Form, FormErrors, anchor_time, error_of, key_values
 from services.api.dashboard.queries import project_header
 from services.api.dashboard.render import page
 from services.api.dashboard.sequences import builder_page, definition_of, step_errors
@@ -27,12 +28,11 @@ from services.api.dashboard.step_form import (
     AI_LISTS,
     KINDS,
     MEDIA_KINDS,
-    ONLY_IF,
     TIMINGS,
     UNIT_CHOICES,
     VARIABLES,
     StepForm,
-    decode_step,
+    only_if_choices,
     preview,
 )
 from services.api.deps import runtime_of, transaction
@@ -137,17 +137,18 @@ class SequenceStepsController(Controller):
             return self._step_page(request, sequence, position, step_form, FormErrors(), new=new)
         errors = FormErrors()
         payload = step_form.payload(errors)
-        step = None
-        if not errors:
+        # every error at once: the form's numbers, the step's types, the checks of what decodes
+        step, refused = decoding.salvage(payload, Step)
+        errors = FormErrors(errors.items + refused)
+        if step is not None:
             try:
-                step = decode_step(payload)
                 # the step's own checks, at its place (earlier steps stand in as valid ones)
                 stand_ins: list[Step] = [MessageStep(text="-") for _ in range(position)]
                 validate_definition(Definition(steps=[*stand_ins, step]))
-            except msgspec.ValidationError as exc:
-                errors = validation_error(exc)
             except InvalidInput as exc:
-                errors = step_errors(error_of(exc), position)
+                named = {where for where, _ in errors.items}
+                checked = step_errors(error_of(exc), position).items
+                errors = FormErrors(errors.items + [(w, m) for w, m in checked if w not in named])
         if errors or step is None:
             return self._step_page(request, sequence, position, step_form, errors, new=new, status=422)
         if form.get("_op") == "preview":
@@ -228,7 +229,7 @@ class SequenceStepsController(Controller):
             errors=all_errors,
             kinds=KINDS,
             timings=TIMINGS,
-            only_if=ONLY_IF,
+            only_if=only_if_choices(index),
             media_kinds=MEDIA_KINDS,
             units=UNIT_CHOICES,
             weekdays=WEEKDAYS,

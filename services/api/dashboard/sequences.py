@@ -17,7 +17,7 @@ from litestar.params import FromPath
 
 from libs.common.core.errors import FollowupsError, NotFound
 from libs.common.followups import sequences, statistics
-from libs.common.followups.definition import Definition, decode_definition
+from libs.common.followups.definition import Definition, decode_definition, placeholder_warnings
 from libs.common.followups.send_window import WEEKDAYS, SendWindow, validate_window
 from libs.common.followups.sequences import Sequence, SequenceCreate, SequenceUpdate
 from libs.common.platform import numbers
@@ -69,7 +69,8 @@ def builder_page(
     options: dict[str, Any] | None = None,
     name: str | None = None,
 ) -> Response[str]:
-    """The builder of a sequence: its steps (each with its errors), its options, its counts."""
+    """The builder of a sequence: its steps (each with its errors and its warnings: a placeholder
+    without a fallback), its options, its counts."""
     project_id = project_of(request)
     with transaction(runtime_of(request)) as conn:
         sequence = sequences.get_sequence(conn, project_id, sequence_id)
@@ -77,6 +78,7 @@ def builder_page(
         counts = statistics.sequence_counts(conn, project_id, [sequence_id])[sequence_id]
     definition = definition_of(sequence)
     errors = errors or FormErrors()
+    warnings = placeholder_warnings(definition)
     return page(
         request,
         "sequences/builder.html",
@@ -84,7 +86,14 @@ def builder_page(
         title=sequence.name,
         sequence=sequence,
         counts=counts,
-        steps=[(describe(step), step_errors(errors, i)) for i, step in enumerate(definition.steps)],
+        steps=[
+            (
+                describe(step),
+                step_errors(errors, i),
+                [w for w in warnings if w.field.startswith(f"definition.steps.{i}.")],
+            )
+            for i, step in enumerate(definition.steps)
+        ],
         definition=definition,
         options=options or _options_of(definition),
         name=sequence.name if name is None else name,

@@ -1,22 +1,22 @@
-"""Settings: the send window, consent mode, caps, pacing, quotas, retention, business hours and the AI
-budget (``PUT /v1/settings``: the form replaces them all), with the numbers and their status and the AI
-model this deployment uses."""
+"""Settings: the project's time zone, the send window, consent mode, caps, pacing, quotas, retention,
+business hours and the AI budget (``PUT /v1/settings``: the form replaces them all), with the numbers and
+their status and the AI model this deployment uses."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from litestar import Controller, Request, Response, get, post
 
 from libs.common.ai.step import month_tokens
-from libs.common.core.errors import FollowupsError
+from libs.common.core import decoding
+from libs.common.core.errors import FollowupsError, InvalidInput
 from libs.common.followups import project_settings
 from libs.common.followups.project_settings import ProjectSettings
 from libs.common.followups.send_window import WEEKDAYS
 from libs.common.platform import numbers
 from services.api.dashboard.base import project_of, see_other
-from services.api.dashboard.forms import Form, FormErrors, error_of, validation_error, whole_number
+from services.api.dashboard.forms import Form, FormErrors, error_of, whole_number
 from services.api.dashboard.render import page
 from services.api.deps import runtime_of, transaction
 from services.api.problems import status_of
@@ -36,6 +36,7 @@ WINDOWS = ("send_window", "business_hours")
 def values_of(settings: ProjectSettings) -> dict[str, Any]:
     """The settings as the form shows them."""
     out: dict[str, Any] = {
+        "timezone": settings.timezone if isinstance(settings.timezone, str) else "UTC",
         "consent_mode": settings.consent_mode,
         "service_window": settings.service_window,
     }
@@ -66,11 +67,13 @@ class SettingsController(Controller):
     def replace(self, request: Request[Any, Any, Any]) -> Response[str]:
         form = Form.of(request)
         values: dict[str, Any] = {
+            "timezone": form.get("timezone").strip(),
             "consent_mode": form.get("consent_mode"),
             "service_window": form.get("service_window"),
         }
         errors = FormErrors()
         payload: dict[str, Any] = {
+            "timezone": values["timezone"] or "UTC",
             "consent_mode": values["consent_mode"],
             "service_window": values["service_window"],
         }
@@ -91,24 +94,25 @@ class SettingsController(Controller):
                 if window["enabled"]
                 else None
             )
-        if errors:
-            return self._page(request, values, errors, status=422)
         runtime = runtime_of(request)
+        cap = runtime.settings.ai.max_monthly_tokens_per_project
+        # every error at once: the form's numbers, the settings' types, the checks of what decodes
+        settings, refused = decoding.salvage(payload, ProjectSettings)
+        errors = FormErrors(errors.items + refused)
         try:
-            settings = msgspec.convert(payload, ProjectSettings)
+            if settings is not None:
+                project_settings.check_settings(settings, ai_token_cap=cap)
+        except InvalidInput as exc:
+            errors = FormErrors(errors.items + error_of(exc).items)
+        if errors or settings is None:
+            return self._page(request, values, errors, status=422)
+        try:
             with transaction(runtime) as conn:
                 project_settings.put_settings(
-                    conn,
-                    project_of(request),
-                    settings,
-                    now=runtime.clock.now(),
-                    ai_token_cap=runtime.settings.ai.max_monthly_tokens_per_project,
+                    conn, project_of(request), settings, now=runtime.clock.now(), ai_token_cap=cap
                 )
-        except msgspec.ValidationError as exc:
-            return self._page(request, values, validation_error(exc), status=422)
         except FollowupsError as exc:
-            status = status_of(exc)
-            return self._page(request, values, error_of(exc), status=status)
+            return self._page(request, values, error_of(exc), status=status_of(exc))
         return see_other("/app/settings", notice="saved")
 
     def _page(

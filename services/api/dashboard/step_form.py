@@ -15,9 +15,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import msgspec
-
-from libs.common.followups.definition import AiStep, MessageStep, Step, TemplateFallback, explained
+from libs.common.followups.definition import (
+    FIRST_STEP_REFUSES,
+    AiStep,
+    MessageStep,
+    Step,
+    TemplateFallback,
+)
 from libs.common.followups.send_window import WEEKDAYS
 from libs.common.followups.templates import RenderContext, TemplateError, render_message
 from services.api.dashboard.forms import (
@@ -30,13 +34,25 @@ from services.api.dashboard.forms import (
     whole_number,
 )
 
-KINDS = [("message", "Message"), ("ai", "AI-written message")]
+#: The step types the form offers: a reminder is a message timed from the enrollment's anchor.
+KINDS = [
+    ("message", "Message"),
+    ("ai", "AI-written message"),
+    ("reminder", "Reminder (timed from the anchor)"),
+]
 TIMINGS = [("wait", "After a wait"), ("anchor", "Relative to the anchor (a reminder)")]
 ONLY_IF = [
     ("no_reply_since_previous_step", "the contact has not replied since the previous step"),
     ("no_reply_since_enrollment", "the contact has not replied since enrolling"),
     ("previous_not_read", "the previous follow-up has not been read"),
 ]
+
+
+def only_if_choices(index: int) -> list[tuple[str, str]]:
+    """The ``only_if`` conditions a step at ``index`` may have (the first has no previous step)."""
+    return [(value, label) for value, label in ONLY_IF if not (index == 0 and value in FIRST_STEP_REFUSES)]
+
+
 MEDIA_KINDS = [
     ("", "none"),
     ("image", "image"),
@@ -103,7 +119,7 @@ class StepForm:
         """A new step at ``index``: ``message``, ``ai`` or ``reminder`` (a message timed from the anchor);
         the first step goes out at once, a later one a day after the previous."""
         if kind == "reminder":
-            return cls(kind="message", timing="anchor")
+            return cls(kind="reminder", timing="anchor")
         wait = ("1", "days") if index else ("0", "hours")
         return cls(kind="ai" if kind == "ai" else "message", wait_value=wait[0], wait_unit=wait[1])
 
@@ -125,6 +141,7 @@ class StepForm:
                 out.fallback_kind = "skip"
         if step.anchor_offset_seconds is not None:
             out.timing = "anchor"
+            out.kind = "reminder" if out.kind == "message" else out.kind
             out.offset_direction = "before" if step.anchor_offset_seconds < 0 else "after"
             out.offset_value, out.offset_unit = split_delay(abs(step.anchor_offset_seconds), SECOND_UNITS)
             out.offset_value = out.offset_value or "0"
@@ -146,8 +163,9 @@ class StepForm:
 
     @classmethod
     def of_form(cls, form: Form) -> StepForm:
+        kind = form.get("kind") or "message"
         return cls(
-            kind=form.get("kind") or "message",
+            kind=kind,
             text=form.get("text"),
             media_url=form.get("media_url"),
             media_kind=form.get("media_kind"),
@@ -158,7 +176,7 @@ class StepForm:
             min_confidence=form.get("min_confidence"),
             history_messages=form.get("history_messages"),
             language=form.get("language"),
-            timing=form.get("timing") or "wait",
+            timing="anchor" if kind == "reminder" else form.get("timing") or "wait",
             wait_value=form.get("wait_value"),
             wait_unit=form.get("wait_unit") or "hours",
             offset_value=form.get("offset_value"),
@@ -179,7 +197,7 @@ class StepForm:
 
     def payload(self, errors: FormErrors) -> dict[str, Any]:
         """The step as the API's JSON (a definition's ``steps`` item)."""
-        out: dict[str, Any] = {"kind": self.kind}
+        out: dict[str, Any] = {"kind": "ai" if self.kind == "ai" else "message"}
         if self.kind == "ai":
             out["instructions"] = self.instructions
             out["goal"] = self.goal.strip() or None
@@ -235,15 +253,6 @@ class StepForm:
                 "parameters": lines(self.template_parameters),
             }
         return out
-
-
-def decode_step(payload: dict[str, Any]) -> Step:
-    """The step a payload describes; msgspec.ValidationError names the field."""
-    try:
-        step: Step = msgspec.convert(payload, Step)
-    except msgspec.ValidationError as exc:
-        raise msgspec.ValidationError(explained(exc)) from None
-    return step
 
 
 def describe(step: Step) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.followups import sequences, statistics
 from libs.common.followups.sequences import (
+    Published,
     Sequence,
     SequenceCreate,
     SequenceUpdate,
@@ -78,18 +79,19 @@ class SequencesController(Controller):
         "/{sequence_id:uuid}/publish",
         sync_to_thread=True,
         status_code=201,
-        responses={200: ResponseSpec(Version, description="The draft is the latest version: that version.")}
+        responses={200: ResponseSpec(Published, description="The draft is the latest version: that version.")}
         | _STATUS_CONFLICT
         | invalid("The draft does not pass the checks of a published definition."),
     )
     def publish(
         self, request: Request[Any, Any, Any], project_id: ProjectId, sequence_id: FromPath[uuid.UUID]
-    ) -> Response[Version]:
+    ) -> Response[Published]:
         """Freeze the draft as a new immutable version (201); new enrollments pin it. A draft identical to
-        the latest version returns that version (200) and makes no new one."""
+        the latest version returns that version (200) and makes no new one. ``warnings`` names each
+        placeholder without a fallback (the step is skipped for an enrollment that lacks its value)."""
         with transaction(runtime_of(request)) as conn:
             version, new = sequences.publish_sequence(conn, project_id, sequence_id)
-        return Response(version, status_code=201 if new else 200)
+        return Response(sequences.with_warnings(version), status_code=201 if new else 200)
 
     @get("/{sequence_id:uuid}/versions", sync_to_thread=True)
     def versions(
