@@ -70,6 +70,7 @@ class RabbitCluster:
         self.ports = [_free_port() for _ in range(size)]
         self.dist_ports = [_free_port() for _ in range(size)]
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
+        self.epmd: subprocess.Popen[bytes] | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -130,7 +131,16 @@ class RabbitCluster:
                 time.sleep(1)
 
     def start(self) -> None:
-        """Start every node, then join the others to the first."""
+        """Start the cluster's epmd and every node, then join the others to the first."""
+        epmd = shutil.which("epmd")
+        assert epmd, "epmd not found beside rabbitmq-server"
+        # in the foreground, a process of the test's (the one a node would start is a daemon)
+        self.epmd = subprocess.Popen(
+            [epmd, "-port", str(self.epmd_port)],
+            env=self._env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for index in range(len(self.names)):
             self.start_node(index)
         for index in range(len(self.names)):
@@ -141,7 +151,7 @@ class RabbitCluster:
             self.ctl(index, "start_app")
 
     def kill(self, index: int) -> None:
-        """kill -9 of node ``index`` (and of what it started: epmd runs apart, in a session of its own)."""
+        """kill -9 of node ``index`` (and of what it started; the cluster's epmd is the test's own)."""
         process = self.processes[index]
         assert process is not None
         os.killpg(process.pid, signal.SIGKILL)
@@ -163,6 +173,6 @@ class RabbitCluster:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
                 self.processes[index] = None
-        epmd = shutil.which("epmd")
-        if epmd:  # the epmd the nodes started, on the cluster's own port
-            subprocess.run([epmd, "-kill"], env=self._env(), capture_output=True, timeout=10)
+        if self.epmd is not None:
+            self.epmd.kill()
+            self.epmd.wait(10)
