@@ -123,10 +123,14 @@ def check_connection(conn: psycopg.Connection[Any]) -> None:
     connection", an idle timeout, the end of a stream a network outage cut): only then is it checked with
     psycopg's empty query. A poll of the socket costs ~20 us; the query, a round trip (~0.4 ms) per
     checkout."""
+    _check(conn)
+    DATABASE.succeeded()
+
+
+def _check(conn: psycopg.Connection[Any]) -> None:
     effects.discard(conn)
     if conn.closed or _has_input(conn.pgconn.socket):
         ConnectionPool.check_connection(conn)
-    DATABASE.succeeded()
 
 
 def check_primary(conn: psycopg.Connection[Any]) -> None:
@@ -134,10 +138,12 @@ def check_primary(conn: psycopg.Connection[Any]) -> None:
     to every session (``in_hot_standby``, ``default_transaction_read_only``: sent by the server when they
     change, read by libpq with the next answer): a demoted primary, or one fenced read-only. The pool
     then connects anew, and ``target_session_attrs=read-write`` finds the primary."""
-    check_connection(conn)
+    _check(conn)
     for parameter in ("in_hot_standby", "default_transaction_read_only"):
         if conn.info.parameter_status(parameter) == "on":
+            conn.close()  # a failed check returns the connection to the pool: closed, it is dropped there
             raise psycopg.OperationalError(f"the server no longer takes writes ({parameter} is on)")
+    DATABASE.succeeded()
 
 
 def _connected(conn: psycopg.Connection[Any]) -> None:
