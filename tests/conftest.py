@@ -38,6 +38,12 @@ from services.api.app import create_app
 from tests.helpers import Ingress
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+#: The queue type of the tests on that RabbitMQ (the machine's own): it holds the queues of earlier runs,
+#: declared classic before quorum queues became the default, and a queue cannot change type in place. The
+#: processes the tests start inherit it; quorum queues are tested on a cluster of their own
+#: (tests/test_rabbitmq_cluster.py).
+SHARED_QUEUE_TYPE = "classic"
+os.environ.setdefault("AMQP_QUEUE_TYPE", SHARED_QUEUE_TYPE)
 #: The tests' webhook receivers listen on this host: the suite opens loopback to webhooks (as an operator
 #: would for a local receiver); tests/test_webhook_isolation.py proves the default denies it.
 TEST_WEBHOOK_ALLOWED_NETWORKS = "127.0.0.0/8,::1/128"

@@ -37,7 +37,7 @@ from libs.common.core.outbox import AmqpPublisher, OutboxRelay
 from libs.common.core.runtime import Runtime
 from libs.common.core.settings import BrokerSettings, Settings
 from services.release.release import release_batch
-from tests.conftest import Project, client_of
+from tests.conftest import SHARED_QUEUE_TYPE, Project, client_of
 from tests.factories import make_contact, make_sequence
 from tests.helpers import EventsConsumer, rows, wait_until
 from tests.tcp_proxy import TcpProxy, blackhole
@@ -71,7 +71,7 @@ class Api:
     """The API app over a runtime whose broker is RabbitMQ at ``url``; records which threads publish."""
 
     def __init__(self, app: Litestar, runtime: Runtime, url: str) -> None:
-        broker = create_broker(BrokerSettings(amqp_url=url), timeout=TIMEOUT)
+        broker = create_broker(BrokerSettings(amqp_url=url, queue_type=SHARED_QUEUE_TYPE), timeout=TIMEOUT)
         assert isinstance(broker, BoundedRabbitmqBroker)
         self.broker = broker
         self.runtime = Runtime(runtime.settings, runtime.pool, broker, runtime.clock)

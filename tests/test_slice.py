@@ -19,7 +19,7 @@ from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.runtime import Runtime
 from libs.common.core.settings import BrokerSettings, Settings
 from services.api.app import create_app
-from tests.conftest import Project
+from tests.conftest import SHARED_QUEUE_TYPE, Project
 from tests.helpers import EventsConsumer, start_worker
 
 pytestmark = pytest.mark.rabbitmq
@@ -40,7 +40,7 @@ def consumer(amqp_url: str, exchange: str) -> Iterator[EventsConsumer]:
 @pytest.fixture
 def api(settings: Settings, pool: Any, amqp_url: str, project: Project) -> Iterator[TestClient[Any]]:
     """The API on the wall clock, nudging release workers over RabbitMQ."""
-    broker = create_broker(BrokerSettings(amqp_url=amqp_url))
+    broker = create_broker(BrokerSettings(amqp_url=amqp_url, queue_type=SHARED_QUEUE_TYPE))
     runtime = Runtime(settings, pool, broker, SYSTEM_CLOCK)
     with TestClient(app=create_app(runtime)) as client:
         client.headers.update(project.headers)

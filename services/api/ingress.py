@@ -36,9 +36,14 @@ class Rejected(Exception):
     """An ingress message that cannot be applied; it goes to the dead-letter queue."""
 
 
+class Deferred(dramatiq.Retry):
+    """The database is out of reach: the event is tried again later (a ``Retry``, so Dramatiq does not log
+    a traceback per message; the outage itself is logged once, by the pool's side)."""
+
+
 def retry_when(retries: int, exception: BaseException) -> bool:
     """Retry only transient failures (the database unreachable), a bounded number of times."""
-    return isinstance(exception, DatabaseUnavailable) and retries < TRANSIENT_RETRIES
+    return isinstance(exception, Deferred) and retries < TRANSIENT_RETRIES
 
 
 def build(runtime: Runtime) -> Service:
@@ -49,9 +54,9 @@ def build(runtime: Runtime) -> Service:
             handle_event(
                 runtime, message.project_id, message.event, now=runtime.clock.now(), check_project=True
             )
-        except DatabaseUnavailable:
-            log.warning("ingress event deferred: database unavailable", extra=context)
-            raise
+        except DatabaseUnavailable as exc:
+            log.debug("ingress event deferred: database unavailable", extra=context)
+            raise Deferred("database unavailable") from exc
         except FollowupsError as exc:
             log.error("ingress event rejected", extra=context | {"reason": exc.message, "field": exc.field})
             raise Rejected(exc.message) from exc

@@ -9,14 +9,20 @@
   fire-and-forget: handed to one sender thread per broker through a bounded queue (:class:`BackgroundSender`),
   so a request thread never waits on RabbitMQ. A nudge that does not fit, or that RabbitMQ does not take,
   is dropped and counted (``followups_broker_messages_dropped_total``): it costs latency, never correctness.
-- :class:`Outage`: one warning when RabbitMQ stops answering, one info when it answers again (never one
-  line per message), and attempts spaced out in between (1 s doubling to 30 s) so that the callers that
-  are not the one trying fail at once instead of each waiting out a timeout. pika's own loggers are
-  quieted (:func:`quiet_pika`): an outage would otherwise print dozens of ERROR lines a message.
+- :class:`~libs.common.core.outage.Outage`: one warning when RabbitMQ stops answering, one info when it
+  answers again (never one line per message), and attempts spaced out in between (1 s doubling to 30 s)
+  so that the callers that are not the one trying fail at once instead of each waiting out a timeout.
+  pika's own loggers are quieted (:func:`quiet_pika`): an outage would otherwise print dozens of ERROR
+  lines a message; so is the line Dramatiq's consumer logs every 3 s while it reconnects
+  (:class:`ConsumerOutageLog`).
+- :class:`Nodes`: ``AMQP_URL`` may list a cluster's nodes (comma-separated); every connection goes to the
+  first live one, the node last connected to first.
+- :func:`queue_arguments`: every queue is a quorum queue (``AMQP_QUEUE_TYPE=quorum``, the default) with a
+  delivery limit (:data:`DELIVERY_LIMIT`), or a classic one (docs/operations.md, "Quorum queues").
 
 The outbox relay (:mod:`libs.common.core.outbox`) and the cache invalidation
-(:mod:`libs.common.core.invalidation`) open their own connections with :func:`connection_parameters`
-and bound their waits with :func:`answer_within` too.
+(:mod:`libs.common.core.invalidation`) open their own connections through :class:`Nodes` and bound
+their waits with :func:`answer_within` too.
 """
 
 from __future__ import annotations
@@ -33,16 +39,18 @@ from urllib.parse import parse_qs, urlsplit
 import dramatiq
 import pika
 import pika.exceptions
-from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.broker import Consumer
+from dramatiq.brokers.rabbitmq import DEAD_MESSAGE_TTL, RabbitmqBroker, _RabbitmqConsumer
 from dramatiq.brokers.stub import StubBroker
-from dramatiq.common import current_millis, dq_name, q_name
+from dramatiq.common import current_millis, dq_name, q_name, xq_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 from periodiq import PeriodiqMiddleware
 
 from libs.common.contracts import actors
 from libs.common.core.metrics import ACTOR_DURATION, ACTOR_MESSAGES, BROKER_MESSAGES_DROPPED
-from libs.common.core.settings import BrokerSettings
+from libs.common.core.outage import Outage
+from libs.common.core.settings import BrokerSettings, node_urls
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +70,19 @@ QUEUES = (
 #: or ``connection_attempts`` query parameter wins.
 AMQP_TIMEOUT_SECONDS = 5.0
 
+#: ``AMQP_QUEUE_TYPE``: every queue the product declares is a quorum queue (replicated on a majority of the
+#: cluster's nodes, and surviving the loss of a minority), or a classic one (a single node's).
+QUEUE_TYPES = ("quorum", "classic")
+
+#: A quorum queue's ``x-delivery-limit``: a message delivered this many times without being acknowledged
+#: (each time a worker died, or lost its connection, while holding it) goes to the dead-letter queue
+#: (``<queue>.XQ``) instead of coming back forever. High enough for a few broker failovers (a message a
+#: consumer held when its node died comes back once).
+DELIVERY_LIMIT = 10
+
 #: Fire-and-forget messages (nudges, cache invalidations) one sender holds while RabbitMQ is slow; more
 #: are dropped (``reason="queue_full"``).
 SENDER_QUEUE_SIZE = 1000
-
-#: After a failure, the next attempt comes this long later, then twice as long each time, up to
-#: :data:`OUTAGE_MAX_RETRY_SECONDS`; the calls in between fail at once.
-OUTAGE_FIRST_RETRY_SECONDS = 1.0
-OUTAGE_MAX_RETRY_SECONDS = 30.0
 
 
 class ActorMetrics(Middleware):
@@ -126,6 +139,51 @@ def connection_parameters(url: str, *, timeout: float = AMQP_TIMEOUT_SECONDS) ->
     return parameters
 
 
+class Nodes:
+    """The RabbitMQ nodes of ``AMQP_URL``, in the order a new connection tries them: the node this process
+    last connected to first, then the ones after it in the list (and around). pika tries each in turn,
+    one attempt of at most ``timeout`` seconds each (:func:`connection_parameters`), so when a node dies
+    the next connection lands on a live one, and the dead node costs one refused (or timed out) attempt,
+    not one at every reconnection. Shared by the threads of a process; a race only reorders attempts."""
+
+    def __init__(self, url: str, *, timeout: float = AMQP_TIMEOUT_SECONDS) -> None:
+        self.parameters = [connection_parameters(u, timeout=timeout) for u in node_urls(url)]
+        if not self.parameters:
+            raise ValueError("AMQP_URL names no node")
+        self._first = 0
+
+    def ordered(self) -> list[pika.URLParameters]:
+        first = self._first
+        return self.parameters[first:] + self.parameters[:first]
+
+    def connect(self) -> pika.BlockingConnection:
+        """A connection to the first node that takes it (``pika.exceptions.AMQPConnectionError`` when none
+        does)."""
+        connection = pika.BlockingConnection(self.ordered())
+        self.connected(connection)
+        return connection
+
+    def connected(self, connection: pika.BlockingConnection) -> None:
+        """Remember the node ``connection`` went to: the next connection tries it first."""
+        used = connection._impl.params  # pika keeps a copy of the parameters it connected with
+        for index, node in enumerate(self.parameters):
+            if (node.host, node.port, node.virtual_host) == (used.host, used.port, used.virtual_host):
+                self._first = index
+                return
+
+
+def queue_arguments(queue_type: str, *, consumed: bool = True) -> dict[str, Any]:
+    """The ``x-`` arguments that make a queue of ``queue_type`` (``AMQP_QUEUE_TYPE``); a ``consumed`` quorum
+    queue also gets its :data:`DELIVERY_LIMIT`. A classic queue gets none: the declaration existing
+    deployments made."""
+    if queue_type != "quorum":
+        return {}
+    arguments: dict[str, Any] = {"x-queue-type": "quorum"}
+    if consumed:
+        arguments["x-delivery-limit"] = DELIVERY_LIMIT
+    return arguments
+
+
 class BrokerTimeout(Exception):
     """RabbitMQ did not answer in time (blocked by an alarm, or stalled); the connection was dropped."""
 
@@ -162,75 +220,6 @@ def close_connection(connection: Any, timeout: float = AMQP_TIMEOUT_SECONDS) -> 
             connection.close()
     except Exception:  # closing a broken connection: nothing left to do
         log.debug("closing an AMQP connection failed", exc_info=True)
-
-
-class Outage:
-    """Whether RabbitMQ answers one sender (a broker, a publisher, a listener): one warning when it stops,
-    one info when it answers again, and in between (:meth:`allow`) one attempt after 1 s, then 2, 4, ...
-    up to 30 s, so the other callers fail at once instead of each waiting out a timeout."""
-
-    def __init__(
-        self,
-        logger: logging.Logger,
-        consequence: str,
-        *,
-        first_retry: float = OUTAGE_FIRST_RETRY_SECONDS,
-        max_retry: float = OUTAGE_MAX_RETRY_SECONDS,
-    ) -> None:
-        #: What the outage means, for the warning: "nudges are dropped", "events wait in the outbox".
-        self.consequence = consequence
-        self._log = logger
-        self._first_retry = first_retry
-        self._max_retry = max_retry
-        self._lock = threading.Lock()
-        self._since: float | None = None
-        self._retry = first_retry
-        self._next_attempt = 0.0
-
-    @property
-    def down(self) -> bool:
-        return self._since is not None
-
-    def allow(self) -> bool:
-        """Whether to try RabbitMQ now: always while it answers; during an outage, once per retry delay
-        (the caller that gets True makes the attempt, and reports it with :meth:`failed` or
-        :meth:`succeeded`)."""
-        with self._lock:
-            now = time.monotonic()
-            if self._since is None or now >= self._next_attempt:
-                if self._since is not None:
-                    self._next_attempt = now + self._retry  # one attempt at a time
-                return True
-            return False
-
-    def failed(self, error: BaseException) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if self._since is None:
-                self._since = now
-                self._retry = self._first_retry
-                self._log.warning(
-                    "RabbitMQ unreachable: %s until it answers",
-                    self.consequence,
-                    extra={"error": repr(error)},
-                )
-            else:
-                self._retry = min(self._retry * 2, self._max_retry)
-                self._log.debug("RabbitMQ still unreachable", extra={"error": repr(error)})
-            self._next_attempt = now + self._retry
-
-    def succeeded(self) -> None:
-        if self._since is None:  # the common case, without the lock
-            return
-        with self._lock:
-            if self._since is None:
-                return
-            seconds = time.monotonic() - self._since
-            self._since = None
-            self._log.info(
-                "RabbitMQ answers again",
-                extra={"after": self.consequence, "outage_seconds": round(seconds, 3)},
-            )
 
 
 class BrokerUnavailable(ConnectionClosed):
@@ -313,27 +302,139 @@ class BackgroundSender(Generic[T]):
 # --- the Dramatiq broker ----------------------------------------------------------------------------------
 
 
+class _NodeConsumer(_RabbitmqConsumer):
+    """Dramatiq's consumer; the node it connected to is tried first next time (:class:`Nodes`)."""
+
+    def __init__(self, broker: BoundedRabbitmqBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
+        broker.nodes.connected(self.connection)
+
+
+class ConsumerOutageLog(logging.Filter):
+    """Turns the lines Dramatiq's consumer thread logs at each reconnection attempt (a critical
+    ``Consumer encountered a connection error`` and an info ``Restarting consumer``, every 3 s while
+    RabbitMQ is away) into an :class:`Outage`'s one warning; the info comes when a consumer connects
+    again (:meth:`BoundedRabbitmqBroker.consume`). Every other line of the thread passes."""
+
+    _PREFIXES = ("Consumer encountered a connection error", "Restarting consumer in")
+
+    def __init__(self, outage: Outage) -> None:
+        super().__init__()
+        self.outage = outage
+
+    @classmethod
+    def install(cls, queue_name: str, outage: Outage) -> None:
+        """On the logger of ``queue_name``'s consumer thread (once)."""
+        logger = logging.getLogger(f"dramatiq.worker.ConsumerThread({queue_name})")
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls(outage))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message.startswith(self._PREFIXES[0]):
+            error = record.args[0] if isinstance(record.args, tuple) and record.args else message
+            self.outage.failed(error if isinstance(error, BaseException) else BrokerUnavailable(str(error)))
+            return False
+        return not message.startswith(self._PREFIXES[1])
+
+
 class BoundedRabbitmqBroker(RabbitmqBroker):
-    """Dramatiq's RabbitMQ broker (publisher confirms), never waiting on RabbitMQ for long.
+    """Dramatiq's RabbitMQ broker (publisher confirms), never waiting on RabbitMQ for long, on any of the
+    cluster's nodes, its queues of ``queue_type`` (:func:`queue_arguments`).
 
     :meth:`enqueue` connects within ``timeout`` seconds and then waits at most ``timeout`` seconds for
     the declare and the confirm (:func:`answer_within`); a connection that turns out stale (RabbitMQ
-    restarted since it was last used) is replaced once. During an outage (:class:`Outage`) it raises
-    :class:`BrokerUnavailable` at once, but for one attempt per retry delay. :attr:`nudges` sends
-    fire-and-forget messages from a thread of its own (:func:`nudge`)."""
+    restarted since it was last used, or its node died) is replaced once, on a live node (:attr:`nodes`).
+    During an outage (:class:`Outage`) it raises :class:`BrokerUnavailable` at once, but for one attempt
+    per retry delay. :attr:`nudges` sends fire-and-forget messages from a thread of its own
+    (:func:`nudge`). The consumers of a worker reconnect, to a live node, 3 s after they lose theirs
+    (Dramatiq's consumer thread), and say so once (:class:`ConsumerOutageLog`)."""
 
     def __init__(
-        self, url: str, *, timeout: float = AMQP_TIMEOUT_SECONDS, middleware: list[Middleware]
+        self,
+        url: str,
+        *,
+        timeout: float = AMQP_TIMEOUT_SECONDS,
+        middleware: list[Middleware],
+        queue_type: str = "quorum",
     ) -> None:
-        super().__init__(url=url, confirm_delivery=True, middleware=middleware)
-        urls = url.split(";")
-        bounded = [connection_parameters(u, timeout=timeout) for u in urls]
-        self.parameters = bounded if len(bounded) > 1 else bounded[0]
+        if queue_type not in QUEUE_TYPES:
+            raise ValueError(f"queue_type must be one of {', '.join(QUEUE_TYPES)}")
+        self.nodes = Nodes(url, timeout=timeout)
+        self.queue_type = queue_type
+        super().__init__(url=node_urls(url), confirm_delivery=True, middleware=middleware)
         self.timeout = timeout
         self.outage = Outage(log, "actor messages are not sent (nudges dropped; the loops poll meanwhile)")
+        self.consumer_outage = Outage(log, "actor messages are not received (the loops poll meanwhile)")
+        self._mismatched: set[str] = set()
         self.nudges: BackgroundSender[tuple[actors.Contract[Any], actors.Payload]] = BackgroundSender(
             "nudge", lambda item: actors.send(self, item[0], item[1])
         )
+
+    # --- connections: to the nodes in turn (Dramatiq's consumers read ``parameters`` too) -----------------
+
+    @property
+    def parameters(self) -> list[pika.URLParameters]:
+        return self.nodes.ordered()
+
+    @parameters.setter
+    def parameters(self, _: Any) -> None:
+        """Dramatiq's ``__init__`` sets its own, unbounded, parameters; :attr:`nodes` stands for them."""
+
+    @property
+    def connection(self) -> pika.BlockingConnection:
+        connection = getattr(self.state, "connection", None)
+        if connection is None:
+            connection = self.state.connection = self.nodes.connect()
+            self.connections.add(connection)
+        return connection
+
+    @connection.deleter
+    def connection(self) -> None:
+        RabbitmqBroker.connection.fdel(self)  # type: ignore[attr-defined]
+
+    @property
+    def consumer_class(self) -> type[_RabbitmqConsumer]:
+        return _NodeConsumer
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> Consumer:
+        """Dramatiq's consumer, on the first live node; its thread's reconnection lines go to
+        :attr:`consumer_outage` instead (one warning, one info)."""
+        ConsumerOutageLog.install(queue_name, self.consumer_outage)
+        consumer = super().consume(queue_name, prefetch, timeout)
+        self.consumer_outage.succeeded()
+        return consumer
+
+    # --- queues of ``queue_type`` ----------------------------------------------------------------------
+
+    def _build_queue_arguments(self, queue_name: str) -> dict[str, Any]:
+        arguments: dict[str, Any] = super()._build_queue_arguments(queue_name)  # type: ignore[no-untyped-call]
+        return arguments | queue_arguments(self.queue_type)
+
+    def _declare_queue(self, queue_name: str) -> Any:
+        return self._declare(queue_name, self._build_queue_arguments(queue_name))
+
+    def _declare_dq_queue(self, queue_name: str) -> Any:
+        return self._declare(dq_name(queue_name), self._build_queue_arguments(queue_name))
+
+    def _declare_xq_queue(self, queue_name: str) -> Any:
+        # nothing consumes a dead-letter queue: no delivery limit
+        arguments = {"x-message-ttl": DEAD_MESSAGE_TTL} | queue_arguments(self.queue_type, consumed=False)
+        return self._declare(xq_name(queue_name), arguments)
+
+    def _declare(self, name: str, arguments: dict[str, Any]) -> Any:
+        try:
+            return self.channel.queue_declare(queue=name, durable=True, arguments=arguments)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code == 406 and name not in self._mismatched:  # PRECONDITION_FAILED, said once
+                self._mismatched.add(name)
+                log.error(
+                    "queue exists with other arguments: AMQP_QUEUE_TYPE=%s does not match it (a queue"
+                    " cannot change type in place: see docs/operations.md, Quorum queues)",
+                    self.queue_type,
+                    extra={"queue": name, "error": exc.reply_text},
+                )
+            raise
 
     def enqueue(self, message: dramatiq.Message[Any], *, delay: int | None = None) -> dramatiq.Message[Any]:
         if not self.outage.allow():
@@ -397,7 +498,9 @@ def create_broker(
         if not settings.amqp_url:
             raise ValueError("AMQP_URL is required outside the embedded mode")
         quiet_pika()
-        broker = BoundedRabbitmqBroker(settings.amqp_url, timeout=timeout, middleware=_middleware())
+        broker = BoundedRabbitmqBroker(
+            settings.amqp_url, timeout=timeout, middleware=_middleware(), queue_type=settings.queue_type
+        )
     for queue_name in QUEUES:
         broker.declare_queue(queue_name)
     dramatiq.set_broker(broker)

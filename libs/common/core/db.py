@@ -8,7 +8,15 @@ The pool fails fast and recovers fast when PostgreSQL goes away (docs/operations
   outage broke are dropped at once instead of failing the request that gets them;
 - connecting gives up after :data:`CONNECT_TIMEOUT_SECONDS` (a host that drops packets would otherwise
   hold a pool worker for minutes);
-- reconnecting never backs off beyond ~1 s: see :data:`RECONNECT_TIMEOUT_SECONDS`.
+- reconnecting never backs off beyond ~1 s: see :data:`RECONNECT_TIMEOUT_SECONDS`;
+- a multi-host ``DATABASE_URL`` with ``target_session_attrs=read-write`` follows the primary: libpq connects
+  to the first host that takes writes, and a connection to a server that no longer does (a demoted primary
+  in hot standby, or one made read-only) is dropped when it is handed out (:func:`check_connection`).
+
+An outage is logged once per process (:data:`DATABASE`): one warning when PostgreSQL stops answering (a
+loop's tick, a request, or the pool's own attempt to connect fails because the server is out of reach),
+one info when a connection is made or handed out again; the pool's own line per failed attempt is kept
+out of the log (:class:`PoolLog`).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from libs.common.core import effects
 from libs.common.core.errors import DatabaseUnavailable, FollowupsError, InvalidInput
+from libs.common.core.outage import Outage
 from libs.common.core.settings import DatabaseSettings
 
 log = logging.getLogger(__name__)
@@ -45,6 +54,36 @@ CONNECT_TIMEOUT_SECONDS = 2
 #: for work tries to reconnect every second, and one that is not costs nothing.
 RECONNECT_TIMEOUT_SECONDS = 2.0
 
+#: PostgreSQL as this process sees it: one warning when it is lost, one info when it is back.
+DATABASE = Outage(log, "requests answer 503 and the loops retry", server="PostgreSQL")
+
+#: ``target_session_attrs`` values that ask for a server taking writes.
+_READ_WRITE = frozenset({"read-write", "primary"})
+
+
+class PoolLog(logging.Filter):
+    """Keeps psycopg_pool's line per failed connection attempt (a warning about every second during an
+    outage) out of the log, reporting it to :data:`DATABASE` instead: one warning for the outage."""
+
+    _ATTEMPTS = ("error connecting in", "reconnection attempt in pool", "discarding broken connection")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if not message.startswith(self._ATTEMPTS):
+            return True
+        if message.startswith(self._ATTEMPTS[0]) and isinstance(record.args, tuple) and len(record.args) > 1:
+            error = record.args[1]
+            if isinstance(error, BaseException) and server_unavailable(error):
+                DATABASE.failed(error)
+        return False
+
+
+def quiet_pool() -> None:
+    logger = logging.getLogger("psycopg.pool")
+    if not any(isinstance(f, PoolLog) for f in logger.filters):
+        logger.addFilter(PoolLog())
+
+
 #: How long :func:`create_pool` waits for a first connection (PostgreSQL may be starting alongside).
 OPEN_TIMEOUT_SECONDS = 30.0
 
@@ -54,8 +93,11 @@ def create_pool(settings: DatabaseSettings, *, name: str = "followups", open_: b
 
     ``open_``: open it and wait (up to :data:`OPEN_TIMEOUT_SECONDS`) until it hands out a connection."""
     kwargs: dict[str, Any] = {"application_name": name}
-    if "connect_timeout" not in conninfo_to_dict(settings.url):
+    conninfo = conninfo_to_dict(settings.url)
+    if "connect_timeout" not in conninfo:
         kwargs["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+    read_write = str(conninfo.get("target_session_attrs", "")) in _READ_WRITE
+    quiet_pool()
     pool = ConnectionPool(
         settings.url,
         min_size=settings.pool_min_size,
@@ -64,7 +106,8 @@ def create_pool(settings: DatabaseSettings, *, name: str = "followups", open_: b
         open=False,
         kwargs=kwargs,
         timeout=settings.pool_timeout_seconds,
-        check=check_connection,
+        check=check_primary if read_write else check_connection,
+        configure=_connected,
         reconnect_timeout=RECONNECT_TIMEOUT_SECONDS,
     )
     if open_:
@@ -80,9 +123,32 @@ def check_connection(conn: psycopg.Connection[Any]) -> None:
     connection", an idle timeout, the end of a stream a network outage cut): only then is it checked with
     psycopg's empty query. A poll of the socket costs ~20 us; the query, a round trip (~0.4 ms) per
     checkout."""
+    _check(conn)
+    DATABASE.succeeded()
+
+
+def _check(conn: psycopg.Connection[Any]) -> None:
     effects.discard(conn)
     if conn.closed or _has_input(conn.pgconn.socket):
         ConnectionPool.check_connection(conn)
+
+
+def check_primary(conn: psycopg.Connection[Any]) -> None:
+    """:func:`check_connection`, and raises if the server no longer takes writes, as PostgreSQL reports
+    to every session (``in_hot_standby``, ``default_transaction_read_only``: sent by the server when they
+    change, read by libpq with the next answer): a demoted primary, or one fenced read-only. The pool
+    then connects anew, and ``target_session_attrs=read-write`` finds the primary."""
+    _check(conn)
+    for parameter in ("in_hot_standby", "default_transaction_read_only"):
+        if conn.info.parameter_status(parameter) == "on":
+            conn.close()  # a failed check returns the connection to the pool: closed, it is dropped there
+            raise psycopg.OperationalError(f"the server no longer takes writes ({parameter} is on)")
+    DATABASE.succeeded()
+
+
+def _connected(conn: psycopg.Connection[Any]) -> None:
+    """The pool's ``configure``: a new connection means PostgreSQL answers."""
+    DATABASE.succeeded()
 
 
 def _has_input(fd: int) -> bool:
@@ -130,6 +196,8 @@ async def ping(url: str, *, timeout: float, name: str = "followups-ready") -> No
 def server_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says the server is out of reach (no connection, a connection lost or refused, the
     server shutting down), not that a statement failed: the work is not at fault and is tried again."""
+    if isinstance(exc, pgerrors.ReadOnlySqlTransaction):
+        return True  # a write on a server that has become read-only: the next connection finds the primary
     if not isinstance(exc, psycopg.OperationalError):
         return False
     state = exc.sqlstate
@@ -146,9 +214,17 @@ def map_errors(constraints: ConstraintErrors | None = None) -> Iterator[None]:
         if constraints and name is not None and name in constraints:
             raise constraints[name]() from exc
         raise
+    except pgerrors.ReadOnlySqlTransaction as exc:
+        # the server was demoted (or fenced read-only) under this connection: the pool drops it at its
+        # next checkout (check_primary), and a retry goes to the primary
+        DATABASE.failed(exc)
+        raise DatabaseUnavailable() from exc
     except pgerrors.ProgramLimitExceeded as exc:
         # a value too large for the database (an index row over its size limit): the input's, not an outage
         raise InvalidInput(f"a value is too large to store: {exc.diag.message_primary}") from exc
     except psycopg.OperationalError as exc:
-        log.warning("database unavailable: %s", exc)
+        if server_unavailable(exc):
+            DATABASE.failed(exc)  # once per outage
+        else:
+            log.warning("database unavailable: %s", exc)
         raise DatabaseUnavailable() from exc

@@ -24,18 +24,17 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import pika
 
 from libs.common.core.broker import (
     AMQP_TIMEOUT_SECONDS,
     BackgroundSender,
     BrokerUnavailable,
-    Outage,
+    Nodes,
     answer_within,
     close_connection,
-    connection_parameters,
     quiet_pika,
 )
+from libs.common.core.outage import Outage
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +77,7 @@ class Invalidator:
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._channel: Any = None  # a pika BlockingChannel, used by the sender thread only
+        self._node_list: Nodes | None = None
         self._sender: BackgroundSender[bytes] = BackgroundSender("invalidation", self._publish_now)
         self._publish_outage = Outage(
             log, "cache invalidations are not sent (other processes' caches expire within their TTL)"
@@ -125,7 +125,7 @@ class Invalidator:
     def _open_channel(self) -> Any:
         """A channel on a new connection, the exchange declared."""
         assert self.amqp_url
-        connection = pika.BlockingConnection(connection_parameters(self.amqp_url, timeout=self.timeout))
+        connection = self._nodes().connect()
         try:
             with answer_within(connection, self.timeout):
                 channel = connection.channel()
@@ -134,6 +134,12 @@ class Invalidator:
             close_connection(connection, self.timeout)
             raise
         return channel
+
+    def _nodes(self) -> Nodes:
+        assert self.amqp_url
+        if self._node_list is None:
+            self._node_list = Nodes(self.amqp_url, timeout=self.timeout)
+        return self._node_list
 
     def _close_channel(self) -> None:
         channel, self._channel = self._channel, None
@@ -162,15 +168,20 @@ class Invalidator:
 
     def _listen(self) -> None:
         assert self.amqp_url
-        parameters = connection_parameters(self.amqp_url, timeout=self.timeout)
+        nodes = self._nodes()
         while not self._stopping.is_set():
             try:
-                connection = pika.BlockingConnection(parameters)
+                connection = nodes.connect()
                 try:
                     with answer_within(connection, self.timeout):
                         channel = connection.channel()
                         channel.exchange_declare(EXCHANGE, exchange_type="fanout", durable=True)
-                        queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
+                        # this process's own queue, declared anew on each connection (a live node's):
+                        # exclusive to it, so classic (a quorum queue cannot be exclusive), and nothing is
+                        # lost with it but invalidations nobody else needs
+                        queue = channel.queue_declare(
+                            "", exclusive=True, auto_delete=True, arguments={"x-queue-type": "classic"}
+                        ).method.queue
                         channel.queue_bind(queue, EXCHANGE)
                     self._ready.set()
                     self._listen_outage.succeeded()

@@ -11,6 +11,10 @@ RabbitMQ down) waits one poll interval at most.
 
 How a loop sleeps is a function of its own (``wait``, by default :func:`wait_for_wake`), so a test can
 record the sleeps a loop asks for and drive its ticks without waiting for real time to pass.
+
+A tick that fails because PostgreSQL is out of reach is no error of the loop's: it is reported to the
+process's :data:`~libs.common.core.db.DATABASE` outage (one warning for the outage, one info when a
+connection is made again), never a traceback per tick; any other failure is logged with its traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+
+from libs.common.core.db import DATABASE, server_unavailable
+from libs.common.core.errors import DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +89,9 @@ class PollingLoop:
             self._wake.clear()
             try:
                 done = self._tick()
-            except Exception:
-                log.exception("loop tick failed", extra={"loop": self.name})
+            except Exception as exc:
+                if not _database_lost(exc):
+                    log.exception("loop tick failed", extra={"loop": self.name})
                 done = 0
             if done:
                 sleep = self._poll_interval
@@ -102,9 +110,19 @@ class PollingLoop:
             return None
         try:
             seconds = self._next_due()
-        except Exception:
-            log.warning("next due time unknown", extra={"loop": self.name}, exc_info=True)
+        except Exception as exc:
+            if not _database_lost(exc):
+                log.warning("next due time unknown", extra={"loop": self.name}, exc_info=True)
             return None
         if seconds is None:
             return self._poll_interval
         return min(max(seconds, 0.0) + DUE_MARGIN_SECONDS, self._poll_interval)
+
+
+def _database_lost(exc: Exception) -> bool:
+    """Whether ``exc`` says PostgreSQL is out of reach; if so it is reported to :data:`DATABASE`."""
+    cause = exc.__cause__ if isinstance(exc, DatabaseUnavailable) and exc.__cause__ is not None else exc
+    if isinstance(exc, DatabaseUnavailable) or server_unavailable(cause):
+        DATABASE.failed(cause)
+        return True
+    return False

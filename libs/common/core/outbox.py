@@ -44,13 +44,13 @@ from psycopg_pool import ConnectionPool
 from libs.common.contracts.events import Event
 from libs.common.core.broker import (
     AMQP_TIMEOUT_SECONDS,
-    Outage,
+    Nodes,
     answer_within,
     close_connection,
-    connection_parameters,
     quiet_pika,
 )
 from libs.common.core.metrics import OUTBOX_OLDEST_UNPUBLISHED, OUTBOX_PUBLISHED
+from libs.common.core.outage import Outage
 from libs.common.core.sql import load_queries
 
 log = logging.getLogger(__name__)
@@ -120,11 +120,12 @@ class Publisher(Protocol):
 
 class AmqpPublisher:
     """Publishes to a durable RabbitMQ topic exchange with publisher confirms, waiting at most ``timeout``
-    seconds to connect and then for each answer (:func:`~libs.common.core.broker.answer_within`)."""
+    seconds to connect and then for each answer (:func:`~libs.common.core.broker.answer_within`). A
+    connection that fails is dropped; the next batch connects to a live node of ``url`` (:class:`Nodes`)."""
 
     def __init__(self, url: str, exchange: str, *, timeout: float = AMQP_TIMEOUT_SECONDS) -> None:
         quiet_pika()
-        self._params = connection_parameters(url, timeout=timeout)
+        self._nodes = Nodes(url, timeout=timeout)
         self._exchange = exchange
         self._timeout = timeout
         self._connection: Any = None
@@ -133,7 +134,7 @@ class AmqpPublisher:
     def _ensure(self) -> Any:
         if self._channel is None or not self._channel.is_open:
             self.close()
-            self._connection = pika.BlockingConnection(self._params)
+            self._connection = self._nodes.connect()  # a live node; the exchange declared on each
             with answer_within(self._connection, self._timeout):
                 self._channel = self._connection.channel()
                 self._channel.exchange_declare(self._exchange, exchange_type="topic", durable=True)

@@ -48,6 +48,7 @@ class DatabaseSettings(_Settings):
 
 class BrokerSettings(_Settings):
     amqp_url: str | None = None
+    queue_type: str = "quorum"
     events_exchange: str = "followups.events"
 
 
@@ -135,7 +136,16 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             "AMQP_URL",
             "amqp_url",
             None,
-            "RabbitMQ URL. Required by `api` and `worker`; `dev` uses an in-process broker instead.",
+            "RabbitMQ URL; several nodes of a cluster separated by commas (`amqp://u:p@rmq1/v,amqp://u:p@rmq2/v`),"
+            " tried in turn. Required by `api` and `worker`; `dev` uses an in-process broker instead.",
+        ),
+        Variable(
+            "AMQP_QUEUE_TYPE",
+            "queue_type",
+            "quorum",
+            "`quorum` (replicated on the cluster's nodes) or `classic` (one node's): the type of every queue"
+            " the product declares. A queue cannot change type in place: see docs/operations.md, Quorum"
+            " queues.",
         ),
         Variable(
             "EVENTS_EXCHANGE",
@@ -417,6 +427,22 @@ def _prefix(*schemes: str) -> Check:
     return check
 
 
+def node_urls(url: str) -> list[str]:
+    """The node URLs ``AMQP_URL`` lists: one, or several separated by commas (or by semicolons, Dramatiq's
+    own separator), each starting with ``amqp://`` or ``amqps://`` (a comma inside a URL's query, in
+    ``ssl_options`` say, does not split it)."""
+    return [part.strip() for part in re.split(r"[,;]\s*(?=amqps?://)", url.strip()) if part.strip()]
+
+
+def _amqp_urls(value: Any) -> str | None:
+    text = str(value).strip()
+    if not text.startswith(("amqp://", "amqps://")):
+        return "must start with amqp:// or amqps://"
+    if any(re.search(r"[,;]", node.split("?", 1)[0]) for node in node_urls(text)):
+        return "each node's URL must start with amqp:// or amqps:// (nodes separated by commas)"
+    return None
+
+
 def _min_length(length: int) -> Check:
     def check(value: Any) -> str | None:
         return None if len(str(value)) >= length else f"must be at least {length} characters long"
@@ -477,7 +503,8 @@ CHECKS: dict[str, Check] = {
     "DATABASE_POOL_MIN_SIZE": _positive,
     "DATABASE_POOL_MAX_SIZE": _positive,
     "DATABASE_POOL_TIMEOUT_SECONDS": _positive,
-    "AMQP_URL": _prefix("amqp://", "amqps://"),
+    "AMQP_URL": _amqp_urls,
+    "AMQP_QUEUE_TYPE": _exactly_one_of("quorum", "classic"),
     "API_PORT": _port,
     "API_THREADS": _positive,
     "DASHBOARD_SECRET": _min_length(32),
