@@ -307,7 +307,8 @@ def _worker(url: str, ready: Any, go: Any, stop: Any, results: Any, idle_exit: b
     finished: list[tuple[int, float]] = []
     while not stop.is_set():
         processed = process_triggers(pool, SYSTEM_CLOCK, limit=100)
-        finished += processed.committed
+        committed = time.time()
+        finished += [(trigger_id, committed) for trigger_id in processed.trigger_ids]
         if processed.triggers == 0:
             if idle_exit:
                 break

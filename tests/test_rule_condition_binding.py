@@ -11,8 +11,14 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from libs.common.rules.conditions import CONTEXT, CUSTOM_PREFIX, compile_conditions, inline, parse_conditions
-from libs.common.rules.triggers import match
+from libs.common.rules.conditions import (
+    CONTEXT,
+    CUSTOM_PREFIX,
+    compile_conditions,
+    inline,
+    match,
+    parse_conditions,
+)
 from tests.condition_helpers import (
     HOSTILE,
     NUMBER,

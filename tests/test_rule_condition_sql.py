@@ -42,9 +42,9 @@ from libs.common.rules.conditions import (
     Node,
     compile_conditions,
     inline,
+    match,
     parse_conditions,
 )
-from libs.common.rules.triggers import match
 from tests.condition_helpers import (
     CHANGE_VALUES,
     CHANGED_KEYS,
