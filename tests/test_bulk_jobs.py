@@ -538,3 +538,35 @@ def test_jobs_are_processed_oldest_first_one_chunk_at_a_time(
     assert (read(client, first["id"])["processed"], read(client, second["id"])["processed"]) == (2, 0)
     assert drain(runtime, 2) == 3
     assert [read(client, j["id"])["status"] for j in (first, second)] == ["completed", "completed"]
+
+
+# --- turns across projects
+
+
+def test_jobs_take_turns_a_chunk_at_a_time_across_projects(
+    client: TestClient[Any], runtime: Runtime, other_project: Project
+) -> None:
+    """A's two jobs were created before B's one: B's first chunk comes second, not after all of A's."""
+    clock = runtime.clock
+    assert isinstance(clock, ManualClock)
+    sequence_id = published(client)
+    first = create(client, sequence_id=sequence_id, contact_ids=[new_contact(client) for _ in range(4)])
+    clock.advance(timedelta(seconds=1))
+    second = create(client, sequence_id=sequence_id, contact_ids=[new_contact(client) for _ in range(4)])
+    clock.advance(timedelta(seconds=1))
+    with as_project(client, other_project) as other:
+        theirs = create(
+            other, sequence_id=published(other), contact_ids=[new_contact(other) for _ in range(4)]
+        )
+    jobs = {first["id"]: "A1", second["id"]: "A2", theirs["id"]: "B"}
+
+    moved = []
+    for _ in range(6):
+        clock.advance(timedelta(seconds=1))
+        before = dict(rows(runtime.pool, "SELECT id::text, processed FROM followup_bulk_jobs"))
+        assert chunk(runtime, 2) == 2
+        after = dict(rows(runtime.pool, "SELECT id::text, processed FROM followup_bulk_jobs"))
+        moved += [jobs[job_id] for job_id in after if after[job_id] != before[job_id]]
+
+    # the project whose jobs moved least recently goes next; within it, its job that moved least recently
+    assert moved == ["A1", "B", "A2", "B", "A1", "A2"]
