@@ -9,6 +9,9 @@ The pool fails fast and recovers fast when PostgreSQL goes away (docs/operations
 - connecting gives up after :data:`CONNECT_TIMEOUT_SECONDS` (a host that drops packets would otherwise
   hold a pool worker for minutes);
 - reconnecting never backs off beyond ~1 s: see :data:`RECONNECT_TIMEOUT_SECONDS`;
+- JIT compilation is off for the pool's sessions (:data:`SESSION_OPTIONS`, unless the URL sets ``options``):
+  our statements are short, and a large one (a claim walking projects, a project's many rules matched in
+  one statement) would otherwise spend far longer compiling its expressions than running them;
 - a multi-host ``DATABASE_URL`` with ``target_session_attrs=read-write`` follows the primary: libpq connects
   to the first host that takes writes, and a connection to a server that no longer does (a demoted primary
   in hot standby, or one made read-only) is dropped when it is handed out (:func:`check_connection`).
@@ -46,6 +49,8 @@ ConstraintErrors = Mapping[str, Callable[[], FollowupsError]]
 
 #: libpq ``connect_timeout`` (2 s is its floor) unless the URL sets one.
 CONNECT_TIMEOUT_SECONDS = 2
+#: The pool's sessions' settings unless the URL sets ``options``: no JIT (see the module).
+SESSION_OPTIONS = "-c jit=off"
 
 #: The pool's ``reconnect_timeout``. psycopg_pool retries a failed connection attempt after 1 s, 2 s, 4 s,
 #: ... without bound until ``reconnect_timeout`` (5 min by default) has passed: after a 40 s outage the next

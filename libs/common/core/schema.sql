@@ -90,7 +90,7 @@ $$;
 -- Name: projects_in_turn(regclass, text, uuid, integer); Type: FUNCTION
 
 CREATE FUNCTION public.projects_in_turn(queue regclass, pending text, after uuid, most integer) RETURNS TABLE(project_id uuid, turn integer)
-    LANGUAGE plpgsql STABLE
+    LANGUAGE plpgsql STABLE ROWS 20
     AS $_$
 BEGIN
     RETURN QUERY EXECUTE format($walk$

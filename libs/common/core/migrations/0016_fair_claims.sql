@@ -37,7 +37,7 @@ RETURN (
 -- one's backlog.
 CREATE FUNCTION projects_in_turn(queue regclass, pending text, after uuid, most integer)
 RETURNS TABLE (project_id uuid, turn integer)
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql STABLE ROWS 20
 AS $$
 BEGIN
     RETURN QUERY EXECUTE format($walk$
