@@ -19,11 +19,11 @@ from libs.common.contracts.limits import MAX_CONDITION_NODES, MAX_GROUP_CHILDREN
 from libs.common.core.jobs import RoundRobin
 from libs.common.core.runtime import Runtime
 from libs.common.platform.projects import create_project
-from libs.common.rules.rules import RuleCache
+from libs.common.rules.rules import RULES, RuleCache
 from libs.common.rules.triggers import BACKOFF_MIN, QUERIES, process_triggers
 from tests.conftest import Project
 from tests.factories import new_phone
-from tests.helpers import rows
+from tests.helpers import rows, wait_until
 from tests.rule_helpers import add_tag, create_rule, leaf
 from tests.rule_trigger_helpers import new_contact, tags_of
 
@@ -200,11 +200,12 @@ def _hostile_conditions(leaves: int) -> dict[str, Any]:
     return {"any": groups}
 
 
-def test_rules_over_the_parameter_limit_are_matched_in_the_same_tick_as_anothers(
+def test_rules_over_the_parameter_limit_compile_apart_and_are_matched_in_statements_postgresql_takes(
     client: TestClient[Any], runtime: Runtime, project: Project, other_project: Project
 ) -> None:
-    """B's 132 rules of 100 leaves would bind 66,000 parameters together, over PostgreSQL's 65,535: their
-    values are written into the statements, and A's trigger is acted on in the same tick as B's."""
+    """B's 132 rules of 100 leaves would bind 66,000 parameters together, over PostgreSQL's 65,535. They
+    compile in the background (seconds of work): meanwhile A's trigger is acted on and B's wait, due as
+    they were; then B's are matched, their values written into the statements."""
     conditions = _hostile_conditions(100)
     for i in range(132):
         body = {"name": f"hostile {i}", "actions": [add_tag(f"t{i}")], "conditions": conditions}
@@ -216,10 +217,21 @@ def test_rules_over_the_parameter_limit_are_matched_in_the_same_tick_as_anothers
     heavy = [_new_contact_of(client, other_project) for _ in range(3)]
     mine = new_contact(client)
 
-    handled = process_triggers(runtime.pool, runtime.clock, limit=100)
+    first = process_triggers(runtime.pool, runtime.clock, limit=100)
 
-    assert handled.triggers == 4
+    assert first.triggers == 1
     assert _trigger(runtime, mine)["outcome"] == "processed"
+    for contact_id in heavy:  # deferred, not failed
+        row = _trigger(runtime, contact_id)
+        assert (row["outcome"], row["attempts"], row["last_error"]) == (None, 0, None)
+        assert row["next_attempt_at"] <= runtime.clock.now()
+
+    def compiled() -> bool:
+        with runtime.pool.connection() as conn:
+            return RULES.ready(conn, other_project.id, "contact.created", runtime.pool) is not None
+
+    wait_until(compiled, timeout=120, what="B's rules compiled in the background")
+    assert process_triggers(runtime.pool, runtime.clock, limit=100).triggers == 3
     for contact_id in heavy:
         row = _trigger(runtime, contact_id)
         assert (row["outcome"], row["last_error"]) == ("processed", None)
@@ -318,3 +330,33 @@ def test_a_project_holds_at_most_the_limit_of_rules(
     [(rule_id,)] = rows(runtime.pool, "SELECT id FROM rules WHERE project_id = %s LIMIT 1", project.id)
     assert client.delete(f"/v1/rules/{rule_id}").status_code == 204
     assert _rule_of(client, project, {"actions": [add_tag("x")]}).status_code == 201
+
+
+def test_rules_that_fail_to_compile_in_the_background_back_off_their_projects_triggers_only(
+    client: TestClient[Any], runtime: Runtime, project: Project, other_project: Project
+) -> None:
+    conditions = _hostile_conditions(60)
+    for i in range(3):  # more nodes together than are compiled in the claim's own transaction
+        body = {"name": f"big {i}", "actions": [add_tag(f"t{i}")], "conditions": conditions}
+        assert _rule_of(client, other_project, body).status_code == 201
+    create_rule(client, "contact.created", [add_tag("seen")])
+    with runtime.pool.connection() as conn:  # a stored tree that no longer reads (as a bad migration would)
+        conn.execute(
+            "UPDATE rules SET conditions = %s WHERE project_id = %s AND name = 'big 2'",
+            ('{"any": [{"all": 5}]}', other_project.id),
+        )
+    RULES.invalidate(other_project.id)
+    theirs = _new_contact_of(client, other_project)
+    mine = new_contact(client)
+
+    assert process_triggers(runtime.pool, runtime.clock, limit=100).triggers == 1  # B's compiles apart
+    assert _trigger(runtime, mine)["outcome"] == "processed"
+
+    def settled() -> bool:
+        process_triggers(runtime.pool, runtime.clock, limit=100)
+        return _trigger(runtime, theirs)["attempts"] == 1
+
+    wait_until(settled, timeout=60, what="B's trigger backed off")
+    failed = _trigger(runtime, theirs)
+    assert failed["processed_at"] is None and "InvalidInput" in failed["last_error"]
+    assert failed["next_attempt_at"] == runtime.clock.now() + BACKOFF_MIN

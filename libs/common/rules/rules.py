@@ -14,6 +14,7 @@ process within a second.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -22,9 +23,11 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
+import psycopg
 from psycopg import Connection, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.limits import MAX_RULES_PER_PROJECT, Name
 from libs.common.core import validation
@@ -41,6 +44,8 @@ from libs.common.rules.conditions import (
     inline,
     parse_conditions,
 )
+
+log = logging.getLogger(__name__)
 
 QUERIES = load_queries("libs.common.rules", "rules.sql")
 
@@ -319,6 +324,12 @@ def _active(conn: Connection[Any], rule: Rule) -> ActiveRule:
     )
 
 
+#: Rules to compile with more condition nodes than this together (~10 ms of compiling) are compiled in the
+#: background: :meth:`RuleCache.ready` answers None meanwhile, so a project's big rule set never holds up a
+#: batch that other projects' triggers share.
+INLINE_COMPILE_NODES = 100
+
+
 class RuleCache:
     """Each project's active rules by event, kept for at most ``ttl`` seconds or until invalidated.
 
@@ -326,30 +337,101 @@ class RuleCache:
     once but not kept: each invalidation moves the project's generation on, and a load is stored only when
     the generation it started under is still current.
 
-    Compiling is what costs (a rule of a hundred leaves takes milliseconds): a load compiles only the rules
-    that read otherwise than when it last compiled them (each project's rules of its latest load are kept),
-    so a reload every ``ttl`` costs a read, and a change one rule's compile.
+    Compiling is what costs (a rule of a hundred leaves takes milliseconds), so it is apart from loading:
+    a rule is compiled when first asked for, and kept while it reads the same (a reload every ``ttl`` costs
+    a read; a change, that rule's compile). Asking whether a project listens to an event
+    (:meth:`listens`) compiles nothing.
     """
 
     def __init__(self, ttl: float = CACHE_TTL_SECONDS) -> None:
         self.ttl = ttl
         self._lock = threading.Lock()
-        self._entries: dict[uuid.UUID, tuple[float, dict[str, list[ActiveRule]]]] = {}
+        self._entries: dict[uuid.UUID, tuple[float, dict[str, list[Rule]]]] = {}
         self._generations: dict[uuid.UUID, int] = {}
         self._epoch = 0  # moved on by invalidate(None)
-        #: Each project's rules as its latest load compiled them, by id.
+        #: Each project's compiled rules, by id (those of its latest load).
         self._compiled: dict[uuid.UUID, dict[uuid.UUID, ActiveRule]] = {}
+        #: The projects whose rules are being compiled in the background.
+        self._warming: set[uuid.UUID] = set()
+        #: Rules (as they read) whose compile in the background failed: compiled in the caller's next time,
+        #: so the error is the caller's (its items back off).
+        self._broken: dict[uuid.UUID, Rule] = {}
+
+    def listens(self, conn: Connection[Any], project_id: uuid.UUID, event: str) -> bool:
+        """Whether the project has an active rule for ``event`` (nothing is compiled)."""
+        return bool(self._rows(conn, project_id).get(event))
 
     def rules(self, conn: Connection[Any], project_id: uuid.UUID, event: str) -> list[ActiveRule]:
-        """The project's active rules for ``event``, in the order they run."""
-        return self._by_event(conn, project_id).get(event, [])
+        """The project's active rules for ``event``, in the order they run, compiled now if need be."""
+        return [self._compile(conn, project_id, rule) for rule in self._rows(conn, project_id).get(event, [])]
+
+    def ready(
+        self, conn: Connection[Any], project_id: uuid.UUID, event: str, pool: ConnectionPool
+    ) -> list[ActiveRule] | None:
+        """As :meth:`rules`, or None while they are compiled in the background (on a connection of its own
+        to ``pool``'s server), when more than :data:`INLINE_COMPILE_NODES` nodes are left to compile."""
+        rows = self._rows(conn, project_id).get(event, [])
+        with self._lock:
+            known = self._compiled.get(project_id, {})
+            missing = [rule for rule in rows if not _current(known.get(rule.id), rule)]
+            broken = any(self._broken.get(rule.id) == rule for rule in missing)
+        if broken or sum(_nodes(rule.conditions) for rule in missing) <= INLINE_COMPILE_NODES:
+            return [self._compile(conn, project_id, rule) for rule in rows]
+        self._warm(project_id, missing, pool)
+        return None
 
     def rule(self, conn: Connection[Any], project_id: uuid.UUID, rule_id: uuid.UUID) -> ActiveRule | None:
         """One of the project's active rules, as it is now (None: deleted or inactive)."""
-        by_event = self._by_event(conn, project_id)
-        return next((rule for rules in by_event.values() for rule in rules if rule.id == rule_id), None)
+        rows = self._rows(conn, project_id)
+        found = next((rule for rules in rows.values() for rule in rules if rule.id == rule_id), None)
+        return None if found is None else self._compile(conn, project_id, found)
 
-    def _by_event(self, conn: Connection[Any], project_id: uuid.UUID) -> dict[str, list[ActiveRule]]:
+    def _compile(self, conn: Connection[Any], project_id: uuid.UUID, rule: Rule) -> ActiveRule:
+        with self._lock:
+            active = self._compiled.get(project_id, {}).get(rule.id)
+        if not _current(active, rule):
+            active = _active(conn, rule)
+            with self._lock:
+                self._compiled.setdefault(project_id, {})[rule.id] = active
+        assert active is not None
+        return active
+
+    def _warm(self, project_id: uuid.UUID, rules: list[Rule], pool: ConnectionPool) -> None:
+        """Compile ``rules`` in a thread of their own, one per project at a time."""
+        with self._lock:
+            if project_id in self._warming:
+                return
+            self._warming.add(project_id)
+
+        def compile_all() -> None:
+            started = time.monotonic()
+            try:
+                conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+                kwargs = pool.kwargs() if callable(pool.kwargs) else pool.kwargs or {}
+                with psycopg.connect(conninfo, **kwargs) as conn:
+                    for rule in rules:
+                        time.sleep(0.001)  # between rules the loop's thread takes the interpreter back
+                        try:
+                            self._compile(conn, project_id, rule)
+                        except Exception:
+                            with self._lock:
+                                self._broken[rule.id] = rule
+                            raise
+            except Exception:
+                log.exception("rules not compiled in the background", extra={"project_id": str(project_id)})
+            else:
+                took = round(time.monotonic() - started, 3)
+                log.info(
+                    "rules compiled in the background",
+                    extra={"project_id": str(project_id), "rules": len(rules), "seconds": took},
+                )
+            finally:
+                with self._lock:
+                    self._warming.discard(project_id)
+
+        threading.Thread(target=compile_all, name=f"rules-{project_id}", daemon=True).start()
+
+    def _rows(self, conn: Connection[Any], project_id: uuid.UUID) -> dict[str, list[Rule]]:
         with self._lock:
             entry = self._entries.get(project_id)
             generation = (self._epoch, self._generations.get(project_id, 0))
@@ -357,19 +439,14 @@ class RuleCache:
             loaded = time.monotonic()
             with conn.cursor(row_factory=dict_row) as cur:
                 rows = cur.execute(QUERIES["active_rules"], {"project_id": project_id}).fetchall()
+            by_event: dict[str, list[Rule]] = {}
+            for rule in _rules(rows):
+                by_event.setdefault(rule.event, []).append(rule)
+            entry = (loaded, by_event)
+            ids = {rule.id for rules in by_event.values() for rule in rules}
             with self._lock:
                 known = self._compiled.get(project_id, {})
-            compiled: dict[uuid.UUID, ActiveRule] = {}
-            by_event: dict[str, list[ActiveRule]] = {}
-            for rule in _rules(rows):
-                active = known.get(rule.id)
-                if active is None or active.source != rule:
-                    active = _active(conn, rule)
-                compiled[rule.id] = active
-                by_event.setdefault(rule.event, []).append(active)
-            entry = (loaded, by_event)
-            with self._lock:
-                self._compiled[project_id] = compiled
+                self._compiled[project_id] = {i: a for i, a in known.items() if i in ids}
                 if generation == (self._epoch, self._generations.get(project_id, 0)):
                     self._entries[project_id] = entry
         return entry[1]
@@ -383,6 +460,21 @@ class RuleCache:
             else:
                 self._entries.pop(project_id, None)
                 self._generations[project_id] = self._generations.get(project_id, 0) + 1
+
+
+def _current(active: ActiveRule | None, rule: Rule) -> bool:
+    """Whether ``active`` was compiled from the rule as it reads now."""
+    return active is not None and active.source == rule
+
+
+def _nodes(raw: Any) -> int:
+    """How many nodes a stored condition tree has (groups and leaves)."""
+    if isinstance(raw, dict):
+        children = raw.get("all", raw.get("any"))
+        if isinstance(children, list):
+            return 1 + sum(_nodes(child) for child in children)
+        return 1
+    return 0
 
 
 #: This process's rule cache.

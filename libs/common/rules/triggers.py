@@ -81,7 +81,7 @@ def record_trigger(
 ) -> uuid.UUID | None:
     """Record a trigger for ``event`` in the caller's transaction when the project has an active rule for
     it; returns its public id, the one the project sees (None: no rule listens)."""
-    if not RULES.rules(conn, project_id, event):
+    if not RULES.listens(conn, project_id, event):
         return None
     params = {
         "project_id": project_id,
@@ -221,12 +221,16 @@ def _settle(
     outcomes: Counter[tuple[str, str]] = Counter()
     try:
         with savepoint(conn):
-            to_run = _settle_group(conn, group, already, batch.now, outcomes)
+            to_run = _settle_group(conn, group, already, batch.now, outcomes, batch.pool)
     except Exception as exc:
         if len(group) > 1:
             return [item for trigger in group for item in _settle(conn, [trigger], already, batch)]
         trigger = group[0]
         _write_failure(conn, trigger, RETRY.failure(exc, trigger.attempts + 1), batch.processed, batch.now)
+        return []
+    if to_run is None:  # its rules are being compiled: left to a later batch
+        deferred = {t.id for t in group}
+        batch.ids[:] = [i for i in batch.ids if i not in deferred]
         return []
     batch.processed.outcomes += outcomes
     return to_run
@@ -238,9 +242,12 @@ def _settle_group(
     already: set[tuple[int, uuid.UUID]],
     now: datetime,
     outcomes: Counter[tuple[str, str]],
-) -> list[_ToRun]:
+    pool: ConnectionPool,
+) -> list[_ToRun] | None:
     project_id, kind = group[0].project_id, group[0].type
-    rules = RULES.rules(conn, project_id, kind)
+    rules = RULES.ready(conn, project_id, kind, pool)
+    if rules is None:
+        return None  # compiled in the background meanwhile: the group waits for a later batch, due as it was
     matched = match(conn, [t.id for t in group], [rule.literal for rule in rules])
     to_run: list[_ToRun] = []
     delayed: list[ToSchedule] = []
