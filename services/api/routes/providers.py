@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
 from litestar import Controller, MediaType, Request, Response, delete, get, post, put
-from litestar.params import FromPath, JSONBody, QueryParameter
+from litestar.params import FromPath, JSONBody, QueryParameter, RawBody
 
 from libs.common.channels import inbound, setup
 from libs.common.channels.inbound import WebhookResult
@@ -79,7 +79,7 @@ class ProviderWebhooksController(Controller):
 
     @post("/whatsapp/{number_id:uuid}/webhook", sync_to_thread=True, status_code=200)
     def whatsapp(
-        self, request: Request[Any, Any, Any], number_id: FromPath[uuid.UUID], body: bytes
+        self, request: Request[Any, Any, Any], number_id: FromPath[uuid.UUID], body: RawBody
     ) -> WebhookResult:
         """A WhatsApp Cloud API webhook (messages and statuses), signed with the app secret
         (``X-Hub-Signature-256``)."""
@@ -89,7 +89,7 @@ class ProviderWebhooksController(Controller):
 
     @post("/twilio/{number_id:uuid}/webhook", sync_to_thread=True, status_code=200)
     def twilio(
-        self, request: Request[Any, Any, Any], number_id: FromPath[uuid.UUID], body: bytes
+        self, request: Request[Any, Any, Any], number_id: FromPath[uuid.UUID], body: RawBody
     ) -> Response[str]:
         """A Twilio webhook (an incoming message or a status callback), signed with the auth token
         (``X-Twilio-Signature`` over the URL Twilio called and the form)."""
