@@ -60,6 +60,10 @@ QUERIES = load_queries("libs.common.channels", "send_lane.sql")
 
 #: Most numbers one claim looks at (the others, served less recently, come first in the next claims).
 MAX_NUMBERS_PER_CLAIM: Final = 1000
+#: Threads writing outcomes at once (each a transaction for the outcomes that finished meanwhile).
+MAX_WRITERS: Final = 2
+#: How often a send lane settles leases run out and lifetimes ended (on its claim's clock).
+SETTLE_EVERY: Final = timedelta(seconds=1)
 #: How long past the request's deadline a send's lease lasts.
 LEASE_SLACK: Final = timedelta(seconds=5)
 #: The wait before a retry: 2 s, 4 s, 8 s ... at most 5 minutes (a provider's Retry-After wins).
@@ -117,22 +121,29 @@ class SendLane:
         self.settings = runtime.settings.channels
         self.providers = providers
         self.wake = wake
-        self._executor = ThreadPoolExecutor(max_workers=self.settings.concurrency, thread_name_prefix="send")
+        # a thread per provider call, and for the writers (which write on the thread of a finished call)
+        workers = self.settings.concurrency + MAX_WRITERS
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="send")
         self._lock = threading.Lock()
+        #: Sends started and not yet recorded; of them, provider calls in flight.
         self._busy = 0
+        self._calling = 0
         self._results: list[_Result] = []
-        self._flushing = False
+        self._flushers = 0
+        self._settled_at: datetime | None = None
 
     def tick(self) -> int:
         with self._lock:
-            free = min(self.settings.concurrency - self._busy, self.settings.batch)
-        if free <= 0:
-            return 0
+            free = min(self.settings.concurrency - self._calling, self.settings.batch)
+            busy = self._calling
+        if free <= 0 or (busy and free < self.settings.concurrency // 4):
+            return 0  # the sends finishing wake the loop: claim when a quarter of the slots is free
         now = self.runtime.clock.now()
         with effects.transaction(self.runtime) as conn:
             sends = self._claim(conn, free, now)
         with self._lock:
             self._busy += len(sends)
+            self._calling += len(sends)
         for send in sends:
             SEND_LANE_IN_FLIGHT.inc()
             self._executor.submit(self._send, send)
@@ -147,7 +158,9 @@ class SendLane:
         channels = {(r["project_id"], r["number_id"]): Channel(**r) for r in rows}
         keys = list(channels)
         pairs = {"project_ids": [p for p, _ in keys], "number_ids": [n for _, n in keys], "now": now}
-        self._settle(conn, pairs, now)
+        if self._settled_at is None or now - self._settled_at >= SETTLE_EVERY:
+            self._settle(conn, pairs, now)
+            self._settled_at = now
         bound = self.settings.number_concurrency
         room = {key: max(0, bound - in_flight[key]) for key in keys}
         retries = {(p, n): due for p, n, due in conn.execute(QUERIES["due_retry_counts"], pairs)}
@@ -247,11 +260,13 @@ class SendLane:
             log.exception("send failed", extra={"message_id": str(send.message.id)})
             outcome = Unconfirmed(f"internal_error:{type(exc).__name__}")
         SEND_LANE_SEND_SECONDS.labels(send.channel.provider).observe(time.monotonic() - started)
+        SEND_LANE_IN_FLIGHT.dec()
         with self._lock:
+            self._calling -= 1
             self._results.append(_Result(send, outcome))
-            if self._flushing:
-                return
-            self._flushing = True
+            if self._flushers >= MAX_WRITERS:
+                return  # a writer busy writing takes it with the next batch
+            self._flushers += 1
         self._flush()
 
     def _flush(self) -> None:
@@ -260,7 +275,7 @@ class SendLane:
             with self._lock:
                 results, self._results = self._results, []
                 if not results:
-                    self._flushing = False
+                    self._flushers -= 1
                     return
             try:
                 self._write(results)
@@ -269,28 +284,53 @@ class SendLane:
             finally:
                 with self._lock:
                     self._busy -= len(results)
-                SEND_LANE_IN_FLIGHT.dec(len(results))
                 if self.wake is not None:
                     self.wake()
 
     def _write(self, results: list[_Result]) -> None:
         now = self.runtime.clock.now()
+        sent: dict[uuid.UUID, list[_Result]] = {}
+        others = []
+        for result in results:
+            if isinstance(result.outcome, Sent):
+                sent.setdefault(result.send.message.project_id, []).append(result)
+            else:
+                others.append(result)
         with effects.transaction(self.runtime) as conn:
-            for result in results:
-                with effects.savepoint(conn):
-                    self._record(conn, result, now)
+            for project_id, batch in sent.items():
+                try:
+                    with effects.savepoint(conn):
+                        self._record_sent(conn, project_id, batch, now)
+                except Exception:  # one of them cannot be written: each on its own, to find it
+                    log.warning("sent batch not written; one by one", extra={"project_id": str(project_id)})
+                    others += batch
+            for result in others:
+                try:
+                    with effects.savepoint(conn):
+                        self._record(conn, result, now)
+                except Exception:
+                    log.exception(
+                        "send outcome not recorded", extra={"message_id": str(result.send.message.id)}
+                    )
+
+    def _record_sent(
+        self, conn: Connection[Any], project_id: uuid.UUID, batch: list[_Result], now: datetime
+    ) -> None:
+        """Messages the provider took, of one project: SENT in one statement, their sends settled."""
+        pairs = [(r.send.message.id, _provider_id(r.outcome)) for r in batch]
+        conn.execute(
+            QUERIES["finish_sends"], {"project_id": project_id, "message_ids": [m for m, _ in pairs]}
+        )
+        send_lane.report_sent(conn, project_id, pairs, now=now)
+        for result in batch:
+            SEND_LANE_SENDS.labels(result.send.channel.provider, "sent").inc()
+            log.info("provider send", extra=self._context(result) | {"outcome": "sent"})
 
     def _record(self, conn: Connection[Any], result: _Result, now: datetime) -> None:
         send, outcome = result.send, result.outcome
         message = send.message
         keys = {"project_id": message.project_id, "message_id": message.id, "attempt": send.attempt}
-        extra = {
-            "project_id": str(message.project_id),
-            "message_id": str(message.id),
-            "number_id": str(send.channel.number_id),
-            "provider": send.channel.provider,
-            "attempt": send.attempt,
-        }
+        extra = self._context(result)
         if isinstance(outcome, Sent):
             kind = "sent"
             conn.execute(QUERIES["finish_send"], keys)
@@ -335,6 +375,21 @@ class SendLane:
         extra["outcome"] = kind
         (log.info if kind == "sent" else log.warning)("provider send", extra=extra)
 
+    @staticmethod
+    def _context(result: _Result) -> dict[str, Any]:
+        """The log context of a send's outcome."""
+        send = result.send
+        extra: dict[str, Any] = {
+            "project_id": str(send.message.project_id),
+            "message_id": str(send.message.id),
+            "number_id": str(send.channel.number_id),
+            "provider": send.channel.provider,
+            "attempt": send.attempt,
+        }
+        if isinstance(result.outcome, Sent):
+            extra["provider_message_id"] = result.outcome.provider_message_id
+        return extra
+
     def _report(
         self,
         conn: Connection[Any],
@@ -359,6 +414,11 @@ class SendLane:
     def close(self) -> None:
         """Wait for the sends in flight (their outcomes recorded)."""
         self._executor.shutdown(wait=True)
+
+
+def _provider_id(outcome: Outcome) -> str:
+    assert isinstance(outcome, Sent)
+    return outcome.provider_message_id
 
 
 def reconcile(conn: Connection[Any], project_id: uuid.UUID, message_ids: list[uuid.UUID]) -> None:

@@ -94,3 +94,7 @@ RETURNING message_id
 -- A status arrived for these messages: their sends waiting for one are settled.
 DELETE FROM channel_sends
 WHERE project_id = %(project_id)s AND message_id = ANY(%(message_ids)s::uuid[]) AND state = 'unconfirmed'
+
+-- name: finish_sends
+-- These sends are settled (sent): their rows go.
+DELETE FROM channel_sends WHERE project_id = %(project_id)s AND message_id = ANY(%(message_ids)s::uuid[])

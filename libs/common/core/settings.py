@@ -421,7 +421,10 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             " went out is never resent (the message waits for its status).",
         ),
         Variable(
-            "SEND_LANE_CONCURRENCY", "concurrency", 64, "Provider requests one send-lane worker has in flight."
+            "SEND_LANE_CONCURRENCY",
+            "concurrency",
+            64,
+            "Provider requests one send-lane worker has in flight.",
         ),
         Variable(
             "SEND_LANE_NUMBER_CONCURRENCY",

@@ -21,7 +21,7 @@ from psycopg import Connection
 from psycopg.rows import class_row
 
 from libs.common.contracts.actors import MAX_CLAIM
-from libs.common.contracts.events import STATUS_REPORTED, MessageClaimed, MessageFailed
+from libs.common.contracts.events import STATUS_REPORTED, MessageClaimed, MessageFailed, MessageSent
 from libs.common.contracts.platform_events import ReportedStatus
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.outbox import write_events
@@ -208,6 +208,35 @@ def report_status(
         event = msgspec.structs.replace(event, error_code=updated.error_code)
     write_events(conn, project_id, [event], occurred_at=now)
     return updated, True
+
+
+def report_sent(
+    conn: Connection[Any], project_id: uuid.UUID, sent: list[tuple[uuid.UUID, str]], *, now: datetime
+) -> list[uuid.UUID]:
+    """Many messages of the project SENT at once (the send lane's batch), each with the provider's id, its
+    status event and its ``message.sent``; returns those it moved (one whose status moved on meanwhile, a
+    status webhook having come first, is left as it is: the reports are monotonic)."""
+    if not sent:
+        return []
+    params = {
+        "project_id": project_id,
+        "ids": [message_id for message_id, _ in sent],
+        "provider_ids": [provider_id for _, provider_id in sent],
+        "now": now,
+    }
+    rows = conn.execute(QUERIES["set_messages_sent"], params).fetchall()
+    events = [
+        MessageSent(
+            message_id=message_id,
+            status="SENT",
+            provider_message_id=provider_id,
+            error=None,
+            followup_enrollment_id=enrollment_id,
+        )
+        for message_id, provider_id, enrollment_id in rows
+    ]
+    write_events(conn, project_id, events, occurred_at=now)
+    return [event.message_id for event in events]
 
 
 def _moves_forward(current: str, reported: str) -> bool:

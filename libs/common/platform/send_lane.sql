@@ -101,3 +101,22 @@ SELECT q.project_id, q.number_id,
               AND status = 'QUEUED' AND direction = 'outbound'
             LIMIT %(cap)s) AS queued) AS queued
 FROM unnest(%(project_ids)s::uuid[], %(number_ids)s::uuid[]) AS q(project_id, number_id)
+
+-- name: set_messages_sent
+-- Many claimed messages of a project SENT at once, each with its provider id and status event; a message
+-- that moved on meanwhile (a status webhook came first) is left as it is.
+WITH given AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(provider_ids)s::text[]) AS g(id, provider_message_id)
+), updated AS (
+    UPDATE messages m
+    SET status = 'SENT', status_changed_at = %(now)s,
+        provider_message_id = coalesce(g.provider_message_id, m.provider_message_id)
+    FROM given g
+    WHERE m.project_id = %(project_id)s AND m.id = g.id AND m.direction = 'outbound'
+      AND m.status IN ('QUEUED', 'PROCESSING')
+    RETURNING m.id, m.project_id, m.status, m.provider_message_id, m.error, m.followup_enrollment_id
+), status_events AS (
+    INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
+    SELECT project_id, id, status, %(now)s FROM updated
+)
+SELECT id, provider_message_id, followup_enrollment_id FROM updated
