@@ -110,7 +110,7 @@ def status(pool: ConnectionPool, message_id: uuid.UUID) -> tuple[Any, ...]:
     )[0]
 
 
-def send_state(pool: ConnectionPool, message_id: uuid.UUID) -> tuple[Any, ...] | None:
+def send_state(pool: ConnectionPool, message_id: uuid.UUID) -> Any:
     """(state, attempts, last_error) of a message's send, None when it has none (settled)."""
     found = rows(
         pool, "SELECT state, attempts, last_error FROM channel_sends WHERE message_id = %s", message_id

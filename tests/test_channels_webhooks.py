@@ -156,13 +156,16 @@ def test_an_opt_out_keyword_opts_the_contact_out(pool, project, graph, wired):
     phone = new_phone()
     graph.reply(webhook_path("whatsapp_cloud", number_id), phone_number_id, phone, " stop! ")
     [(opted_out,)] = rows(
-        pool, "SELECT opted_out_at IS NOT NULL FROM contacts WHERE project_id = %s AND phone = %s", project.id, phone
+        pool,
+        "SELECT opted_out_at IS NOT NULL FROM contacts WHERE project_id = %s AND phone = %s",
+        project.id,
+        phone,
     )
     assert opted_out is True
 
 
 def test_twilio_replies_statuses_and_opt_outs_with_its_signature(pool, project, twilio, wired):
-    runtime, client = wired
+    runtime, _client = wired
     number_id = twilio_number(pool, runtime, project.id, twilio)
     url = "https://followups.example.com" + webhook_path("twilio", number_id)
     phone = new_phone()
@@ -191,13 +194,16 @@ def test_twilio_replies_statuses_and_opt_outs_with_its_signature(pool, project, 
     )
     assert stop.status_code == 200
     [(opted_out,)] = rows(
-        pool, "SELECT opted_out_at IS NOT NULL FROM contacts WHERE project_id = %s AND phone = %s", project.id, phone
+        pool,
+        "SELECT opted_out_at IS NOT NULL FROM contacts WHERE project_id = %s AND phone = %s",
+        project.id,
+        phone,
     )
     assert opted_out is True
 
 
 def test_a_numbers_credentials_are_write_only(pool, project, wired, caplog):
-    runtime, client = wired
+    _runtime, client = wired
     client.headers.update(project.headers)
     number = client.post("/v1/numbers", json={"phone": new_phone()}).json()
     secrets = {
