@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
 from litestar import Controller, MediaType, Request, Response, delete, get, post, put
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody, QueryParameter, RawBody
 
 from libs.common.channels import inbound, setup
@@ -18,6 +19,11 @@ from libs.common.channels.inbound import WebhookResult
 from libs.common.channels.setup import ChannelSetup, ChannelView
 from services.api.deps import ProjectId, runtime_of, transaction
 from services.api.scopes import provider_signed, scope
+
+#: What a webhook answers when its signature does not verify (nothing is written).
+_SIGNED = {
+    401: ResponseSpec(None, description="The provider's signature does not verify: nothing was written.")
+}
 
 #: The answer Twilio expects to an incoming message it should not reply to.
 _EMPTY_TWIML = '<?xml version="1.0" encoding="UTF-8"?><Response></Response>'
@@ -64,7 +70,14 @@ class ProviderWebhooksController(Controller):
     tags = ["provider webhooks"]
     opt = provider_signed()
 
-    @get("/whatsapp/{number_id:uuid}/webhook", sync_to_thread=True, media_type=MediaType.TEXT)
+    @get(
+        "/whatsapp/{number_id:uuid}/webhook",
+        sync_to_thread=True,
+        media_type=MediaType.TEXT,
+        responses={
+            403: ResponseSpec(None, description="`hub.verify_token` is not the number's verify token.")
+        },
+    )
     def whatsapp_verify(
         self,
         request: Request[Any, Any, Any],
@@ -77,7 +90,7 @@ class ProviderWebhooksController(Controller):
         number's verify token (403 otherwise)."""
         return inbound.verify_subscription(runtime_of(request), number_id, mode, token, challenge)
 
-    @post("/whatsapp/{number_id:uuid}/webhook", sync_to_thread=True, status_code=200)
+    @post("/whatsapp/{number_id:uuid}/webhook", sync_to_thread=True, status_code=200, responses=_SIGNED)
     def whatsapp(
         self, request: Request[Any, Any, Any], number_id: FromPath[uuid.UUID], body: RawBody
     ) -> WebhookResult:
@@ -87,7 +100,13 @@ class ProviderWebhooksController(Controller):
         signature = request.headers.get("x-hub-signature-256")
         return inbound.whatsapp_webhook(runtime, number_id, body, signature, now=runtime.clock.now())
 
-    @post("/twilio/{number_id:uuid}/webhook", sync_to_thread=True, status_code=200)
+    @post(
+        "/twilio/{number_id:uuid}/webhook",
+        sync_to_thread=True,
+        status_code=200,
+        responses=_SIGNED,
+        media_type=MediaType.XML,
+    )
     def twilio(
         self, request: Request[Any, Any, Any], number_id: FromPath[uuid.UUID], body: RawBody
     ) -> Response[str]:
