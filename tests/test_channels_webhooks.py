@@ -114,7 +114,7 @@ def test_another_numbers_changes_are_ignored(pool, project, graph, wired):
 
 
 def test_statuses_move_the_message_forward_and_a_failure_keeps_its_code(pool, project, graph, wired):
-    runtime, _ = wired
+    runtime, client = wired
     number_id, _ = whatsapp_number(pool, runtime, project.id, graph)
     contact_id = make_contact(pool, project.id)
     delivered_id = queue(pool, runtime, project.id, contact_id, number_id, "one")
@@ -132,6 +132,8 @@ def test_statuses_move_the_message_forward_and_a_failure_keeps_its_code(pool, pr
     assert late.json() == {"applied": 0, "repeated": 1, "ignored": 0}
     assert status(pool, delivered_id) == ("READ", taken[str(delivered_id)].id, None)
     assert status(pool, failed_id) == ("FAILED", taken[str(failed_id)].id, "131047")
+    shown = client.get(f"/v1/messages/{failed_id}", headers=project.headers).json()
+    assert (shown["error_code"], shown["error"]) == ("131047", "Re-engagement message")
 
 
 def test_a_status_reconciles_a_send_whose_answer_was_lost(pool, project, graph, wired):
