@@ -5,12 +5,14 @@ projects."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import timedelta
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
 from followups.fake_providers import closed_port, fake_graph, fake_twilio
+from libs.common.channels.send_lane import share
 from tests.channel_helpers import (
     PUBLIC_URL,
     drain,
@@ -315,3 +317,15 @@ def test_one_projects_backlog_does_not_hold_back_anothers_first_message(
 
     assert status(pool, first)[0] == "SENT"
     assert len(graph.taken) <= 10
+
+
+def test_free_slots_go_to_each_project_in_turn_then_to_its_numbers_in_turn():
+    a, b = uuid.uuid4(), uuid.uuid4()
+    a1, a2, a3, b1 = (uuid.uuid4() for _ in range(4))
+    # project A has three busy numbers, project B one: B gets as many slots as A, A's spread over its numbers
+    quotas = share(8, [(a, a1, 100), (a, a2, 100), (a, a3, 100), (b, b1, 100)])
+    assert quotas[(b, b1)] == 4
+    assert sorted(quotas[(a, n)] for n in (a1, a2, a3)) == [1, 1, 2]
+    # a number never gets more than it has queued; what it cannot take goes to the others
+    assert share(5, [(a, a1, 1), (b, b1, 10)]) == {(a, a1): 1, (b, b1): 4}
+    assert share(3, [(a, a1, 0)]) == {}
