@@ -151,10 +151,12 @@ class SendLane:
 
     def _claim(self, conn: Connection[Any], free: int, now: datetime) -> list[_Send]:
         with conn.cursor(row_factory=dict_row) as cur:
-            rows = cur.execute(QUERIES["lock_channels"], {"limit": MAX_NUMBERS_PER_CLAIM}).fetchall()
+            params = {"limit": MAX_NUMBERS_PER_CLAIM, "now": now}
+            rows = cur.execute(QUERIES["lock_channels"], params).fetchall()
         if not rows:
             return []
         in_flight = {(r["project_id"], r["number_id"]): r.pop("in_flight") for r in rows}
+        retries = {(r["project_id"], r["number_id"]): r.pop("retries_due") for r in rows}
         channels = {(r["project_id"], r["number_id"]): Channel(**r) for r in rows}
         keys = list(channels)
         pairs = {"project_ids": [p for p, _ in keys], "number_ids": [n for _, n in keys], "now": now}
@@ -163,7 +165,6 @@ class SendLane:
             self._settled_at = now
         bound = self.settings.number_concurrency
         room = {key: max(0, bound - in_flight[key]) for key in keys}
-        retries = {(p, n): due for p, n, due in conn.execute(QUERIES["due_retry_counts"], pairs)}
         queued = send_lane.queued_per_number(conn, [k for k in keys if room[k]], cap=bound)
         quotas = share(
             free, ((p, n, min(room[(p, n)], retries.get((p, n), 0) + queued.get((p, n), 0))) for p, n in keys)
@@ -175,29 +176,34 @@ class SendLane:
         for send in sends:
             quotas[(send.message.project_id, send.channel.number_id)] -= 1
         wanted = [NumberQuota(project_id=p, number_id=n, quota=q) for (p, n), q in quotas.items() if q > 0]
-        claimed = send_lane.claim_for_numbers(conn, wanted, now=now)
-        lifetime = timedelta(seconds=self.settings.message_lifetime_seconds)
-        fresh = [
-            _Send(channels[(m.project_id, m.number_id)], m, 1, m.created_at + lifetime)
-            for m in claimed
-            if m.number_id is not None
-        ]
-        if fresh:
-            conn.execute(
-                QUERIES["start_sends"],
-                {
-                    "project_ids": [s.message.project_id for s in fresh],
-                    "message_ids": [s.message.id for s in fresh],
-                    "number_ids": [s.channel.number_id for s in fresh],
-                    "expires": [s.expires_at for s in fresh],
-                    "lease_until": lease_until,
-                },
-            )
-        sends += fresh
-        served = {(s.message.project_id, s.channel.number_id) for s in sends}
-        if served:
-            params = {"project_ids": [p for p, _ in served], "number_ids": [n for _, n in served], "now": now}
-            conn.execute(QUERIES["served"], params)
+        with conn.pipeline():  # the claim's writes that return nothing travel together
+            claimed = send_lane.claim_for_numbers(conn, wanted, now=now)
+            lifetime = timedelta(seconds=self.settings.message_lifetime_seconds)
+            fresh = [
+                _Send(channels[(m.project_id, m.number_id)], m, 1, m.created_at + lifetime)
+                for m in claimed
+                if m.number_id is not None
+            ]
+            if fresh:
+                conn.execute(
+                    QUERIES["start_sends"],
+                    {
+                        "project_ids": [s.message.project_id for s in fresh],
+                        "message_ids": [s.message.id for s in fresh],
+                        "number_ids": [s.channel.number_id for s in fresh],
+                        "expires": [s.expires_at for s in fresh],
+                        "lease_until": lease_until,
+                    },
+                )
+            sends += fresh
+            served = {(s.message.project_id, s.channel.number_id) for s in sends}
+            if served:
+                params = {
+                    "project_ids": [p for p, _ in served],
+                    "number_ids": [n for _, n in served],
+                    "now": now,
+                }
+                conn.execute(QUERIES["served"], params)
         return sends
 
     def _retries(

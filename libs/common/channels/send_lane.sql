@@ -1,11 +1,14 @@
 -- name: lock_channels
 -- The numbers with a channel, the least recently served first, each locked for this claim (SKIP LOCKED:
 -- another replica claiming for a number skips it, so the bound per number holds across replicas), with
--- its sends in flight.
+-- its sends in flight and its retries due.
 SELECT c.project_id, c.number_id, c.provider, c.account_id, c.sender, c.credentials, c.created_at,
        c.updated_at,
        (SELECT count(*) FROM channel_sends s
-        WHERE s.project_id = c.project_id AND s.number_id = c.number_id AND s.state = 'sending') AS in_flight
+        WHERE s.project_id = c.project_id AND s.number_id = c.number_id AND s.state = 'sending') AS in_flight,
+       (SELECT count(*) FROM channel_sends s
+        WHERE s.project_id = c.project_id AND s.number_id = c.number_id AND s.state = 'retry'
+          AND s.next_attempt_at <= %(now)s) AS retries_due
 FROM channel_numbers c
 ORDER BY c.served_at NULLS FIRST, c.number_id
 LIMIT %(limit)s
@@ -28,14 +31,6 @@ USING unnest(%(project_ids)s::uuid[], %(number_ids)s::uuid[]) AS n(project_id, n
 WHERE s.project_id = n.project_id AND s.number_id = n.number_id
   AND s.state IN ('retry', 'unconfirmed') AND s.expires_at <= %(now)s
 RETURNING s.project_id, s.message_id, s.state, s.last_error
-
--- name: due_retry_counts
--- How many retries of each of these numbers are due.
-SELECT s.project_id, s.number_id, count(*) AS due
-FROM unnest(%(project_ids)s::uuid[], %(number_ids)s::uuid[]) AS n(project_id, number_id)
-JOIN channel_sends s ON s.project_id = n.project_id AND s.number_id = n.number_id
-WHERE s.state = 'retry' AND s.next_attempt_at <= %(now)s
-GROUP BY s.project_id, s.number_id
 
 -- name: claim_retries
 -- Take up to each number's quota of its due retries (the oldest due first): leased, attempt counted.
