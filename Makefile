@@ -9,7 +9,7 @@ LOCAL_MODEL := $(VENV)/.installed-local-model
 WANTS_LOCAL_MODEL := $(if $(findstring --local-model,$(ARGS)),$(LOCAL_MODEL))
 
 .DEFAULT_GOAL := help
-.PHONY: help install local-model dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers bench-webhooks clean
+.PHONY: help install local-model dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers bench-webhooks bench-send-lane clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -67,7 +67,7 @@ unit: $(STAMP) $(if $(CI),$(LOCAL_MODEL)) ## pytest only, in parallel (PYTEST_WO
 
 test: check unit ## every check and every test (what CI runs)
 
-bench: bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-webhooks ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
+bench: bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-webhooks bench-send-lane ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
 
 bench-release: $(STAMP) ## release throughput, lag and claim-cost benchmark
 	$(BIN)/python -m benchmarks.release $(ARGS)
@@ -92,6 +92,9 @@ bench-retention: $(STAMP) ## retention deleting 1M finished enrollments while th
 
 bench-webhooks: $(STAMP) ## webhook deliveries: a fast tenant's p99 beside a tenant whose endpoints sleep or drip
 	$(BIN)/python -m benchmarks.webhooks $(ARGS)
+
+bench-send-lane: $(STAMP) ## send lane: messages/s through the fake WhatsApp Cloud API (20 ms latency, bounded per number)
+	$(BIN)/python -m benchmarks.send_lane $(ARGS)
 
 bench-peers: $(STAMP) ## ours against PgQueuer (throughput) and Dramatiq's delayed messages (100k pending); installs the peers extra
 	$(BIN)/python -m pip install --quiet -e '.[peers]'

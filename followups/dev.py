@@ -8,6 +8,10 @@ The data folder keeps, besides the database (``pgdata/``), the dev project's id 
 API key in clear (``api_key``, readable by its owner only): the database stores keys only hashed, so the
 file is what lets every run print the same key. A project is created only when the folder has none.
 
+With ``--fake-provider`` the fake WhatsApp Cloud API runs in the process and the dev number sends through
+it (:mod:`followups.dev_provider`): the log shows what reached the phone, and its statuses come back
+through the webhook.
+
 With ``--local-model`` a real model writes the AI steps: llama.cpp's server with SmolLM2-135M
 (:mod:`followups.local_model`, the ``local-model`` extra) runs as a child process on a free port until dev
 stops, and ``AI_BASE_URL`` points at it.
@@ -24,7 +28,7 @@ import sys
 import threading
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +37,8 @@ import msgspec
 from psycopg import Connection
 
 from followups import local_model as local
+from followups.dev_provider import DEV_ACCESS_TOKEN, DEV_APP_SECRET, report_to, wire_dev_number
+from followups.fake_providers import fake_graph
 from followups.runner import SERVICES, serve_metrics, start_services
 from libs.common.core.broker import create_broker
 from libs.common.core.clock import SYSTEM_CLOCK
@@ -135,27 +141,59 @@ def _alive(pid: int) -> bool:
 
 
 def run_dev(
-    base: Settings, *, data_dir: str, host: str, port: int, demo: bool, local_model: bool = False
+    base: Settings,
+    *,
+    data_dir: str,
+    host: str,
+    port: int,
+    demo: bool,
+    local_model: bool = False,
+    fake_provider: bool = False,
 ) -> int:
-    if not local_model:
-        return _run_dev(base, data_dir=data_dir, host=host, port=port, demo=demo, model=None)
-    problem = local.missing()
-    if problem is not None:
-        print(f"followups dev: --local-model: {problem}", file=sys.stderr)
-        return 2
-    print("followups dev: starting the local model (llama.cpp server, SmolLM2-135M)", flush=True)
-    try:
-        with local.local_model() as model:
-            print(f"followups dev: AI_BASE_URL={model.base_url}", flush=True)
-            with_model = dataclasses.replace(base, ai=model.ai_settings(base.ai))
-            return _run_dev(with_model, data_dir=data_dir, host=host, port=port, demo=demo, model=model)
-    except local.LocalModelUnavailable as exc:
-        print(f"followups dev: --local-model: {exc}", file=sys.stderr)
-        return 2
+    with contextlib.ExitStack() as stack:
+        wire: Wire | None = None
+        if fake_provider:
+            graph = stack.enter_context(fake_graph(DEV_ACCESS_TOKEN, DEV_APP_SECRET))
+            print(f"followups dev: fake WhatsApp Cloud API at {graph.graph_url}", flush=True)
+            channels = msgspec.structs.replace(base.channels, whatsapp_graph_url=graph.graph_url)
+            base = dataclasses.replace(base, channels=channels)
+            api = f"http://{host}:{port}"
+
+            def wire(runtime: Runtime, project_id: uuid.UUID) -> None:
+                report_to(graph, api, wire_dev_number(runtime, project_id))
+
+        if not local_model:
+            return _run_dev(base, data_dir=data_dir, host=host, port=port, demo=demo, model=None, wire=wire)
+        problem = local.missing()
+        if problem is not None:
+            print(f"followups dev: --local-model: {problem}", file=sys.stderr)
+            return 2
+        print("followups dev: starting the local model (llama.cpp server, SmolLM2-135M)", flush=True)
+        try:
+            with local.local_model() as model:
+                print(f"followups dev: AI_BASE_URL={model.base_url}", flush=True)
+                with_model = dataclasses.replace(base, ai=model.ai_settings(base.ai))
+                return _run_dev(
+                    with_model, data_dir=data_dir, host=host, port=port, demo=demo, model=model, wire=wire
+                )
+        except local.LocalModelUnavailable as exc:
+            print(f"followups dev: --local-model: {exc}", file=sys.stderr)
+            return 2
+
+
+#: What dev does to the project once it has one (``--fake-provider``: wire the dev number to the fake).
+Wire = Callable[[Runtime, uuid.UUID], None]
 
 
 def _run_dev(
-    base: Settings, *, data_dir: str, host: str, port: int, demo: bool, model: local.LocalModel | None
+    base: Settings,
+    *,
+    data_dir: str,
+    host: str,
+    port: int,
+    demo: bool,
+    model: local.LocalModel | None,
+    wire: Wire | None = None,
 ) -> int:
     import uvicorn
 
@@ -178,6 +216,8 @@ def _run_dev(
     running = None
     try:
         project = dev_project(runtime, folder)
+        if wire is not None:
+            wire(runtime, project.project_id)
         if demo:
             _create_demo(runtime, project.project_id)
         running = start_services(runtime, sorted(SERVICES), LogPublisher())

@@ -20,6 +20,7 @@ from services.ai_steps.service import build as build_ai_steps
 from services.api.ingress import build as build_ingress
 from services.release.service import build as build_release
 from services.retention.service import build as build_retention
+from services.send_lane.service import build as build_send_lane
 from services.triggers.service import build as build_triggers
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ SERVICES: dict[str, Callable[[Runtime], Service]] = {
     "triggers": build_triggers,
     "ai_steps": build_ai_steps,
     "retention": build_retention,
+    "send-lane": build_send_lane,
 }
 
 #: Name of the outbox relay loop.

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import Process, followups
+from tests.helpers import Process, followups, wait_until
 
 #: The environment of every run: plain logs by default (LOG_JSON unset), no server named, and no
 #: XDG_RUNTIME_DIR, so that platformdirs' warning about it would show.
@@ -205,3 +205,27 @@ def test_dev_runs_everything_embedded_with_the_demo(data_dir: Path) -> None:
     assert code == 0, dev.output
     assert (data_dir / "pgdata" / "PG_VERSION").exists()  # the data folder is kept for the next run
     assert not (data_dir / "pgdata" / "postmaster.pid").exists(), "embedded PostgreSQL left running"
+
+
+def test_dev_with_the_fake_provider_shows_what_reached_the_phone_and_its_statuses(data_dir: Path) -> None:
+    port = _free_port()
+    dev = _start(data_dir, port, "--demo", "--fake-provider")
+    try:
+        key = _box(dev, last=False)["API key"]
+        dev.wait_for("reached the phone (fake WhatsApp)")
+
+        def read_messages() -> list[dict[str, Any]]:
+            answer = httpx.get(
+                f"http://127.0.0.1:{port}/v1/messages",
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=10,
+            )
+            assert answer.status_code == 200, answer.text
+            return [m for m in answer.json()["items"] if m["status"] == "READ"]
+
+        # the fake reports sent, delivered, then read through the number's webhook
+        [read, *_] = wait_until(read_messages, timeout=30, interval=0.5, what="a message READ")
+        assert read["provider_message_id"].startswith("wamid.")
+    finally:
+        code = dev.stop(signal.SIGINT)
+    assert code == 0, dev.output

@@ -69,7 +69,10 @@ def test_a_problem_body_has_what_the_component_requires(
 def test_operations_under_v1_need_a_key_and_the_system_ones_none(document: dict[str, Any]) -> None:
     assert {"bearer": []} in document["security"]
     for method, path, operation in operations(document):
-        if path.startswith("/v1/"):
+        if path.startswith("/v1/providers/"):  # a provider's webhook: its signature, not a key
+            assert operation["security"] == [], (method, path)
+            assert ("401" if method.upper() == "POST" else "403") in operation["responses"], (method, path)
+        elif path.startswith("/v1/"):
             assert operation["security"] == [{"bearer": []}], (method, path)
             unauthorized = operation["responses"]["401"]
             assert "WWW-Authenticate" in unauthorized["headers"], (method, path)

@@ -34,7 +34,7 @@ SOURCES = ("libs", "services")
 #: Where the schema is (read for its tables, not checked as queries).
 MIGRATIONS = ROOT / "libs" / "common" / "core" / "migrations"
 #: The bounded contexts of ``libs/common`` (each ``__init__`` has an ``OWNS`` list).
-CONTEXTS = ("contracts", "core", "platform", "followups", "rules", "ai", "retention", "ingress")
+CONTEXTS = ("contracts", "core", "platform", "followups", "rules", "ai", "retention", "ingress", "channels")
 
 
 def _reads(context: str, where: str, tables: tuple[str, ...], reason: str) -> dict[tuple[str, str, str], str]:

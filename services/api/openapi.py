@@ -194,7 +194,7 @@ def _complete_operation(
     for status in sorted(_error_statuses(handler, route, method) | {code for code in own if code >= 400}):
         spec = own.get(status)  # a route's own description (what a 409 conflicts with) is kept
         description = spec.description if spec is not None else None
-        if status == 403:
+        if status == 403 and not handler.opt.get(scopes.SIGNED_OPT):
             description = (
                 "The API key's scope does not allow this operation: it needs the "
                 f"`{scopes.needed_scope(handler, method)}` scope (`code` is `missing_scope`)."

@@ -26,6 +26,16 @@ SCOPE_OPT = "scope"
 READING = frozenset({"GET", "HEAD"})
 
 
+#: The handler option of a route a provider calls, authenticated by the provider's signature instead of an
+#: API key (the webhooks of :mod:`services.api.routes.providers`).
+SIGNED_OPT = "provider_signed"
+
+
+def provider_signed() -> dict[str, Any]:
+    """The ``opt`` of a route authenticated by a provider's signature, not an API key."""
+    return {SIGNED_OPT: True}
+
+
 def scope(needed: Scope) -> dict[str, Any]:
     """A route's (or controller's) ``opt`` declaring the scope it needs."""
     return {SCOPE_OPT: needed}
@@ -50,9 +60,9 @@ def require(granted: Scope, handler: HTTPRouteHandler, method: str) -> None:
 
 
 def check_routes(app: Litestar) -> dict[tuple[str, str], Scope]:
-    """Every ``/v1`` operation and the scope it needs; raises RuntimeError for one that does not
-    authenticate (takes no ``project_id``), declares an unknown scope, or is a change that needs only
-    ``read``."""
+    """Every ``/v1`` operation and the scope it needs (a provider's signed webhook aside); raises
+    RuntimeError for one that does not authenticate (takes no ``project_id``), declares an unknown scope, or
+    is a change that needs only ``read``."""
     table: dict[tuple[str, str], Scope] = {}
     for route in app.routes:
         if not isinstance(route, HTTPRoute) or not route.path.startswith("/v1"):
@@ -61,6 +71,8 @@ def check_routes(app: Litestar) -> dict[tuple[str, str], Scope]:
             if method == "OPTIONS":
                 continue
             where = f"{method} {route.path}"
+            if handler.opt.get(SIGNED_OPT):
+                continue  # the provider's signature authenticates it
             if "project_id" not in handler.parsed_fn_signature.parameters:
                 raise RuntimeError(f"{where} does not authenticate: it must take project_id: ProjectId")
             needed = needed_scope(handler, method)

@@ -46,6 +46,8 @@ TRIGGERS_QUEUE = "followups.triggers"
 AI_STEPS_QUEUE = "followups.ai_steps"
 RETENTION_QUEUE = "followups.retention"
 INGRESS_QUEUE = "followups.ingress"
+#: The send lane's (no actor listens on it yet: its loop polls).
+SEND_LANE_QUEUE = "followups.send_lane"
 
 
 class ReleaseNudge(Payload):

@@ -98,6 +98,8 @@ class MessageFailed(MessageEvent, kw_only=True, frozen=True):
     status: str | None = None
     provider_message_id: str | None = None
     error: str | None = None
+    #: The provider's code of the failure (docs/providers.md), when the send lane knows one.
+    error_code: str | None = None
     reason: str | None = None
     stop_reason: str | None = None
     contact_id: uuid.UUID | None = None

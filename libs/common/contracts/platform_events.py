@@ -72,6 +72,8 @@ class MessageStatus(_Event, kw_only=True, tag="message.status"):
     message_id: uuid.UUID | None = None
     provider_message_id: ExternalId | None = None
     error: Text | None = None
+    #: The provider's code of a failure (``131026``, ``63016``: docs/providers.md), kept as ``error_code``.
+    error_code: ExternalId | None = None
 
 
 class ContactOptedOut(_Event, kw_only=True, tag="contact.opted_out"):

@@ -133,6 +133,30 @@ API_THROTTLED: Final = Counter(
     ["limit"],
 )
 
+SEND_LANE_SENDS: Final = Counter(
+    "whatstig_send_lane_sends_total",
+    "Provider send attempts of the send lane, by provider and outcome (sent, retry, unconfirmed, rejected,"
+    " expired).",
+    ["provider", "outcome"],
+)
+SEND_LANE_SEND_SECONDS: Final = Histogram(
+    "whatstig_send_lane_send_seconds",
+    "Time of one provider send attempt, by provider.",
+    ["provider"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
+SEND_LANE_IN_FLIGHT: Final = Gauge(
+    "whatstig_send_lane_in_flight",
+    "Provider send attempts in flight in this process.",
+    multiprocess_mode="livesum",
+)
+PROVIDER_WEBHOOKS: Final = Counter(
+    "whatstig_provider_webhooks_total",
+    "Provider webhook requests, by provider and outcome (applied, bad_signature, unknown_number, invalid,"
+    " verified, verify_refused).",
+    ["provider", "outcome"],
+)
+
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
 

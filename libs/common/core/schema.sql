@@ -67,6 +67,7 @@ CREATE TABLE public.messages (
     sequence_version integer,
     rule_id uuid,
     rule_execution_id uuid,
+    error_code text,
     CONSTRAINT messages_direction_check CHECK ((direction = ANY (ARRAY['inbound'::text, 'outbound'::text]))),
     CONSTRAINT messages_media_kind_check CHECK ((media_kind = ANY (ARRAY['image'::text, 'video'::text, 'audio'::text, 'document'::text]))),
     CONSTRAINT messages_source_check CHECK ((source = ANY (ARRAY['contact'::text, 'human'::text, 'followup'::text, 'rule'::text, 'campaign'::text, 'api'::text]))),
@@ -182,6 +183,35 @@ CREATE TABLE public.api_keys (
     last_used_at timestamp with time zone,
     CONSTRAINT api_keys_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
     CONSTRAINT api_keys_scope_check CHECK ((scope = ANY (ARRAY['admin'::text, 'write'::text, 'read'::text, 'events'::text])))
+);
+
+-- Name: channel_numbers; Type: TABLE
+
+CREATE TABLE public.channel_numbers (
+    project_id uuid NOT NULL,
+    number_id uuid NOT NULL,
+    provider text NOT NULL,
+    account_id text NOT NULL,
+    sender text,
+    credentials jsonb NOT NULL,
+    served_at timestamp with time zone,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT channel_numbers_provider_check CHECK ((provider = ANY (ARRAY['whatsapp_cloud'::text, 'twilio'::text])))
+);
+
+-- Name: channel_sends; Type: TABLE
+
+CREATE TABLE public.channel_sends (
+    project_id uuid NOT NULL,
+    message_id uuid NOT NULL,
+    number_id uuid NOT NULL,
+    state text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    last_error text,
+    CONSTRAINT channel_sends_state_check CHECK ((state = ANY (ARRAY['sending'::text, 'retry'::text, 'unconfirmed'::text])))
 );
 
 -- Name: contacts; Type: TABLE
@@ -673,6 +703,16 @@ ALTER TABLE ONLY public.api_keys
 ALTER TABLE ONLY public.api_keys
     ADD CONSTRAINT api_keys_project_id_id_key UNIQUE (project_id, id);
 
+-- Name: channel_numbers channel_numbers_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.channel_numbers
+    ADD CONSTRAINT channel_numbers_pkey PRIMARY KEY (project_id, number_id);
+
+-- Name: channel_sends channel_sends_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.channel_sends
+    ADD CONSTRAINT channel_sends_pkey PRIMARY KEY (project_id, message_id);
+
 -- Name: contacts contacts_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.contacts
@@ -841,6 +881,18 @@ CREATE INDEX activities_contact_idx ON public.activities USING btree (contact_id
 
 CREATE INDEX ai_budget_ledger_project_idx ON public.ai_budget_ledger USING btree (project_id, kind, occurred_at);
 
+-- Name: channel_numbers_number_idx; Type: INDEX
+
+CREATE UNIQUE INDEX channel_numbers_number_idx ON public.channel_numbers USING btree (number_id);
+
+-- Name: channel_sends_due_idx; Type: INDEX
+
+CREATE INDEX channel_sends_due_idx ON public.channel_sends USING btree (next_attempt_at);
+
+-- Name: channel_sends_in_flight_idx; Type: INDEX
+
+CREATE INDEX channel_sends_in_flight_idx ON public.channel_sends USING btree (project_id, number_id) WHERE (state = 'sending'::text);
+
 -- Name: contacts_tags_idx; Type: INDEX
 
 CREATE INDEX contacts_tags_idx ON public.contacts USING gin (tags);
@@ -985,6 +1037,10 @@ CREATE UNIQUE INDEX messages_provider_id_idx ON public.messages USING btree (pro
 
 CREATE INDEX messages_queued_contact_idx ON public.messages USING btree (contact_id) WHERE (status = 'QUEUED'::text);
 
+-- Name: messages_queued_number_idx; Type: INDEX
+
+CREATE INDEX messages_queued_number_idx ON public.messages USING btree (project_id, number_id, priority, created_at) WHERE ((status = 'QUEUED'::text) AND (direction = 'outbound'::text));
+
 -- Name: messages_queued_project_idx; Type: INDEX
 
 CREATE INDEX messages_queued_project_idx ON public.messages USING btree (project_id, priority, created_at) WHERE (status = 'QUEUED'::text);
@@ -1088,6 +1144,16 @@ ALTER TABLE ONLY public.ai_budget_ledger
 
 ALTER TABLE ONLY public.api_keys
     ADD CONSTRAINT api_keys_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
+
+-- Name: channel_numbers channel_numbers_number_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.channel_numbers
+    ADD CONSTRAINT channel_numbers_number_id_fkey FOREIGN KEY (number_id) REFERENCES public.numbers(id) ON DELETE CASCADE;
+
+-- Name: channel_numbers channel_numbers_project_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.channel_numbers
+    ADD CONSTRAINT channel_numbers_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
 
 -- Name: contacts contacts_project_id_fkey; Type: FK CONSTRAINT
 

@@ -109,6 +109,20 @@ class AiSettings(_Settings):
     response_format: str = "json_schema"
 
 
+class ChannelSettings(_Settings):
+    """The providers' addresses (operator settings, never a tenant's) and the send lane's bounds."""
+
+    whatsapp_graph_url: str = "https://graph.facebook.com/v21.0"
+    twilio_api_url: str = "https://api.twilio.com"
+    #: The API's public address as the providers call it (Twilio signs the URL it called).
+    public_url: str | None = None
+    timeout_seconds: float = 10.0
+    concurrency: int = 64
+    number_concurrency: int = 8
+    batch: int = 200
+    message_lifetime_seconds: float = 86400.0
+
+
 class LogSettings(_Settings):
     level: str = "INFO"
     #: None: JSON, except plain text under ``followups dev`` (the command decides).
@@ -387,6 +401,56 @@ ENVIRONMENT: dict[type[_Settings], tuple[Variable, ...]] = {
             " refusing it is asked with the other, then without.",
         ),
     ),
+    ChannelSettings: (
+        Variable(
+            "WHATSAPP_GRAPH_URL",
+            "whatsapp_graph_url",
+            "https://graph.facebook.com/v21.0",
+            "WhatsApp Cloud API base URL with its version (the send lane POSTs to"
+            " `<it>/<phone-number-id>/messages`); an operator setting, never a tenant's (docs/providers.md).",
+        ),
+        Variable(
+            "TWILIO_API_URL",
+            "twilio_api_url",
+            "https://api.twilio.com",
+            "Twilio REST API base URL (`<it>/2010-04-01/Accounts/<sid>/Messages.json`).",
+        ),
+        Variable(
+            "PROVIDER_WEBHOOK_PUBLIC_URL",
+            "public_url",
+            None,
+            "The API's public base URL as the providers reach it (`https://followups.example.com`): Twilio"
+            " signs the URL it called, and each Twilio message asks for its status callback there. Unset:"
+            " the URL of the request as received.",
+        ),
+        Variable(
+            "SEND_LANE_TIMEOUT_SECONDS",
+            "timeout_seconds",
+            10.0,
+            "Deadline of one provider request (connect, send, answer); an answer lost after the request"
+            " went out is never resent (the message waits for its status).",
+        ),
+        Variable(
+            "SEND_LANE_CONCURRENCY",
+            "concurrency",
+            64,
+            "Provider requests one send-lane worker has in flight.",
+        ),
+        Variable(
+            "SEND_LANE_NUMBER_CONCURRENCY",
+            "number_concurrency",
+            8,
+            "Provider requests in flight per number, across every send-lane replica.",
+        ),
+        Variable("SEND_LANE_BATCH", "batch", 200, "Most messages one claim of the send lane takes."),
+        Variable(
+            "SEND_LANE_MESSAGE_LIFETIME_SECONDS",
+            "message_lifetime_seconds",
+            86400.0,
+            "How long after it was queued a message may still be retried (429, provider unreachable) or"
+            " wait for a lost answer's status; then it is FAILED (`expired`, `unconfirmed`).",
+        ),
+    ),
     LogSettings: (
         Variable("LOG_LEVEL", "level", "INFO", "DEBUG, INFO, WARNING or ERROR."),
         Variable(
@@ -541,6 +605,14 @@ CHECKS: dict[str, Check] = {
     "AI_COMPLETION_PRICE_PER_MILLION": _not_negative,
     "AI_MAX_MONTHLY_TOKENS_PER_PROJECT": _positive,
     "AI_RESPONSE_FORMAT": _exactly_one_of("json_schema", "json_object"),
+    "WHATSAPP_GRAPH_URL": _prefix("http://", "https://"),
+    "TWILIO_API_URL": _prefix("http://", "https://"),
+    "PROVIDER_WEBHOOK_PUBLIC_URL": _prefix("http://", "https://"),
+    "SEND_LANE_TIMEOUT_SECONDS": _positive,
+    "SEND_LANE_CONCURRENCY": _positive,
+    "SEND_LANE_NUMBER_CONCURRENCY": _positive,
+    "SEND_LANE_BATCH": _positive,
+    "SEND_LANE_MESSAGE_LIFETIME_SECONDS": _positive,
     "LOG_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
 }
 
@@ -604,6 +676,7 @@ class Settings:
     log: LogSettings
     rules: RuleSettings = field(default_factory=RuleSettings)
     ai: AiSettings = field(default_factory=AiSettings)
+    channels: ChannelSettings = field(default_factory=ChannelSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -616,6 +689,7 @@ class Settings:
             log=load(LogSettings, environ),
             rules=load(RuleSettings, environ),
             ai=load(AiSettings, environ),
+            channels=load(ChannelSettings, environ),
         )
 
 

@@ -151,6 +151,7 @@ def status(conn: Connection[Any], project_id: uuid.UUID, event: MessageStatus, n
         message_id=event.message_id,
         provider_message_id=event.provider_message_id,
         error=event.error,
+        error_code=event.error_code,
     )
     state, applied = report_status(conn, project_id, report, now=now)
     return EventResult(

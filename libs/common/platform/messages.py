@@ -332,6 +332,8 @@ class Message(msgspec.Struct, kw_only=True, frozen=True):
     template_parameters: list[str] | None
     provider_message_id: str | None
     error: str | None
+    #: The provider's code of a failure (docs/providers.md).
+    error_code: str | None = None
     created_at: datetime
     status_changed_at: datetime
 

@@ -129,7 +129,7 @@ LIMIT %(limit)s
 SELECT m.id, m.contact_id, m.conversation_id, m.number_id, m.direction, m.status, m.source,
        m.followup_enrollment_id, m.followup_step_index, m.sequence_id, m.sequence_version, m.rule_id,
        m.rule_execution_id, m.body, m.media_url, m.media_kind, m.template_name, m.template_language,
-       m.template_parameters, m.provider_message_id, m.error, m.created_at, m.status_changed_at
+       m.template_parameters, m.provider_message_id, m.error, m.error_code, m.created_at, m.status_changed_at
 FROM messages m
 WHERE m.project_id = %(project_id)s
   AND (%(id)s::uuid IS NULL OR m.id = %(id)s::uuid)

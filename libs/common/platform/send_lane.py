@@ -21,7 +21,7 @@ from psycopg import Connection
 from psycopg.rows import class_row
 
 from libs.common.contracts.actors import MAX_CLAIM
-from libs.common.contracts.events import STATUS_REPORTED, MessageClaimed
+from libs.common.contracts.events import STATUS_REPORTED, MessageClaimed, MessageFailed, MessageSent
 from libs.common.contracts.platform_events import ReportedStatus
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.outbox import write_events
@@ -69,6 +69,16 @@ class StatusReport(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     message_id: uuid.UUID | None = None
     provider_message_id: str | None = None
     error: str | None = None
+    #: The provider's code of a failure (docs/providers.md), kept beside ``error``.
+    error_code: str | None = None
+
+
+class NumberQuota(msgspec.Struct, kw_only=True, frozen=True):
+    """How many QUEUED messages of one number a claim may take."""
+
+    project_id: uuid.UUID
+    number_id: uuid.UUID
+    quota: int
 
 
 class MessageState(msgspec.Struct, kw_only=True, frozen=True):
@@ -76,6 +86,7 @@ class MessageState(msgspec.Struct, kw_only=True, frozen=True):
     status: str
     provider_message_id: str | None
     error: str | None
+    error_code: str | None
     status_changed_at: datetime
     followup_enrollment_id: uuid.UUID | None
     contact_id: uuid.UUID
@@ -92,6 +103,52 @@ def claim_messages(
         # a handful of rows, and reads and sorts the whole QUEUED backlog instead of walking the send-queue
         # index in order; a fresh plan per claim folds the NULL filters away and keeps the claim cost flat
         claimed = cur.execute(QUERIES["claim_queued_messages"], params, prepare=False).fetchall()
+    _claimed(conn, claimed, now)
+    return claimed
+
+
+def claim_for_numbers(
+    conn: Connection[Any], quotas: list[NumberQuota], *, now: datetime
+) -> list[ClaimedMessage]:
+    """Claim QUEUED outbound messages number by number: up to each number's quota, its oldest of the
+    highest priority first (each number of each project probed on its own index range: fair across
+    numbers and projects, whatever one of them has queued)."""
+    if not quotas:
+        return []
+    params = {
+        "project_ids": [q.project_id for q in quotas],
+        "number_ids": [q.number_id for q in quotas],
+        "quotas": [q.quota for q in quotas],
+        "now": now,
+    }
+    with conn.cursor(row_factory=class_row(ClaimedMessage)) as cur:
+        claimed = cur.execute(QUERIES["claim_queued_for_numbers"], params).fetchall()
+    _claimed(conn, claimed, now)
+    return claimed
+
+
+def queued_per_number(
+    conn: Connection[Any], numbers: list[tuple[uuid.UUID, uuid.UUID]], *, cap: int
+) -> dict[tuple[uuid.UUID, uuid.UUID], int]:
+    """How many QUEUED outbound messages each (project, number) has, counted up to ``cap``."""
+    if not numbers:
+        return {}
+    params = {"project_ids": [p for p, _ in numbers], "number_ids": [n for _, n in numbers], "cap": cap}
+    rows = conn.execute(QUERIES["queued_per_number"], params).fetchall()
+    return {(project_id, number_id): queued for project_id, number_id, queued in rows}
+
+
+def claimed_messages(
+    conn: Connection[Any], project_id: uuid.UUID, message_ids: list[uuid.UUID]
+) -> list[ClaimedMessage]:
+    """Claimed (PROCESSING) outbound messages of the project, as the claim returned them (a send retried)."""
+    params = {"project_id": project_id, "ids": message_ids}
+    with conn.cursor(row_factory=class_row(ClaimedMessage)) as cur:
+        return cur.execute(QUERIES["claimed_messages"], params).fetchall()
+
+
+def _claimed(conn: Connection[Any], claimed: list[ClaimedMessage], now: datetime) -> None:
+    """The ``message.claimed`` events and the log line of a claim."""
     by_project: dict[uuid.UUID, list[MessageClaimed]] = {}
     for m in claimed:
         # the event carries what the claim returns (a send lane claiming over RabbitMQ learns of it so)
@@ -103,7 +160,6 @@ def claim_messages(
         log.info(
             "messages claimed", extra={"count": len(claimed), "message_ids": [str(m.id) for m in claimed]}
         )
-    return claimed
 
 
 def report_status(
@@ -135,6 +191,7 @@ def report_status(
         "status": report.status,
         "provider_message_id": report.provider_message_id,
         "error": report.error if report.status == "FAILED" else None,
+        "error_code": report.error_code if report.status == "FAILED" else None,
         "now": now,
     }
     with conn.cursor(row_factory=class_row(MessageState)) as cur:
@@ -147,8 +204,39 @@ def report_status(
         error=updated.error,
         followup_enrollment_id=updated.followup_enrollment_id,
     )
+    if isinstance(event, MessageFailed):
+        event = msgspec.structs.replace(event, error_code=updated.error_code)
     write_events(conn, project_id, [event], occurred_at=now)
     return updated, True
+
+
+def report_sent(
+    conn: Connection[Any], project_id: uuid.UUID, sent: list[tuple[uuid.UUID, str]], *, now: datetime
+) -> list[uuid.UUID]:
+    """Many messages of the project SENT at once (the send lane's batch), each with the provider's id, its
+    status event and its ``message.sent``; returns those it moved (one whose status moved on meanwhile, a
+    status webhook having come first, is left as it is: the reports are monotonic)."""
+    if not sent:
+        return []
+    params = {
+        "project_id": project_id,
+        "ids": [message_id for message_id, _ in sent],
+        "provider_ids": [provider_id for _, provider_id in sent],
+        "now": now,
+    }
+    rows = conn.execute(QUERIES["set_messages_sent"], params).fetchall()
+    events = [
+        MessageSent(
+            message_id=message_id,
+            status="SENT",
+            provider_message_id=provider_id,
+            error=None,
+            followup_enrollment_id=enrollment_id,
+        )
+        for message_id, provider_id, enrollment_id in rows
+    ]
+    write_events(conn, project_id, events, occurred_at=now)
+    return [event.message_id for event in events]
 
 
 def _moves_forward(current: str, reported: str) -> bool:

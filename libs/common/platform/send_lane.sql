@@ -27,7 +27,7 @@ ORDER BY claimed.priority, claimed.created_at
 
 -- name: lock_message
 -- Lock an outbound message of the project by our id or the provider's.
-SELECT id, status, provider_message_id, error, status_changed_at, followup_enrollment_id, contact_id,
+SELECT id, status, provider_message_id, error, error_code, status_changed_at, followup_enrollment_id, contact_id,
        conversation_id
 FROM messages
 WHERE project_id = %(project_id)s AND direction = 'outbound'
@@ -40,14 +40,83 @@ WITH updated AS (
     UPDATE messages
     SET status = %(status)s, status_changed_at = %(now)s,
         provider_message_id = coalesce(%(provider_message_id)s, provider_message_id),
-        error = coalesce(%(error)s, error)
+        error = coalesce(%(error)s, error), error_code = coalesce(%(error_code)s, error_code)
     WHERE id = %(id)s
-    RETURNING id, project_id, status, provider_message_id, error, status_changed_at, followup_enrollment_id,
+    RETURNING id, project_id, status, provider_message_id, error, error_code, status_changed_at, followup_enrollment_id,
               contact_id, conversation_id
 ), status_events AS (
     INSERT INTO message_status_events (project_id, message_id, status, detail, occurred_at)
     SELECT project_id, id, status, error, %(now)s FROM updated
 )
-SELECT id, status, provider_message_id, error, status_changed_at, followup_enrollment_id, contact_id,
+SELECT id, status, provider_message_id, error, error_code, status_changed_at, followup_enrollment_id, contact_id,
        conversation_id
 FROM updated
+
+-- name: claim_queued_for_numbers
+-- Claim QUEUED outbound messages number by number, up to each number's quota (one probe of the
+-- queued-number index per number: no project's or number's backlog delays another's), priority then age
+-- order within a number; each becomes PROCESSING with a status event.
+WITH picked AS (
+    SELECT m.id
+    FROM unnest(%(project_ids)s::uuid[], %(number_ids)s::uuid[], %(quotas)s::int[]) AS q(project_id, number_id, quota)
+    CROSS JOIN LATERAL (
+        SELECT id FROM messages
+        WHERE project_id = q.project_id AND number_id = q.number_id
+          AND status = 'QUEUED' AND direction = 'outbound'
+        ORDER BY priority, created_at
+        LIMIT q.quota
+        FOR UPDATE SKIP LOCKED
+    ) m
+), claimed AS (
+    UPDATE messages m SET status = 'PROCESSING', status_changed_at = %(now)s
+    FROM picked WHERE m.id = picked.id
+    RETURNING m.id, m.project_id, m.contact_id, m.conversation_id, m.number_id, m.priority, m.body, m.media_url,
+              m.media_kind, m.source, m.followup_enrollment_id, m.template_name, m.template_language,
+              m.template_parameters, m.created_at
+), status_events AS (
+    INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
+    SELECT project_id, id, 'PROCESSING', %(now)s FROM claimed
+)
+SELECT claimed.id, claimed.project_id, claimed.contact_id, c.phone, claimed.conversation_id, claimed.number_id,
+       claimed.priority, claimed.body, claimed.media_url, claimed.media_kind, claimed.source,
+       claimed.followup_enrollment_id, claimed.template_name, claimed.template_language, claimed.template_parameters, claimed.created_at
+FROM claimed JOIN contacts c ON c.id = claimed.contact_id
+ORDER BY claimed.priority, claimed.created_at
+
+-- name: claimed_messages
+-- Claimed (PROCESSING) outbound messages of a project, as the claim returns them (a send retried).
+SELECT m.id, m.project_id, m.contact_id, c.phone, m.conversation_id, m.number_id, m.priority, m.body,
+       m.media_url, m.media_kind, m.source, m.followup_enrollment_id, m.template_name, m.template_language,
+       m.template_parameters, m.created_at
+FROM messages m JOIN contacts c ON c.id = m.contact_id
+WHERE m.project_id = %(project_id)s AND m.id = ANY(%(ids)s::uuid[])
+  AND m.status = 'PROCESSING' AND m.direction = 'outbound'
+
+-- name: queued_per_number
+-- How many QUEUED outbound messages each of these numbers has (counted up to a cap: the claim's demand).
+SELECT q.project_id, q.number_id,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM messages
+            WHERE project_id = q.project_id AND number_id = q.number_id
+              AND status = 'QUEUED' AND direction = 'outbound'
+            LIMIT %(cap)s) AS queued) AS queued
+FROM unnest(%(project_ids)s::uuid[], %(number_ids)s::uuid[]) AS q(project_id, number_id)
+
+-- name: set_messages_sent
+-- Many claimed messages of a project SENT at once, each with its provider id and status event; a message
+-- that moved on meanwhile (a status webhook came first) is left as it is.
+WITH given AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(provider_ids)s::text[]) AS g(id, provider_message_id)
+), updated AS (
+    UPDATE messages m
+    SET status = 'SENT', status_changed_at = %(now)s,
+        provider_message_id = coalesce(g.provider_message_id, m.provider_message_id)
+    FROM given g
+    WHERE m.project_id = %(project_id)s AND m.id = g.id AND m.direction = 'outbound'
+      AND m.status IN ('QUEUED', 'PROCESSING')
+    RETURNING m.id, m.project_id, m.status, m.provider_message_id, m.error, m.followup_enrollment_id
+), status_events AS (
+    INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
+    SELECT project_id, id, status, %(now)s FROM updated
+)
+SELECT id, provider_message_id, followup_enrollment_id FROM updated
