@@ -53,6 +53,7 @@ def create_app(runtime: Runtime) -> Litestar:
             CampaignsController,
             ApiKeysController,
             dashboard_router(),  # the web dashboard under /app/ (services.api.dashboard)
+            openapi.assets_router(),  # what /schema loads, served here (services.api.openapi)
         ],
         dependencies={"project_id": Provide(project_id, sync_to_thread=True)},
         exception_handlers=EXCEPTION_HANDLERS,
@@ -70,6 +71,7 @@ def create_app(runtime: Runtime) -> Litestar:
                 security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")},
             ),
             security=[{"bearer": []}],
+            render_plugins=openapi.render_plugins(),
         ),
         debug=False,
         logging_config=None,
