@@ -14,7 +14,7 @@ from libs.common.core import validation
 from libs.common.ingress import contact_changes
 from libs.common.platform import contacts
 from libs.common.platform.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
-from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
+from services.api.deps import PageLimit, ProjectId, page, query_phone, runtime_of, transaction
 from services.api.openapi import conflict
 from services.api.routes import Page, as_page
 
@@ -63,10 +63,11 @@ class ContactsController(Controller):
         tag: Annotated[str | None, QueryParameter(min_length=1, max_length=MAX_LABEL_LENGTH)] = None,
         phone: Annotated[str | None, QueryParameter(min_length=1, max_length=32)] = None,
     ) -> Page[Contact]:
-        """A page of contacts; pass the returned ``next`` as ``after`` for the next page."""
+        """A page of contacts; pass the returned ``next`` as ``after`` for the next page. ``phone`` finds the
+        contact with that number (a literal ``+`` works as well as ``%2B``)."""
         with transaction(runtime_of(request)) as conn:
             rows = contacts.list_contacts(
-                conn, project_id, limit=limit + 1, after=after, tag=tag, phone=phone
+                conn, project_id, limit=limit + 1, after=after, tag=tag, phone=query_phone(phone)
             )
         return as_page(page(rows, limit))
 
