@@ -61,7 +61,7 @@ def create_app(runtime: Runtime) -> Litestar:
         request_max_body_size=MAX_BODY_BYTES,
         state=State({"runtime": runtime, **limits.state()}),
         middleware=[limits.middleware],  # throttling, before any handler (services.api.limits)
-        before_send=[limits.observe],
+        before_send=[limits.observe, openapi.correct_allow],
         on_startup=[size_request_threads],
         openapi_config=OpenAPIConfig(
             title="followups",
@@ -78,4 +78,5 @@ def create_app(runtime: Runtime) -> Litestar:
     )
     scopes.check_routes(app)  # every /v1 route authenticates and needs a scope (services.api.scopes)
     openapi.complete(app)  # errors, security and bounds of every operation (services.api.openapi)
+    openapi.allow_every_method(app)  # OPTIONS names every method of its path
     return app

@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
+from libs.common.contracts.limits import Clock
 from libs.common.core.errors import InvalidInput
 
 Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
@@ -31,8 +32,8 @@ _CLOCK = re.compile(r"([01]\d|2[0-3]):([0-5]\d)")
 class SendWindow(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Local opening hours for follow-ups: ``start`` and ``end`` as ``HH:MM``, on ``days``."""
 
-    start: str
-    end: str
+    start: Clock
+    end: Clock
     days: list[Weekday] = msgspec.field(default_factory=lambda: list(WEEKDAYS))
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import msgspec
 from psycopg import Connection
 
-from libs.common.contracts.limits import MAX_NOTE_LENGTH, Note
+from libs.common.contracts.limits import MAX_ACTION_LABELS, MAX_NOTE_LENGTH, Note, Tag
 from libs.common.contracts.platform_events import ConversationStatus
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput
@@ -33,6 +33,8 @@ MAX_SNOOZE_MINUTES = 43_200
 
 #: The labels of a label action's input.
 _LABELS = form("Labels (comma separated)")
+#: 1 to 20 labels (each checked on write too, by ``check_items``).
+_SOME = msgspec.Meta(min_length=1, max_length=MAX_ACTION_LABELS)
 
 
 class _Change(BaseAction, kw_only=True):
@@ -51,7 +53,7 @@ class _Change(BaseAction, kw_only=True):
 class AddLabel(_Change, kw_only=True, tag="add_label"):
     """Add labels to the conversation."""
 
-    labels: Annotated[list[str], _LABELS]
+    labels: Annotated[list[Tag], _LABELS, _SOME]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_items(self.labels, "labels", where)
@@ -63,7 +65,7 @@ class AddLabel(_Change, kw_only=True, tag="add_label"):
 class RemoveLabel(_Change, kw_only=True, tag="remove_label"):
     """Remove labels from the conversation."""
 
-    labels: Annotated[list[str], _LABELS]
+    labels: Annotated[list[Tag], _LABELS, _SOME]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_items(self.labels, "labels", where)
