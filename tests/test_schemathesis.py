@@ -68,14 +68,19 @@ BEYOND_SCHEMA = {
     "POST /v1/api-keys": r"expires_at",
     # one of two fields (either / or), or a field that goes only with another, checked together
     "POST /v1/enrollments": r"sequence_id|steps|stop_on",
-    "POST /v1/bulk-enrollments": r"segment|contact_ids|phones",
+    # (and a segment's condition tree)
+    "POST /v1/bulk-enrollments": r"(segment|contact_ids|phones)(\..*)?|anchor_at|anchor_attribute",
     "POST /v1/events": r"contact_id|phone|message_id|provider_message_id",
     "POST /v1/conversations/{conversation_id}/follow-up": r"media_url",  # media_kind needs a media_url
     "GET /v1/messages": r"created_before|created_after",  # a time range: the end after the start
     # a condition tree (its attributes and operators depend on the rule's event); a webhook's host that is
     # a literal address the server does not call (a private one, say)
-    "POST /v1/rules": r"conditions(\..+)?|actions\.\d+\.url",
-    "PATCH /v1/rules/{rule_id}": r"conditions(\..+)?|actions\.\d+\.url",
+    "POST /v1/rules": r"conditions(\..*)?|actions\.\d+\.url|delay_in_business_hours",
+    "PATCH /v1/rules/{rule_id}": r"conditions(\..*)?|actions\.\d+\.url|delay_in_business_hours",
+    # a send window whose start and end are the same time (one that never closes)
+    "PUT /v1/settings": r"send_window|business_hours",
+    "POST /v1/sequences": r"definition(\.steps\.\d+)?\.send_window",
+    "PATCH /v1/sequences/{sequence_id}": r"definition(\.steps\.\d+)?\.send_window",
 }
 #: A float where an integer is expected: JSON Schema counts 2.0 as an integer, the API (strict) does not.
 INTEGRAL_FLOAT = re.compile(r"Expected `int( \| null)?`, got `float`")

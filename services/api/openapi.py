@@ -280,6 +280,7 @@ _BOUNDS = {
     "exclusiveMinimum": "exclusive_minimum",
     "exclusiveMaximum": "exclusive_maximum",
     "pattern": "pattern",
+    "uniqueItems": "unique_items",
 }
 
 

@@ -82,8 +82,11 @@ def _documented_timezones() -> list[str]:
 #: The IANA time zone names the OpenAPI document lists (see :func:`_documented_timezones`).
 TIMEZONES = _documented_timezones()
 
-#: A name: 1 to 200 characters, not blank.
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NOT_BLANK)]
+#: A name: 1 to 200 characters, not blank (checked on write, stripped; the pattern documents it).
+Name = Annotated[
+    str,
+    msgspec.Meta(min_length=1, max_length=MAX_NAME_LENGTH, extra_json_schema={"pattern": NOT_BLANK}),
+]
 #: A phone number as given (normalised and checked on write; the pattern documents what passes).
 Phone = Annotated[
     str, msgspec.Meta(min_length=1, max_length=32, extra_json_schema={"pattern": PHONE_PATTERN})

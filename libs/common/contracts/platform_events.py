@@ -23,6 +23,7 @@ from libs.common.contracts.limits import (
     Label,
     Name,
     Note,
+    Tag,
     Text,
     Url,
 )
@@ -37,7 +38,7 @@ ReportedStatus = Literal["SENT", "DELIVERED", "READ", "FAILED"]
 Phone = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
 #: A conversation's labels.
 Labels = Annotated[
-    list[Annotated[str, msgspec.Meta(max_length=MAX_LABEL_LENGTH)]], msgspec.Meta(max_length=MAX_LABELS)
+    list[Annotated[Tag, msgspec.Meta(max_length=MAX_LABEL_LENGTH)]], msgspec.Meta(max_length=MAX_LABELS)
 ]
 #: A conversation's custom attributes (a null value removes the key).
 Attributes = Annotated[dict[Key, Any], msgspec.Meta(max_length=MAX_ATTRIBUTES)]

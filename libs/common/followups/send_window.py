@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
-from typing import Literal
+from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
@@ -34,7 +34,10 @@ class SendWindow(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
 
     start: Clock
     end: Clock
-    days: list[Weekday] = msgspec.field(default_factory=lambda: list(WEEKDAYS))
+    #: At least one, each once.
+    days: Annotated[list[Weekday], msgspec.Meta(extra_json_schema={"minItems": 1, "uniqueItems": True})] = (
+        msgspec.field(default_factory=lambda: list(WEEKDAYS))
+    )
 
 
 def validate_window(window: SendWindow, field: str) -> SendWindow:

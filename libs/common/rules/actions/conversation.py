@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import msgspec
 from psycopg import Connection
 
-from libs.common.contracts.limits import MAX_ACTION_LABELS, MAX_NOTE_LENGTH, Note, Tag
+from libs.common.contracts.limits import MAX_ACTION_LABELS, MAX_NOTE_LENGTH, NOT_BLANK, Note, Tag
 from libs.common.contracts.platform_events import ConversationStatus
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput
@@ -153,7 +153,12 @@ class SnoozeUntil(BaseAction, kw_only=True, tag="snooze_until"):
 class AddPrivateNote(BaseAction, kw_only=True, tag="add_private_note"):
     """Add a private note to the conversation (agents see it; the contact does not)."""
 
-    text: Annotated[Note, form("Note", widget="textarea")]
+    #: Not blank (checked with the action; the schema documents it).
+    text: Annotated[
+        Note,
+        form("Note", widget="textarea"),
+        msgspec.Meta(extra_json_schema={"minLength": 1, "pattern": NOT_BLANK}),
+    ]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         if not 1 <= len(validation.text(self.text.strip(), f"{where}.text")) <= MAX_NOTE_LENGTH:
