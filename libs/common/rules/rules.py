@@ -60,8 +60,11 @@ CACHE_TTL_SECONDS = 30.0
 
 DelayMinutes = Annotated[int, msgspec.Meta(ge=1, le=MAX_DELAY_MINUTES)]
 Position = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
-#: A rule's actions: 1 to 20 (checked again, each against the project, by ``validate_actions``).
-Actions = Annotated[list[Action], msgspec.Meta(min_length=1, max_length=MAX_RULE_ACTIONS)]
+#: A rule's actions: 1 to 20, as the schema states them (``validate_actions`` checks them, and each one
+#: against the project).
+Actions = Annotated[
+    list[Action], msgspec.Meta(extra_json_schema={"minItems": 1, "maxItems": MAX_RULE_ACTIONS})
+]
 
 
 class RuleCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -22,6 +22,8 @@ from libs.common.platform import conversations
 
 #: Most labels or tags one action changes.
 MAX_ITEMS = MAX_ACTION_LABELS
+#: The bounds of an action's tags or labels, as the schema states them (``check_items`` checks them).
+ITEMS_BOUNDS = msgspec.Meta(extra_json_schema={"minItems": 1, "maxItems": MAX_ITEMS})
 #: Longest assignee or team of a conversation.
 MAX_ASSIGNEE_LENGTH = 200
 

@@ -6,23 +6,20 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
-import msgspec
 from psycopg import Connection
 
-from libs.common.contracts.limits import MAX_ACTION_LABELS, Tag
+from libs.common.contracts.limits import Tag
 from libs.common.platform import contacts
-from libs.common.rules.actions.base import BaseAction, Done, Subject, check_items, form
+from libs.common.rules.actions.base import ITEMS_BOUNDS, BaseAction, Done, Subject, check_items, form
 
 #: The tags of a tag action's input.
 _TAGS = form("Tags (comma separated)")
-#: 1 to 20 tags (each checked on write too, by ``check_items``).
-_SOME = msgspec.Meta(min_length=1, max_length=MAX_ACTION_LABELS)
 
 
 class AddContactTag(BaseAction, kw_only=True, tag="add_contact_tag"):
     """Add tags to the contact."""
 
-    tags: Annotated[list[Tag], _TAGS, _SOME]
+    tags: Annotated[list[Tag], _TAGS, ITEMS_BOUNDS]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_items(self.tags, "tags", where)
@@ -36,7 +33,7 @@ class AddContactTag(BaseAction, kw_only=True, tag="add_contact_tag"):
 class RemoveContactTag(BaseAction, kw_only=True, tag="remove_contact_tag"):
     """Remove tags from the contact."""
 
-    tags: Annotated[list[Tag], _TAGS, _SOME]
+    tags: Annotated[list[Tag], _TAGS, ITEMS_BOUNDS]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_items(self.tags, "tags", where)

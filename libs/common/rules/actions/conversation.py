@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import msgspec
 from psycopg import Connection
 
-from libs.common.contracts.limits import MAX_ACTION_LABELS, MAX_NOTE_LENGTH, NOT_BLANK, Note, Tag
+from libs.common.contracts.limits import MAX_NOTE_LENGTH, NOT_BLANK, Note, Tag
 from libs.common.contracts.platform_events import ConversationStatus
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput
@@ -18,6 +18,7 @@ from libs.common.followups.stops import stop_followups_for_contact
 from libs.common.platform import contacts, conversations
 from libs.common.platform.conversations import ConversationChange, Priority
 from libs.common.rules.actions.base import (
+    ITEMS_BOUNDS,
     BaseAction,
     Done,
     Subject,
@@ -33,8 +34,6 @@ MAX_SNOOZE_MINUTES = 43_200
 
 #: The labels of a label action's input.
 _LABELS = form("Labels (comma separated)")
-#: 1 to 20 labels (each checked on write too, by ``check_items``).
-_SOME = msgspec.Meta(min_length=1, max_length=MAX_ACTION_LABELS)
 
 
 class _Change(BaseAction, kw_only=True):
@@ -53,7 +52,7 @@ class _Change(BaseAction, kw_only=True):
 class AddLabel(_Change, kw_only=True, tag="add_label"):
     """Add labels to the conversation."""
 
-    labels: Annotated[list[Tag], _LABELS, _SOME]
+    labels: Annotated[list[Tag], _LABELS, ITEMS_BOUNDS]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_items(self.labels, "labels", where)
@@ -65,7 +64,7 @@ class AddLabel(_Change, kw_only=True, tag="add_label"):
 class RemoveLabel(_Change, kw_only=True, tag="remove_label"):
     """Remove labels from the conversation."""
 
-    labels: Annotated[list[Tag], _LABELS, _SOME]
+    labels: Annotated[list[Tag], _LABELS, ITEMS_BOUNDS]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_items(self.labels, "labels", where)
