@@ -1,22 +1,19 @@
-"""No dashboard page scrolls sideways on a 390 px phone (docs/dashboard.md): every page the dashboard
-serves, found from its routes (a new page is checked without a change here), loaded with data in it (a
-sequence, a contact in it, a rule whose action names the sequence, a bulk job, a key).
-
-A wide table may scroll inside its own box (``.table-wrap``); the page itself may not. The browser, the
-server and the page fixtures are those of tests/test_dashboard_browser.py.
-"""
+"""What the browser tests of tests/test_dashboard_browser.py load: every dashboard page, found from the
+routes (a new page is checked without a change there), and one of everything a page shows, created through
+the API with long names (what makes a page wide)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from litestar.routes import HTTPRoute
-from playwright.sync_api import APIRequestContext, Page
 
 from services.api.app import create_app
 from tests.conftest import UNBOUND, Project
-from tests.test_dashboard_browser import PHONE, browser, page, server, sign_in  # noqa: F401 (fixtures)
+
+if TYPE_CHECKING:  # the dev extra installs playwright; the browser tests skip without it
+    from playwright.sync_api import APIRequestContext
 
 #: Routes that are not pages: fragments a page refreshes itself with, downloads, static files, the catch-all.
 NOT_PAGES = re.compile(r"/(timeline|progress)$|\.csv$|^/app/static/|\{rest\}")
@@ -41,7 +38,7 @@ def _created(api: APIRequestContext, project: Project, path: str, body: dict[str
     return response.json()
 
 
-def _seed(api: APIRequestContext, project: Project) -> dict[str, str]:
+def seed_every_kind(api: APIRequestContext, project: Project) -> dict[str, str]:
     """One of everything a page shows, with long names (what makes a page wide): path parameter -> value."""
     contact = _created(
         api,
@@ -86,24 +83,3 @@ def _seed(api: APIRequestContext, project: Project) -> dict[str, str]:
         "rule_id": rule["id"],
         "contact_id": contact["id"],
     }
-
-
-def test_the_pages_are_found_from_the_routes() -> None:
-    found = dashboard_pages()
-    assert {"/app/sequences", "/app/rules", "/app/contacts/{contact_id}", "/app/settings"} <= set(found)
-    assert not [path for path in found if NOT_PAGES.search(path)]
-
-
-def test_no_page_is_wider_than_a_phone(page: Page, project: Project) -> None:  # noqa: F811
-    ids = _seed(page.request, project)
-    sign_in(page, project)
-    page.set_viewport_size(PHONE)
-    wide = {}
-    for template in dashboard_pages():
-        path = re.sub(r"\{(\w+)\}", lambda m: ids[m.group(1)], template)
-        response = page.goto(path)
-        assert response is not None and response.ok, (path, response and response.status)
-        width = page.evaluate("document.documentElement.scrollWidth")
-        if width > PHONE["width"]:
-            wide[path] = width
-    assert not wide, f"pages wider than {PHONE['width']} px: {wide}"
