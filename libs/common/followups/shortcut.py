@@ -21,8 +21,9 @@ from libs.common.platform.conversations import Conversation, get_conversation
 class FollowUpRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A one-off follow-up in a conversation: after ``delay_seconds``, send ``text`` (unless a reply came)."""
 
-    #: Not empty: a one-off is published at once, and a published step has something to say.
-    text: Annotated[MessageText, msgspec.Meta(min_length=1, pattern=NOT_BLANK)]
+    #: Not blank: a one-off is published at once, and a published step has something to say (checked then,
+    #: naming ``text``; the schema documents it).
+    text: Annotated[MessageText, msgspec.Meta(extra_json_schema={"minLength": 1, "pattern": NOT_BLANK})]
     delay_seconds: NonNegative = 86400
     only_if_no_reply: bool = True
     media_url: MediaUrl | None = None
