@@ -71,7 +71,7 @@ BEYOND_SCHEMA = {
     # (and a segment's condition tree)
     "POST /v1/bulk-enrollments": r"(segment|contact_ids|phones)(\..*)?|anchor_at|anchor_attribute",
     "POST /v1/events": r"contact_id|phone|message_id|provider_message_id",
-    "POST /v1/conversations/{conversation_id}/follow-up": r"media_url",  # media_kind needs a media_url
+    "POST /v1/conversations/{conversation_id}/follow-up": r"media_url|media_kind",  # each needs the other
     "GET /v1/messages": r"created_before|created_after",  # a time range: the end after the start
     # a condition tree (its attributes and operators depend on the rule's event); a webhook's host that is
     # a literal address the server does not call (a private one, say)

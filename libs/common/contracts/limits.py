@@ -114,6 +114,8 @@ Url = Annotated[str, msgspec.Meta(max_length=MAX_URL_LENGTH)]
 MediaUrl = Annotated[
     str, msgspec.Meta(max_length=MAX_URL_LENGTH, extra_json_schema={"pattern": MEDIA_URL_PATTERN})
 ]
+#: What the schema says of a text the server refuses blank (it checks that itself, naming the field).
+NOT_BLANK_TEXT = msgspec.Meta(extra_json_schema={"minLength": 1, "pattern": NOT_BLANK})
 #: A private note: at most 10,000 characters.
 Note = Annotated[str, msgspec.Meta(max_length=MAX_NOTE_LENGTH)]
 #: Any other text: at most 65,536 characters.

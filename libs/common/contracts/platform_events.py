@@ -18,6 +18,7 @@ from libs.common.contracts.limits import (
     MAX_ATTRIBUTES,
     MAX_LABEL_LENGTH,
     MAX_LABELS,
+    NOT_BLANK_TEXT,
     ExternalId,
     Key,
     Label,
@@ -144,7 +145,7 @@ class ConversationUpdated(_Event, kw_only=True, tag="conversation.updated"):
     team: Name | msgspec.UnsetType | None = msgspec.UNSET
     priority: Literal["low", "medium", "high", "urgent"] | msgspec.UnsetType | None = msgspec.UNSET
     attributes: Attributes | msgspec.UnsetType = msgspec.UNSET
-    private_note: Note | None = None
+    private_note: Annotated[Note, NOT_BLANK_TEXT] | None = None
     executed_by: Name | None = None
 
 

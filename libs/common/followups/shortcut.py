@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from psycopg import Connection
 
-from libs.common.contracts.limits import NOT_BLANK, DedupeKey, MediaUrl, MessageText, Variables
+from libs.common.contracts.limits import NOT_BLANK_TEXT, DedupeKey, MediaUrl, MessageText, Variables
 from libs.common.core.errors import InvalidInput
 from libs.common.followups.definition import MAX_DELAY_SECONDS, MessageStep, NonNegative, StopFlags
 from libs.common.followups.enrollments import EnrollRequest, enroll
@@ -23,7 +23,7 @@ class FollowUpRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     #: Not blank: a one-off is published at once, and a published step has something to say (checked then,
     #: naming ``text``; the schema documents it).
-    text: Annotated[MessageText, msgspec.Meta(extra_json_schema={"minLength": 1, "pattern": NOT_BLANK})]
+    text: Annotated[MessageText, NOT_BLANK_TEXT]
     delay_seconds: NonNegative = 86400
     only_if_no_reply: bool = True
     media_url: MediaUrl | None = None

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import msgspec
 from psycopg import Connection
 
-from libs.common.contracts.limits import MAX_NOTE_LENGTH, NOT_BLANK, Note, Tag
+from libs.common.contracts.limits import MAX_NOTE_LENGTH, NOT_BLANK_TEXT, Note, Tag
 from libs.common.contracts.platform_events import ConversationStatus
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput
@@ -156,7 +156,7 @@ class AddPrivateNote(BaseAction, kw_only=True, tag="add_private_note"):
     text: Annotated[
         Note,
         form("Note", widget="textarea"),
-        msgspec.Meta(extra_json_schema={"minLength": 1, "pattern": NOT_BLANK}),
+        NOT_BLANK_TEXT,
     ]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
