@@ -662,6 +662,17 @@ def test_list_filters_by_tag_and_by_phone(client: TestClient[Any]) -> None:
     assert rest["next"] is None
 
 
+def test_a_phone_filter_takes_a_literal_plus(client: TestClient[Any]) -> None:
+    """A ``+`` left unencoded in a query string reads as a space (form encoding): the filter takes it as the
+    ``+`` it was, as it takes ``%2B``."""
+    contact = create_with_phone(client, "+14155550123")
+    for query in ("phone=+14155550123", "phone=%2B14155550123", "phone=+1%20415-555-0123"):
+        found = client.get(f"/v1/contacts?{query}")
+        assert found.status_code == 200, (query, found.text)
+        assert [item["id"] for item in found.json()["items"]] == [contact["id"]], query
+    assert_problem(client.get("/v1/contacts?phone=14155550123"), 422, "phone")
+
+
 def test_list_shows_only_the_callers_contacts(client: TestClient[Any], other_project: Project) -> None:
     mine = create(client)
     client.post(

@@ -4,7 +4,9 @@ packages ``chromium`` and ``chromium-driver``; no browser is downloaded).
 Like the RabbitMQ tests: skipped locally when no Chromium is installed, a failure when ``CI`` is set. The
 app runs under uvicorn on a free port in a thread, over the test's runtime (its database and clock); one
 browser serves the whole session, each test gets a context (cookies) of its own. The tests write the
-screenshots of ``docs/screenshots/`` (see docs/dashboard.md), so they show the pages as they are.
+screenshots of ``docs/screenshots/`` (see docs/dashboard.md), so they show the pages as they are. The last
+ones load every page at 390 px (``tests/browser_pages.py`` finds them from the routes) and ``/schema``, the
+API's reference, with every request beyond this machine refused.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import uvicorn
@@ -22,6 +25,7 @@ import uvicorn
 from libs.common.core.runtime import Runtime
 from services.api.app import create_app
 from services.release.release import release_one
+from tests.browser_pages import NOT_PAGES, dashboard_pages, seed_every_kind
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
 from tests.helpers import rows, wait_until
@@ -34,7 +38,15 @@ PHONE: ViewportSize = {"width": 390, "height": 844}
 TIMEOUT_MS = 15_000
 
 try:
-    from playwright.sync_api import Browser, ConsoleMessage, Page, ViewportSize, expect, sync_playwright
+    from playwright.sync_api import (
+        Browser,
+        ConsoleMessage,
+        Page,
+        Route,
+        ViewportSize,
+        expect,
+        sync_playwright,
+    )
 except ImportError:  # the dev extra installs it; only a partial local install lacks it
     if os.environ.get("CI"):
         raise
@@ -342,3 +354,70 @@ def test_the_preview_is_beside_the_text_and_shows_the_rendered_step(
     preview = page.locator("#step-preview").bounding_box()
     assert text is not None and preview is not None
     assert 0 <= preview["y"] - (text["y"] + text["height"]) < 300, (text, preview)
+
+
+# --- every page at 390 px (docs/dashboard.md: no page scrolls sideways) -----------------------------------
+
+
+def test_the_pages_are_found_from_the_routes() -> None:
+    found = dashboard_pages()
+    assert {"/app/sequences", "/app/rules", "/app/contacts/{contact_id}", "/app/settings"} <= set(found)
+    assert not [path for path in found if NOT_PAGES.search(path)]
+
+
+def test_no_page_is_wider_than_a_phone(page: Page, project: Project) -> None:
+    """Every page the dashboard serves, with data in it; a wide table may scroll in its own box, the page
+    may not."""
+    ids = seed_every_kind(page.request, project)
+    sign_in(page, project)
+    page.set_viewport_size(PHONE)
+    wide = {}
+    for template in dashboard_pages():
+        path = re.sub(r"\{(\w+)\}", lambda m: ids[m.group(1)], template)
+        response = page.goto(path)
+        assert response is not None and response.ok, (path, response and response.status)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        if width > PHONE["width"]:
+            wide[path] = width
+    assert not wide, f"pages wider than {PHONE['width']} px: {wide}"
+
+
+# --- /schema offline: the API's reference from the product's own files (services/api/schema_assets) -----
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+def test_the_reference_loads_with_every_outside_request_blocked(page: Page) -> None:
+    blocked: list[str] = []
+    loaded: list[str] = []
+
+    def only_loopback(route: Route) -> None:
+        url = route.request.url
+        if urlsplit(url).scheme in ("data", "blob") or urlsplit(url).hostname in LOOPBACK:
+            loaded.append(url)
+            route.continue_()
+        else:
+            blocked.append(url)
+            route.abort()
+
+    page.context.route("**/*", only_loopback)
+    page.goto("/schema")
+    expect(page.get_by_role("menuitem", name="system", exact=True)).to_be_visible()
+    assert not blocked, f"/schema asked for outside resources: {blocked}"
+    # the operations, by their tag and their path, as Redoc draws them
+    expect(page.get_by_role("menuitem", name="contacts", exact=True)).to_be_visible()
+    operation = page.locator("[data-section-id='operation/V1ContactsCreate']")
+    expect(operation).to_contain_text("/v1/contacts")
+    expect(page.locator("[data-section-id='operation/V1SequencesSequenceIdPublishPublish']")).to_be_attached()
+
+    assert any(url.endswith("/schema/assets/redoc.standalone.js") for url in loaded), loaded
+
+
+def test_the_assets_are_served_with_their_licence(page: Page) -> None:
+    script = page.request.get("/schema/assets/redoc.standalone.js")
+    assert script.status == 200
+    assert "javascript" in script.headers["content-type"]
+    licence = page.request.get("/schema/assets/LICENSE.redoc")
+    assert licence.status == 200 and "MIT License" in licence.text()
+    html = page.request.get("/schema").text()
+    assert "https://" not in html.split("<body>", 1)[0], "the page's head loads something from outside"

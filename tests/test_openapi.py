@@ -15,7 +15,7 @@ from litestar.routes import HTTPRoute
 from litestar.testing import TestClient
 
 from libs.common.contracts import limits
-from services.api.openapi import _BOUNDS
+from services.api.openapi import _BOUNDS, _RENAMED
 from tests.test_api_contacts import assert_problem
 
 PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
@@ -188,3 +188,110 @@ def test_docs_state_every_limit() -> None:
             value = getattr(limits, name)
             shown = {f"{value:,}", str(value), f"{value // 1024} KB"}
             assert any(re.search(rf"(?<![\d,]){re.escape(s)}(?![\d,])", section) for s in shown), name
+
+
+def _request_structs(api_app: Litestar) -> dict[str, dict[str, Any]]:
+    bodies = [
+        handler.parsed_fn_signature.parameters["data"].annotation
+        for route in api_app.routes
+        if isinstance(route, HTTPRoute)
+        for handler in route.route_handlers
+        if "data" in handler.parsed_fn_signature.parameters
+    ]
+    definitions: dict[str, dict[str, Any]] = msgspec.json.schema_components(bodies)[1]
+    return definitions
+
+
+def test_a_body_that_refuses_unknown_fields_says_so(api_app: Litestar, document: dict[str, Any]) -> None:
+    schemas = document["components"]["schemas"]
+    strict = [name for name, d in _request_structs(api_app).items() if d.get("additionalProperties") is False]
+    assert {"ContactUpdate", "ContactCreate", "Definition", "MessageStep", "RuleCreate"} <= set(strict)
+    named = [_RENAMED.get(name, name) for name in strict]
+    assert [name for name in named if schemas[name].get("additionalProperties") is not False] == []
+
+
+def test_an_unknown_field_is_refused_as_the_document_says(client: TestClient[Any]) -> None:
+    created = client.post("/v1/contacts", json={"phone": "+14155550100"}).json()
+    assert_problem(client.patch(f"/v1/contacts/{created['id']}", json={"": None}), 400, "body")
+
+
+def test_patterns_and_bounds_of_validated_strings(document: dict[str, Any]) -> None:
+    schemas = document["components"]["schemas"]
+    phone = schemas["ContactCreate"]["properties"]["phone"]
+    assert re.fullmatch(phone["pattern"], "+14155550123") and not re.search(phone["pattern"], "0")
+    tag = schemas["TagsChange"]["properties"]["tags"]["items"]
+    assert re.search(tag["pattern"], "vip") and not re.search(tag["pattern"], "-vip")
+    assert "Europe/Lisbon" in schemas["ContactCreate"]["properties"]["timezone"]["oneOf"][0]["enum"]
+    follow_up = schemas["FollowUpRequest"]["properties"]
+    assert (follow_up["text"]["minLength"], follow_up["text"]["maxLength"]) == (1, limits.MAX_MESSAGE_LENGTH)
+    assert follow_up["delay_seconds"]["minimum"] == 0
+    assert follow_up["dedupe_key"]["maxLength"] == limits.MAX_DEDUPE_KEY_LENGTH
+    assert schemas["StopRequest"]["properties"]["note"]["maxLength"] == limits.MAX_STOP_NOTE_LENGTH
+    actions = schemas["RuleCreate"]["properties"]["actions"]
+    assert (actions["minItems"], actions["maxItems"]) == (1, limits.MAX_RULE_ACTIONS)
+    labels = schemas["AddLabel"]["properties"]["labels"]
+    assert (labels["minItems"], labels["maxItems"]) == (1, limits.MAX_ACTION_LABELS)
+    variables = schemas["EnrollRequest"]["properties"]["variables"]
+    assert variables["maxProperties"] == limits.MAX_VARIABLES
+    assert variables["propertyNames"] == {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": limits.MAX_KEY_LENGTH,
+    }
+    parameters = {p["name"]: p for p in document["paths"]["/v1/bulk-enrollments"]["post"]["parameters"]}
+    assert parameters["Idempotency-Key"]["in"] == "header"
+
+
+@pytest.mark.parametrize(
+    ("variables", "field"),
+    [({f"k{i}": 1 for i in range(limits.MAX_VARIABLES + 1)}, "variables"), ({"k" * 100: 1}, "variables.")],
+)
+def test_variables_beyond_their_limits_are_refused(
+    client: TestClient[Any], variables: dict[str, Any], field: str
+) -> None:
+    contact = client.post("/v1/contacts", json={"phone": "+14155550100"}).json()
+    step = {"kind": "message", "text": "Hi"}
+    sequence = client.post("/v1/sequences", json={"name": "s", "definition": {"steps": [step]}}).json()
+    client.post(f"/v1/sequences/{sequence['id']}/publish")
+    body = {"contact_id": contact["id"], "sequence_id": sequence["id"], "variables": variables}
+    refused = client.post("/v1/enrollments", json=body)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["errors"][0]["field"].startswith(field)
+
+
+def test_names_enums_and_typed_answers_a_generator_can_use(document: dict[str, Any]) -> None:
+    schemas = document["components"]["schemas"]
+    assert [name for name in schemas if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", name)] == []
+    assert "ContactPage" in schemas and "ClaimedMessageItems" in schemas
+    assert schemas["ContactPage"]["properties"]["next"]["oneOf"][0] == {"type": "string", "format": "uuid"}
+    nullable_enums = [
+        (name, field)
+        for name, schema in schemas.items()
+        for field, prop in schema.get("properties", {}).items()
+        if isinstance(prop.get("type"), list) and "enum" in prop
+    ]
+    assert nullable_enums == []  # spelled as oneOf: the enum, or null
+    assert schemas["Sequence"]["properties"]["draft"] == {"$ref": "#/components/schemas/Definition"}
+    assert schemas["Version"]["properties"]["definition"] == {"$ref": "#/components/schemas/Definition"}
+    assert set(schemas["Enrollment"]["properties"]["status"]["enum"]) >= {"active", "stopped", "completed"}
+    assert schemas["StepRun"]["properties"]["outcome"]["enum"] == ["queued", "skipped"]
+    claim = document["paths"]["/v1/send-lane/claim"]["post"]["responses"]["200"]["content"][
+        "application/json"
+    ]
+    assert claim["schema"] == {"$ref": "#/components/schemas/ClaimedMessageItems"}
+
+
+def test_options_names_every_method_of_its_path(client: TestClient[Any], document: dict[str, Any]) -> None:
+    wrong, answered = {}, 0
+    for path, item in document["paths"].items():
+        url = re.sub(r"\{version\}", "1", path)  # the one integer in a path
+        url = re.sub(r"\{[^}]+\}", "00000000-0000-4000-8000-000000000000", url)
+        answer = client.options(url)
+        declared = {method.upper() for method in item if method in METHODS} | {"OPTIONS"}
+        allowed = {m.strip() for m in answer.headers.get("allow", "").split(",") if m.strip()}
+        answered += answer.status_code == 204
+        if answer.status_code == 204 and allowed != declared:
+            wrong[path] = (sorted(allowed), sorted(declared))
+    assert not wrong
+    assert answered == len(document["paths"])
+    assert client.options("/v1/bulk-enrollments").headers["allow"] == "GET, OPTIONS, POST"

@@ -56,6 +56,7 @@ def create_app(runtime: Runtime) -> Litestar:
             CampaignsController,
             ApiKeysController,
             dashboard_router(),  # the web dashboard under /app/ (services.api.dashboard)
+            openapi.assets_router(),  # what /schema loads, served here (services.api.openapi)
         ],
         dependencies={"project_id": Provide(project_id, sync_to_thread=True)},
         exception_handlers=EXCEPTION_HANDLERS,
@@ -63,7 +64,7 @@ def create_app(runtime: Runtime) -> Litestar:
         request_max_body_size=MAX_BODY_BYTES,
         state=State({"runtime": runtime, **limits.state()}),
         middleware=[limits.middleware],  # throttling, before any handler (services.api.limits)
-        before_send=[limits.observe],
+        before_send=[limits.observe, openapi.correct_allow],
         on_startup=[size_request_threads],
         openapi_config=OpenAPIConfig(
             title="followups",
@@ -73,10 +74,12 @@ def create_app(runtime: Runtime) -> Litestar:
                 security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")},
             ),
             security=[{"bearer": []}],
+            render_plugins=openapi.render_plugins(),
         ),
         debug=False,
         logging_config=None,
     )
     scopes.check_routes(app)  # every /v1 route authenticates and needs a scope (services.api.scopes)
     openapi.complete(app)  # errors, security and bounds of every operation (services.api.openapi)
+    openapi.allow_every_method(app)  # OPTIONS names every method of its path
     return app

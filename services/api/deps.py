@@ -83,4 +83,12 @@ class _HasId(Protocol):
 def page(rows: Sequence[_HasId], limit: int) -> dict[str, Any]:
     """A list response from up to ``limit + 1`` rows: the extra row only tells that a next page exists."""
     items = list(rows[:limit])
-    return {"items": items, "next": str(items[-1].id) if len(rows) > limit else None}
+    return {"items": items, "next": items[-1].id if len(rows) > limit else None}
+
+
+def query_phone(value: str | None) -> str | None:
+    """A phone number from a query string: there a literal ``+`` is form encoding's space, so a leading space
+    is read back as the ``+`` it was (``?phone=+14155550123`` finds what ``?phone=%2B14155550123`` finds)."""
+    if value is not None and value.startswith(" "):
+        return "+" + value[1:]
+    return value

@@ -18,18 +18,33 @@ it). Request schemas carry the bounds the server enforces because they are gener
 ``msgspec.Meta`` annotations that the strict decoding checks: Litestar renders a field's own bounds, and
 :func:`complete` adds those it drops (a list's items, a dict's keys and size, a bound of 0) from msgspec's
 own JSON Schema of the request bodies.
+
+Then :func:`complete` makes the document say what a client generator needs: each request struct that
+refuses unknown fields says so (``additionalProperties: false``, from msgspec's schema), a nullable enum is
+one enum or null (``oneOf``, not a type list with ``null`` among the values), the headers a handler reads
+are declared (``Idempotency-Key``), and generic components are named as a class can be
+(``ContactPage``, not ``Page_libs.common.platform.contacts.Contact_``). :func:`allow_every_method` makes
+an ``OPTIONS`` answer name every method of its path.
+
+``/schema`` renders the document with Redoc from files the product serves (:func:`render_plugins`,
+:func:`assets_router`): no CDN, no web font, so the reference works offline and no request leaves the
+machine.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 import msgspec
-from litestar import Litestar
+from litestar import Litestar, Router
 from litestar.constants import RESERVED_KWARGS
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.plugins import OpenAPIRenderPlugin, RedocRenderPlugin
 from litestar.openapi.spec import (
     Components,
     OpenAPI,
@@ -38,16 +53,26 @@ from litestar.openapi.spec import (
     OpenAPIResponse,
     OpenAPIType,
     Operation,
+    Parameter,
     Reference,
     Schema,
 )
 from litestar.routes import HTTPRoute
+from litestar.static_files import create_static_files_router
+from litestar.types import Message, Scope
 
 from services.api import scopes
 from services.api.problems import PROBLEM_JSON, RETRY_AFTER_SECONDS
 
 #: The security scheme of ``/v1/``: a project's API key as a bearer token.
 BEARER = "bearer"
+
+#: The files ``/schema`` loads: Redoc's standalone bundle and its licences (their README says how to upgrade).
+ASSETS = Path(__file__).parent / "schema_assets"
+#: Where the product serves them.
+ASSETS_PATH = "/schema/assets"
+#: The Redoc release in :data:`ASSETS`.
+REDOC_VERSION = "2.5.4"
 
 #: RFC 9457 problem details, as every error of the API is answered.
 PROBLEM_SCHEMA = Schema(
@@ -115,6 +140,19 @@ _HEADERS = {
     },
 }
 
+#: Request headers a handler reads itself (``request.headers``), as the operations that read them declare
+#: them: (method, path) -> parameter.
+_HEADER_PARAMETERS = {
+    ("POST", "/v1/bulk-enrollments"): Parameter(
+        name="Idempotency-Key",
+        param_in="header",
+        required=False,
+        description="A key of the caller's choosing: a retry with the same key answers the job it created "
+        "(200) instead of creating another.",
+        schema=Schema(type=OpenAPIType.STRING, min_length=1, max_length=200),
+    ),
+}
+
 #: Statuses of operations that no handler property tells: ``/ready`` answers 503 when PostgreSQL does not.
 _EXTRA_STATUSES: dict[tuple[str, str], set[int]] = {("GET", "/ready"): {503}}
 
@@ -134,6 +172,26 @@ def invalid(description: str) -> dict[int, ResponseSpec]:
     return {422: ResponseSpec(data_container=None, description=description)}
 
 
+def render_plugins() -> list[OpenAPIRenderPlugin]:
+    """``/schema`` (and ``/schema/redoc``): Redoc from :data:`ASSETS_PATH`, without Google Fonts or the CDN
+    favicon Litestar's defaults load."""
+    return [
+        RedocRenderPlugin(
+            path=["/", "/redoc"],
+            js_url=f"{ASSETS_PATH}/redoc.standalone.js",
+            google_fonts=False,
+            favicon="",
+        )
+    ]
+
+
+def assets_router() -> Router:
+    """The static files of :data:`ASSETS` under :data:`ASSETS_PATH`."""
+    return create_static_files_router(
+        path=ASSETS_PATH, directories=[ASSETS], name="schema-assets", include_in_schema=False
+    )
+
+
 def complete(app: Litestar) -> OpenAPI:
     """Complete ``app``'s OpenAPI document in place (see the module) and return it."""
     document = app.openapi_schema
@@ -141,6 +199,7 @@ def complete(app: Litestar) -> OpenAPI:
     document.components = components
     components.schemas = {**(components.schemas or {}), "Problem": PROBLEM_SCHEMA}
     _add_bounds(components.schemas, app)
+    _walk(document, _one_nullable_enum)
     for route in app.routes:
         if not isinstance(route, HTTPRoute) or document.paths is None:
             continue
@@ -151,6 +210,7 @@ def complete(app: Litestar) -> OpenAPI:
             operation = getattr(path_item, method.lower(), None)
             if isinstance(operation, Operation):
                 _complete_operation(operation, handler, route, method)
+    _name_generics(document, components)
     return document
 
 
@@ -201,6 +261,9 @@ def _complete_operation(
             )
         responses[str(status)] = _problem_response(status, description)
     operation.responses = dict(sorted(responses.items()))
+    header = _HEADER_PARAMETERS.get((method, route.path_format))
+    if header is not None:
+        operation.parameters = [*(operation.parameters or []), header]
     operation.security = [{BEARER: []}] if "project_id" in handler.parsed_fn_signature.parameters else []
 
 
@@ -217,6 +280,7 @@ _BOUNDS = {
     "exclusiveMinimum": "exclusive_minimum",
     "exclusiveMaximum": "exclusive_maximum",
     "pattern": "pattern",
+    "uniqueItems": "unique_items",
 }
 
 
@@ -234,6 +298,8 @@ def _add_bounds(schemas: dict[str, Schema], app: Litestar) -> None:
         component = schemas.get(name)
         if component is None or component.title != name or not component.properties:
             continue
+        if definition.get("additionalProperties") is False:  # forbid_unknown_fields: an unknown one is 400
+            component.additional_properties = False
         for field, expected in definition.get("properties", {}).items():
             actual = component.properties.get(field)
             if isinstance(actual, Schema):
@@ -248,6 +314,11 @@ def _merge_bounds(actual: Schema, expected: dict[str, Any]) -> None:
     for keyword, attribute in _BOUNDS.items():
         if keyword in expected and getattr(actual, attribute) is None:
             setattr(actual, attribute, expected[keyword])
+    if "enum" in expected:  # on the value's own branch: beside a nullable's oneOf it would refuse null
+        values = [a for a in actual.one_of or [] if isinstance(a, Schema) and a.type != OpenAPIType.NULL]
+        target = values[0] if len(values) == 1 else actual
+        if target.enum is None:
+            target.enum = expected["enum"]
     if isinstance(expected.get("propertyNames"), dict) and actual.property_names is None:
         actual.property_names = Schema(type=OpenAPIType.STRING)
         _merge_bounds(actual.property_names, expected["propertyNames"])
@@ -256,3 +327,91 @@ def _merge_bounds(actual: Schema, expected: dict[str, Any]) -> None:
         items = next((a.items for a in arrays if isinstance(a, Schema) and isinstance(a.items, Schema)), None)
         if items is not None:
             _merge_bounds(items, expected["items"])
+
+
+def _walk(node: Any, visit: Any) -> None:
+    """Call ``visit`` on every :class:`Schema` and :class:`Reference` of the document, depth first."""
+    if isinstance(node, Schema | Reference):
+        visit(node)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for field in dataclasses.fields(node):
+            _walk(getattr(node, field.name), visit)
+    elif isinstance(node, dict):
+        for value in node.values():
+            _walk(value, visit)
+    elif isinstance(node, list | tuple):
+        for value in node:
+            _walk(value, visit)
+
+
+def _one_nullable_enum(node: Schema | Reference) -> None:
+    """``{"type": ["null", "string"], "enum": [..., null]}`` becomes ``oneOf`` the enum or null, as every
+    other nullable field is spelled (a generator made three enums of the first form)."""
+    if not isinstance(node, Schema) or not isinstance(node.type, list) or node.enum is None:
+        return
+    if OpenAPIType.NULL not in node.type or None not in node.enum:
+        return
+    types = [t for t in node.type if t != OpenAPIType.NULL]
+    values = [v for v in node.enum if v is not None]
+    node.one_of = [
+        Schema(type=types[0] if len(types) == 1 else types, enum=values),
+        Schema(type=OpenAPIType.NULL),
+    ]
+    node.type = None
+    node.enum = None
+
+
+#: A generic component's name as Litestar writes it: ``Page_libs.common.platform.contacts.Contact_``.
+_GENERIC = re.compile(r"^(?P<outer>[A-Za-z]+)_(?:[\w]+\.)*(?P<inner>\w+?)_$")
+
+
+#: Components renamed so that no generated class clashes with another: a generator names the enum of
+#: ``Message.status`` ``MessageStatus``, the name of the status report event's struct.
+_RENAMED = {"MessageStatus": "MessageStatusReport"}
+
+
+def _name_generics(document: OpenAPI, components: Components) -> None:
+    """Rename each generic component to a name a class can have (``ContactPage``), and those of
+    :data:`_RENAMED`; and their references."""
+    renamed = {name: new for name, new in _RENAMED.items() if name in (components.schemas or {})}
+    for name in list(components.schemas or {}):
+        found = _GENERIC.match(name)
+        if found is not None:
+            renamed[name] = f"{found['inner']}{found['outer']}"
+    if not renamed or components.schemas is None:
+        return
+    for name, schema in components.schemas.items():
+        if name in renamed:  # a generator names the class by the title (``Page[Contact]``) where there is one
+            schema.title = renamed[name]
+    components.schemas = {renamed.get(name, name): schema for name, schema in components.schemas.items()}
+    prefix = "#/components/schemas/"
+
+    def rename(node: Schema | Reference) -> None:
+        if isinstance(node, Reference) and node.ref.startswith(prefix):
+            node.ref = prefix + renamed.get(node.ref.removeprefix(prefix), node.ref.removeprefix(prefix))
+
+    _walk(document, rename)
+
+
+def allow_every_method(app: Litestar) -> None:
+    """Litestar answers ``OPTIONS`` with the methods of the first handler registered on a path (``Allow:
+    OPTIONS, POST`` where GET is there too): note each path's methods, for :func:`correct_allow`."""
+    allowed = {}
+    for route in app.routes:
+        if isinstance(route, HTTPRoute) and "OPTIONS" in route.route_handler_map:
+            handler, _ = route.route_handler_map["OPTIONS"]
+            allowed[handler] = ", ".join(sorted(route.methods)).encode()
+    app.state[_ALLOWED] = allowed
+
+
+_ALLOWED = "followups.allowed_methods"
+
+
+async def correct_allow(message: Message, scope: Scope) -> None:
+    """``before_send``: the ``Allow`` of an ``OPTIONS`` answer names every method of its path."""
+    if message["type"] != "http.response.start" or scope.get("method") != "OPTIONS":
+        return
+    allowed = scope["litestar_app"].state.get(_ALLOWED, {}).get(scope.get("route_handler"))
+    if allowed is not None:
+        headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
+        message["headers"] = [*headers, (b"allow", allowed)]

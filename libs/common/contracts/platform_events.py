@@ -18,11 +18,13 @@ from libs.common.contracts.limits import (
     MAX_ATTRIBUTES,
     MAX_LABEL_LENGTH,
     MAX_LABELS,
+    NOT_BLANK_TEXT,
     ExternalId,
     Key,
     Label,
     Name,
     Note,
+    Tag,
     Text,
     Url,
 )
@@ -37,7 +39,7 @@ ReportedStatus = Literal["SENT", "DELIVERED", "READ", "FAILED"]
 Phone = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
 #: A conversation's labels.
 Labels = Annotated[
-    list[Annotated[str, msgspec.Meta(max_length=MAX_LABEL_LENGTH)]], msgspec.Meta(max_length=MAX_LABELS)
+    list[Annotated[Tag, msgspec.Meta(max_length=MAX_LABEL_LENGTH)]], msgspec.Meta(max_length=MAX_LABELS)
 ]
 #: A conversation's custom attributes (a null value removes the key).
 Attributes = Annotated[dict[Key, Any], msgspec.Meta(max_length=MAX_ATTRIBUTES)]
@@ -145,7 +147,7 @@ class ConversationUpdated(_Event, kw_only=True, tag="conversation.updated"):
     team: Name | msgspec.UnsetType | None = msgspec.UNSET
     priority: Literal["low", "medium", "high", "urgent"] | msgspec.UnsetType | None = msgspec.UNSET
     attributes: Attributes | msgspec.UnsetType = msgspec.UNSET
-    private_note: Note | None = None
+    private_note: Annotated[Note, NOT_BLANK_TEXT] | None = None
     executed_by: Name | None = None
 
 

@@ -26,15 +26,18 @@ import msgspec
 
 from libs.common.contracts.limits import (
     MAX_JSON_BYTES,
+    MAX_KEY_LENGTH,
     MAX_MESSAGE_LENGTH,
     MAX_NAME_LENGTH,
     MAX_TEXT_LENGTH,
+    MAX_VARIABLES,
+    TAG_PATTERN,
 )
 from libs.common.core.errors import InvalidInput
 
 _E164 = re.compile(r"^\+[1-9][0-9]{6,14}$")
 #: No empty or "." segment between slashes, so a tag survives a trip through a URL path.
-_TAG = re.compile(r"^(?!.*//)(?!.*/\.?$)(?!.*/\./)[\w][\w .:/-]{0,63}$", re.UNICODE)
+_TAG = re.compile(TAG_PATTERN, re.UNICODE)
 _TIMEZONES = frozenset(available_timezones())
 _JSON = msgspec.json.Encoder()
 
@@ -94,6 +97,18 @@ def json_value(value: Any, field: str, *, max_bytes: int = MAX_JSON_BYTES) -> An
                 f"{field} must be at most {max_bytes} bytes as JSON (it is {size})", field=field
             )
     return _storable(value, field)
+
+
+def keyed(value: dict[str, Any], field: str, *, max_keys: int = MAX_VARIABLES) -> dict[str, Any]:
+    """An object of named values (template variables): at most ``max_keys`` keys of 1 to
+    :data:`MAX_KEY_LENGTH` characters, then as :func:`json_value` (a key's error names it)."""
+    if len(value) > max_keys:
+        raise InvalidInput(f"{field} has at most {max_keys} keys", field=field)
+    for key in value:
+        if not 1 <= len(key) <= MAX_KEY_LENGTH:
+            raise InvalidInput(f"{field} names are 1 to {MAX_KEY_LENGTH} characters", field=f"{field}.{key}")
+    json_value(value, field)
+    return value
 
 
 def _storable(value: Any, field: str) -> Any:

@@ -21,8 +21,8 @@ from libs.common.contracts.limits import (
     MAX_KEY_LENGTH,
     MAX_MESSAGE_LENGTH,
     Key,
+    MediaUrl,
     MessageText,
-    Url,
 )
 from libs.common.core import decoding, validation
 from libs.common.core.errors import InvalidInput, Refusals
@@ -115,7 +115,7 @@ class MessageStep(_Step, kw_only=True, tag="message", tag_field="kind"):
     """Send a text (a template), with optional media."""
 
     text: MessageText
-    media_url: Url | None = None
+    media_url: MediaUrl | None = None
     media_kind: Literal["image", "video", "audio", "document"] | None = None
 
 

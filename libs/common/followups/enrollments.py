@@ -7,13 +7,14 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from libs.common.contracts.limits import DedupeKey, StopNote, Variables
 from libs.common.core import validation
 from libs.common.core.db import map_errors
 from libs.common.core.effects import NudgeRelease, after_commit
@@ -42,9 +43,9 @@ class EnrollRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sequence_id: uuid.UUID | None = None
     steps: list[Step] | None = None
     stop_on: StopFlags | None = None
-    variables: dict[str, Any] = msgspec.field(default_factory=dict)
+    variables: Variables = msgspec.field(default_factory=dict)
     anchor_at: AwareDatetime | None = None
-    dedupe_key: str | None = None
+    dedupe_key: DedupeKey | None = None
     number_id: uuid.UUID | None = None
     conversation_id: uuid.UUID | None = None
 
@@ -53,16 +54,20 @@ class EnrollmentUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     """Reschedule (a new ``anchor_at``) or change the template variables of a live enrollment."""
 
     anchor_at: AwareDatetime | msgspec.UnsetType | None = msgspec.UNSET
-    variables: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    variables: Variables | msgspec.UnsetType = msgspec.UNSET
 
 
 class StopRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    note: str | None = None
+    note: StopNote | None = None
+
+
+#: What a step's run did: its message queued, or the step skipped (``reason`` says why).
+StepOutcome = Literal["queued", "skipped"]
 
 
 class StepRun(msgspec.Struct, kw_only=True, frozen=True):
     step_index: int
-    outcome: str
+    outcome: StepOutcome
     reason: str | None
     message_id: uuid.UUID | None
     due_at: datetime
@@ -170,7 +175,7 @@ def _enroll(
     if existing is not None:
         return existing, False
     stop_on = _stop_flags(request)
-    validation.json_value(request.variables, "variables")
+    validation.keyed(request.variables, "variables")
     max_active, sequence = _check_contact(conn, project_id, request)
     definition, version_id = _pin_version(conn, project_id, request, sequence, stop_on, now)
     _check_plan_limit(conn, project_id, max_active)
@@ -449,7 +454,7 @@ def update_enrollment(
     the write (which would give the next step the due time computed for this one).
     """
     if not isinstance(data.variables, msgspec.UnsetType):
-        validation.json_value(data.variables, "variables")
+        validation.keyed(data.variables, "variables")
     current = _lock_live(conn, project_id, enrollment_id)
     anchor_at = current.anchor_at if isinstance(data.anchor_at, msgspec.UnsetType) else data.anchor_at
     next_run_at = current.next_run_at or now  # live: never None

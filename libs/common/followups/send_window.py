@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
-from typing import Literal
+from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
+from libs.common.contracts.limits import Clock
 from libs.common.core.errors import Refusals
 
 Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
@@ -31,9 +32,12 @@ _CLOCK = re.compile(r"([01]\d|2[0-3]):([0-5]\d)")
 class SendWindow(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Local opening hours for follow-ups: ``start`` and ``end`` as ``HH:MM``, on ``days``."""
 
-    start: str
-    end: str
-    days: list[Weekday] = msgspec.field(default_factory=lambda: list(WEEKDAYS))
+    start: Clock
+    end: Clock
+    #: At least one, each once.
+    days: Annotated[list[Weekday], msgspec.Meta(extra_json_schema={"minItems": 1, "uniqueItems": True})] = (
+        msgspec.field(default_factory=lambda: list(WEEKDAYS))
+    )
 
 
 def validate_window(window: SendWindow, field: str) -> SendWindow:

@@ -10,11 +10,11 @@ import threading
 import uuid
 from collections import OrderedDict
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import msgspec
 from psycopg import Connection
-from psycopg.rows import class_row
+from psycopg.rows import BaseRowFactory, class_row, kwargs_row
 from psycopg.types.json import Jsonb
 
 from libs.common.contracts.limits import Name
@@ -34,6 +34,8 @@ from libs.common.platform.numbers import get_number
 
 QUERIES = load_queries("libs.common.followups", "sequences.sql")
 
+_Row = TypeVar("_Row", "Sequence", "Version")
+
 
 class SequenceCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: Name
@@ -45,11 +47,16 @@ class SequenceUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     definition: Definition | msgspec.UnsetType = msgspec.UNSET
 
 
+#: A sequence's status: a draft until published, then active, paused or archived.
+SequenceStatus = Literal["draft", "active", "paused", "archived"]
+
+
 class Sequence(msgspec.Struct, kw_only=True, frozen=True):
     id: uuid.UUID
     name: str
-    status: str
-    draft: dict[str, Any]
+    status: SequenceStatus
+    #: The definition being edited (publishing freezes it as a version).
+    draft: Definition
     current_version_id: uuid.UUID | None
     current_version: int | None
     created_at: datetime
@@ -60,7 +67,7 @@ class Version(msgspec.Struct, kw_only=True, frozen=True):
     id: uuid.UUID
     sequence_id: uuid.UUID | None
     version: int
-    definition: dict[str, Any]
+    definition: Definition
     created_at: datetime
 
 
@@ -85,6 +92,12 @@ class VersionSummary(msgspec.Struct, kw_only=True, frozen=True):
     version: int
     step_count: int
     created_at: datetime
+
+
+def _typed(cls: type[_Row]) -> BaseRowFactory[_Row]:
+    """Rows as ``cls``, the stored definition (jsonb) decoded into a :class:`Definition` (what was stored
+    was one)."""
+    return kwargs_row(lambda **row: msgspec.convert(row, cls))
 
 
 class _VersionCache:
@@ -146,7 +159,7 @@ def create_sequence(conn: Connection[Any], project_id: uuid.UUID, data: Sequence
         "name": validation.name(data.name),
         "draft": _encode(_own_number(conn, project_id, storable(data.definition, "definition"))),
     }
-    with conn.cursor(row_factory=class_row(Sequence)) as cur:
+    with conn.cursor(row_factory=_typed(Sequence)) as cur:
         sequence = cur.execute(QUERIES["insert_sequence"], params).fetchone()
     assert sequence is not None
     return sequence
@@ -169,14 +182,14 @@ def update_sequence(
             else _encode(_own_number(conn, project_id, storable(data.definition, "definition")))
         ),
     }
-    with conn.cursor(row_factory=class_row(Sequence)) as cur:
+    with conn.cursor(row_factory=_typed(Sequence)) as cur:
         sequence = cur.execute(QUERIES["update_sequence"], params).fetchone()
     assert sequence is not None
     return sequence
 
 
 def get_sequence(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) -> Sequence:
-    with conn.cursor(row_factory=class_row(Sequence)) as cur:
+    with conn.cursor(row_factory=_typed(Sequence)) as cur:
         params = {"project_id": project_id, "id": sequence_id}
         sequence = cur.execute(QUERIES["get_sequence"], params).fetchone()
     if sequence is None:
@@ -202,7 +215,7 @@ def list_sequences(
         "status": status,
         "include_archived": include_archived,
     }
-    with conn.cursor(row_factory=class_row(Sequence)) as cur:
+    with conn.cursor(row_factory=_typed(Sequence)) as cur:
         return cur.execute(QUERIES["list_sequences"], params).fetchall()
 
 
@@ -224,7 +237,7 @@ def publish_sequence(
         raise Conflict("an archived sequence cannot be published", field="sequence_id")
     definition = _own_number(conn, project_id, validate_definition(decode_definition(draft)))
     params = {"project_id": project_id, "sequence_id": sequence_id, "definition": _encode(definition)}
-    with conn.cursor(row_factory=class_row(Version)) as cur:
+    with conn.cursor(row_factory=_typed(Version)) as cur:
         same = cur.execute(QUERIES["latest_version_if_same"], params).fetchone()
     if same is not None:
         return same, False
@@ -248,7 +261,7 @@ def _insert_version(
         "definition": _encode(definition),
         "step_count": len(definition.steps),
     }
-    with conn.cursor(row_factory=class_row(Version)) as cur:
+    with conn.cursor(row_factory=_typed(Version)) as cur:
         version = cur.execute(QUERIES["insert_version"], params).fetchone()
     assert version is not None
     return version
@@ -274,7 +287,7 @@ def get_version(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.
     """One of a sequence's versions by its number, with its definition (404 naming ``version``)."""
     get_sequence(conn, project_id, sequence_id)
     params = {"project_id": project_id, "sequence_id": sequence_id, "version": number}
-    with conn.cursor(row_factory=class_row(Version)) as cur:
+    with conn.cursor(row_factory=_typed(Version)) as cur:
         found = cur.execute(QUERIES["get_version"], params).fetchone()
     if found is None:
         raise NotFound("sequence version not found", field="version")

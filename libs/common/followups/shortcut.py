@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from psycopg import Connection
 
+from libs.common.contracts.limits import NOT_BLANK_TEXT, DedupeKey, MediaUrl, MessageText, Variables
 from libs.common.core.errors import InvalidInput
-from libs.common.followups.definition import MAX_DELAY_SECONDS, MessageStep, StopFlags
+from libs.common.followups.definition import MAX_DELAY_SECONDS, MessageStep, NonNegative, StopFlags
 from libs.common.followups.enrollments import EnrollRequest, enroll
 from libs.common.followups.transitions import Enrollment
 from libs.common.platform.conversations import Conversation, get_conversation
@@ -20,13 +21,15 @@ from libs.common.platform.conversations import Conversation, get_conversation
 class FollowUpRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A one-off follow-up in a conversation: after ``delay_seconds``, send ``text`` (unless a reply came)."""
 
-    text: str
-    delay_seconds: int = 86400
+    #: Not blank: a one-off is published at once, and a published step has something to say (checked then,
+    #: naming ``text``; the schema documents it).
+    text: Annotated[MessageText, NOT_BLANK_TEXT]
+    delay_seconds: NonNegative = 86400
     only_if_no_reply: bool = True
-    media_url: str | None = None
+    media_url: MediaUrl | None = None
     media_kind: Literal["image", "video", "audio", "document"] | None = None
-    variables: dict[str, Any] = msgspec.field(default_factory=dict)
-    dedupe_key: str | None = None
+    variables: Variables = msgspec.field(default_factory=dict)
+    dedupe_key: DedupeKey | None = None
 
 
 #: Where the one-off's only step reports its fields; the request names them without it.

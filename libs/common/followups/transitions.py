@@ -36,7 +36,7 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
     contact_id: uuid.UUID
     conversation_id: uuid.UUID | None
     number_id: uuid.UUID | None
-    status: str
+    status: EnrollmentStatus
     source: str
     step_index: int
     #: When the next step is due (a paused one: when it was); null once the enrollment finished.

@@ -17,7 +17,7 @@ from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import ContactErased
-from libs.common.contracts.limits import MAX_ATTRIBUTES, MAX_LABELS, Name
+from libs.common.contracts.limits import KEY_BOUNDS, MAX_ATTRIBUTES, MAX_LABELS, Name, Phone, Tag, Timezone
 from libs.common.core import validation
 from libs.common.core.db import map_errors
 from libs.common.core.errors import AlreadyExists, InvalidInput, NotFound
@@ -31,12 +31,13 @@ MAX_TAGS = MAX_LABELS
 
 #: A contact's attributes: at most 100 (their keys, 1 to 64 characters, and 16 KB as JSON: checked on
 #: write, naming the key).
-Attributes = Annotated[dict[str, Any], msgspec.Meta(max_length=MAX_ATTRIBUTES)]
+Attributes = Annotated[
+    dict[str, Any],
+    msgspec.Meta(max_length=MAX_ATTRIBUTES, extra_json_schema={"propertyNames": KEY_BOUNDS}),
+]
 #: A contact's tags: at most 100 (each, 1 to 64 characters of letters, digits and ``_-./:``: checked on
 #: write, naming ``tags``).
-Tags = Annotated[list[str], msgspec.Meta(max_length=MAX_TAGS)]
-#: An E.164 phone number as given (normalised and checked on write).
-Phone = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+Tags = Annotated[list[Tag], msgspec.Meta(max_length=MAX_TAGS)]
 
 
 class _Input(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -47,7 +48,7 @@ class ContactFields(_Input):
     """A contact's fields other than its phone number (the body of an upsert by phone)."""
 
     name: Name | None = None
-    timezone: str | None = None
+    timezone: Timezone | None = None
     attributes: Attributes = msgspec.field(default_factory=dict)
     tags: Tags = msgspec.field(default_factory=list)
 
@@ -60,7 +61,7 @@ class ContactUpdate(_Input):
     """A partial update: absent fields are kept; an attribute set to null is removed."""
 
     name: Name | msgspec.UnsetType | None = msgspec.UNSET
-    timezone: str | msgspec.UnsetType | None = msgspec.UNSET
+    timezone: Timezone | msgspec.UnsetType | None = msgspec.UNSET
     attributes: Attributes | msgspec.UnsetType = msgspec.UNSET
 
 

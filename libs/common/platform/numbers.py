@@ -12,7 +12,7 @@ import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
 
-from libs.common.contracts.limits import Name
+from libs.common.contracts.limits import Name, Phone
 from libs.common.core import validation
 from libs.common.core.db import map_errors
 from libs.common.core.errors import AlreadyExists, NotFound
@@ -24,7 +24,7 @@ NumberStatus = Literal["connected", "disconnected"]
 
 
 class NumberCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    phone: str
+    phone: Phone
     name: Name | None = None
     is_default: bool = False
     status: NumberStatus = "connected"

@@ -34,6 +34,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.events import BulkJobCompleted, BulkJobProgress
+from libs.common.contracts.limits import Phone, Variables
 from libs.common.core import validation
 from libs.common.core.clock import Clock
 from libs.common.core.effects import NudgeTriggers, after_commit, committed
@@ -65,11 +66,11 @@ class BulkCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     sequence_id: uuid.UUID
     contact_ids: list[uuid.UUID] | None = None
-    phones: list[str] | None = None
+    phones: list[Phone] | None = None
     #: A condition tree about contacts (the rules syntax, without event attributes), frozen at creation.
     segment: dict[str, Any] | None = None
     #: Template variables shared by every enrollment of the job.
-    variables: dict[str, Any] = msgspec.field(default_factory=dict)
+    variables: Variables = msgspec.field(default_factory=dict)
     #: The anchor of every enrollment ...
     anchor_at: datetime | None = None
     #: ... or each contact's own, from a custom attribute holding an ISO 8601 time.
@@ -141,7 +142,7 @@ def create_job(
                 "anchor_attribute is contact.attributes.<key> (a key of 1 to 64 characters)",
                 field="anchor_attribute",
             )
-    validation.json_value(data.variables, "variables")
+    validation.keyed(data.variables, "variables")
     params = {
         "project_id": project_id,
         "sequence_id": data.sequence_id,

@@ -407,7 +407,7 @@ class Execution(msgspec.Struct, kw_only=True, frozen=True):
     contact_id: uuid.UUID | None
     episode_key: str
     due_at: datetime
-    status: str
+    status: ExecutionStatus
     skip_reason: str | None
     executed_at: datetime | None
     message_id: uuid.UUID | None

@@ -30,7 +30,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from libs.common.contracts.limits import MAX_RULES_PER_PROJECT, Name
+from libs.common.contracts.limits import MAX_RULE_ACTIONS, MAX_RULES_PER_PROJECT, Name
 from libs.common.core import validation
 from libs.common.core.effects import Invalidate, after_commit
 from libs.common.core.errors import InvalidInput, NotFound
@@ -72,6 +72,11 @@ CACHE_TTL_SECONDS = 30.0
 
 DelayMinutes = Annotated[int, msgspec.Meta(ge=1, le=MAX_DELAY_MINUTES)]
 Position = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+#: A rule's actions: 1 to 20, as the schema states them (``validate_actions`` checks them, and each one
+#: against the project).
+Actions = Annotated[
+    list[Action], msgspec.Meta(extra_json_schema={"minItems": 1, "maxItems": MAX_RULE_ACTIONS})
+]
 
 
 class RuleCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -79,7 +84,7 @@ class RuleCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     event: Event
     #: A tree of ``all`` / ``any`` groups with ``{attribute, operator, value}`` leaves; absent: always.
     conditions: dict[str, Any] | None = None
-    actions: list[Action]
+    actions: Actions
     #: Run the actions this many minutes after the event, if the conditions still hold then.
     execution_delay_minutes: DelayMinutes | None = None
     #: Count the delay in the project's business hours only (see the settings' ``business_hours``).
@@ -95,7 +100,7 @@ class RuleUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: Name | msgspec.UnsetType = msgspec.UNSET
     event: Event | msgspec.UnsetType = msgspec.UNSET
     conditions: dict[str, Any] | msgspec.UnsetType | None = msgspec.UNSET
-    actions: list[Action] | msgspec.UnsetType = msgspec.UNSET
+    actions: Actions | msgspec.UnsetType = msgspec.UNSET
     execution_delay_minutes: DelayMinutes | msgspec.UnsetType | None = msgspec.UNSET
     delay_in_business_hours: bool | msgspec.UnsetType = msgspec.UNSET
     active: bool | msgspec.UnsetType = msgspec.UNSET

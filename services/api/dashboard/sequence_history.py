@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import msgspec
 from litestar import Controller, Request, Response, get
 from litestar.params import FromPath
 
@@ -39,10 +40,13 @@ class SequenceHistoryController(Controller):
             changes = None
             if older is not None and newer is not None and _comparable(older, newer, latest):
                 # only the two versions compared are read with their definitions
-                after = sequences.get_version(conn, project_id, sequence_id, newer).definition
-                before = (
-                    sequences.get_version(conn, project_id, sequence_id, older).definition if older else {}
-                )
+                def builtins(number: int) -> Any:
+                    return msgspec.to_builtins(
+                        sequences.get_version(conn, project_id, sequence_id, number).definition
+                    )
+
+                after = builtins(newer)
+                before = builtins(older) if older else {}
                 changes = diff.definition_changes(before, after)
         return page(
             request,

@@ -17,7 +17,7 @@ from litestar.params import FromPath
 
 from libs.common.core.errors import FollowupsError, NotFound
 from libs.common.followups import sequences, statistics
-from libs.common.followups.definition import Definition, decode_definition, placeholder_warnings
+from libs.common.followups.definition import Definition, placeholder_warnings
 from libs.common.followups.send_window import WEEKDAYS, SendWindow, validate_window
 from libs.common.followups.sequences import Sequence, SequenceCreate, SequenceUpdate
 from libs.common.platform import numbers
@@ -48,7 +48,7 @@ STOP_ON = [
 
 def definition_of(sequence: Sequence) -> Definition:
     """The draft definition of a sequence (what the builder edits)."""
-    return decode_definition(sequence.draft)
+    return sequence.draft
 
 
 def step_errors(errors: FormErrors, index: int) -> FormErrors:

@@ -5,6 +5,7 @@ The typed envelopes of list responses live here, so that the OpenAPI document na
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
@@ -17,7 +18,8 @@ class Page(msgspec.Struct, Generic[T], kw_only=True, frozen=True):
     """A page of a list: pass ``next`` as ``after`` for the following page; null on the last one."""
 
     items: list[T]
-    next: str | None
+    #: The cursor of the following page, an id as every ``after`` takes; null on the last page.
+    next: uuid.UUID | None
 
 
 class Items(msgspec.Struct, Generic[T], kw_only=True, frozen=True):

@@ -7,14 +7,14 @@ from typing import Annotated, Any
 
 from litestar import Controller, Request, Response, delete, get, patch, post, put
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.params import FromPath, FromQuery, JSONBody, Parameter, QueryParameter
 
-from libs.common.contracts.limits import MAX_LABEL_LENGTH
+from libs.common.contracts.limits import MAX_LABEL_LENGTH, PHONE_PATTERN, TAG_PATTERN
 from libs.common.core import validation
 from libs.common.ingress import contact_changes
 from libs.common.platform import contacts
 from libs.common.platform.contacts import Contact, ContactCreate, ContactFields, ContactUpdate, TagsChange
-from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
+from services.api.deps import PageLimit, ProjectId, page, query_phone, runtime_of, transaction
 from services.api.openapi import conflict
 from services.api.routes import Page, as_page
 
@@ -42,7 +42,7 @@ class ContactsController(Controller):
         self,
         request: Request[Any, Any, Any],
         project_id: ProjectId,
-        phone: FromPath[str],
+        phone: Annotated[str, Parameter(schema_extra={"pattern": PHONE_PATTERN})],
         data: JSONBody[ContactFields],
     ) -> Response[Contact]:
         """Create or update the contact with this E.164 phone number (201 created, 200 updated)."""
@@ -60,13 +60,19 @@ class ContactsController(Controller):
         project_id: ProjectId,
         limit: PageLimit = 50,
         after: FromQuery[uuid.UUID | None] = None,
-        tag: Annotated[str | None, QueryParameter(min_length=1, max_length=MAX_LABEL_LENGTH)] = None,
-        phone: Annotated[str | None, QueryParameter(min_length=1, max_length=32)] = None,
+        tag: Annotated[
+            str | None,
+            QueryParameter(min_length=1, max_length=MAX_LABEL_LENGTH, schema_extra={"pattern": TAG_PATTERN}),
+        ] = None,
+        phone: Annotated[
+            str | None, QueryParameter(min_length=1, max_length=32, schema_extra={"pattern": PHONE_PATTERN})
+        ] = None,
     ) -> Page[Contact]:
-        """A page of contacts; pass the returned ``next`` as ``after`` for the next page."""
+        """A page of contacts; pass the returned ``next`` as ``after`` for the next page. ``phone`` finds the
+        contact with that number (a literal ``+`` works as well as ``%2B``)."""
         with transaction(runtime_of(request)) as conn:
             rows = contacts.list_contacts(
-                conn, project_id, limit=limit + 1, after=after, tag=tag, phone=phone
+                conn, project_id, limit=limit + 1, after=after, tag=tag, phone=query_phone(phone)
             )
         return as_page(page(rows, limit))
 
@@ -115,7 +121,7 @@ class ContactsController(Controller):
         request: Request[Any, Any, Any],
         project_id: ProjectId,
         contact_id: FromPath[uuid.UUID],
-        tag: FromPath[str],
+        tag: Annotated[str, Parameter(schema_extra={"pattern": TAG_PATTERN})],
     ) -> Contact:
         tag = validation.tag(tag.removeprefix("/"), field="tag")  # a path parameter starts with "/"
         runtime = runtime_of(request)

@@ -9,6 +9,7 @@ from litestar.params import JSONBody
 
 from libs.common.platform.send_lane import ClaimedMessage, ClaimRequest, claim_messages
 from services.api.deps import ProjectId, runtime_of, transaction
+from services.api.routes import Items, as_items
 from services.api.scopes import scope
 
 
@@ -20,9 +21,9 @@ class SendLaneController(Controller):
     @post("/claim", sync_to_thread=True, status_code=200)
     def claim(
         self, request: Request[Any, Any, Any], project_id: ProjectId, data: JSONBody[ClaimRequest]
-    ) -> dict[str, list[ClaimedMessage]]:
+    ) -> Items[ClaimedMessage]:
         """Claim QUEUED messages (QUEUED to PROCESSING), in priority then age order; from now on a reply
         no longer cancels them."""
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
-            return {"items": claim_messages(conn, project_id, data, now=runtime.clock.now())}
+            return as_items(claim_messages(conn, project_id, data, now=runtime.clock.now()))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Any
 
 from litestar import Controller, Request, Response, get, patch, post
 from litestar.openapi.datastructures import ResponseSpec
@@ -14,6 +14,7 @@ from libs.common.followups.sequences import (
     Published,
     Sequence,
     SequenceCreate,
+    SequenceStatus,
     SequenceUpdate,
     Version,
     VersionSummary,
@@ -22,8 +23,6 @@ from libs.common.followups.statistics import SequenceStatistics
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 from services.api.openapi import conflict, invalid, not_found
 from services.api.routes import Page, as_page
-
-SequenceStatus = Literal["draft", "active", "paused", "archived"]
 
 #: A sequence whose status does not allow the change (an archived sequence cannot be edited).
 _STATUS_CONFLICT = conflict("The sequence's status does not allow this change (it is archived, say).")

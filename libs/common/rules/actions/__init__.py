@@ -21,6 +21,7 @@ from typing import Any, get_args
 
 from psycopg import Connection
 
+from libs.common.contracts.limits import MAX_RULE_ACTIONS
 from libs.common.core.errors import InvalidInput
 from libs.common.rules.actions.base import (
     BUSINESS_ERRORS,
@@ -98,7 +99,7 @@ Action = (
 ACTION_KINDS: tuple[type[BaseAction], ...] = get_args(Action)
 
 #: Most actions one rule may have.
-MAX_ACTIONS = 20
+MAX_ACTIONS = MAX_RULE_ACTIONS
 
 
 def action_type(action: BaseAction) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from psycopg import Connection
 
+from libs.common.contracts.limits import MAX_ACTION_LABELS
 from libs.common.core import validation
 from libs.common.core.errors import Conflict, FollowupsError, InvalidInput
 from libs.common.followups.enrollments import EnrollmentRejected
@@ -20,7 +21,9 @@ from libs.common.followups.stops import Stopped
 from libs.common.platform import conversations
 
 #: Most labels or tags one action changes.
-MAX_ITEMS = 20
+MAX_ITEMS = MAX_ACTION_LABELS
+#: The bounds of an action's tags or labels, as the schema states them (``check_items`` checks them).
+ITEMS_BOUNDS = msgspec.Meta(extra_json_schema={"minItems": 1, "maxItems": MAX_ITEMS})
 #: Longest assignee or team of a conversation.
 MAX_ASSIGNEE_LENGTH = 200
 

@@ -8,8 +8,9 @@ from typing import Annotated, Any
 
 from psycopg import Connection
 
+from libs.common.contracts.limits import Tag
 from libs.common.platform import contacts
-from libs.common.rules.actions.base import BaseAction, Done, Subject, check_items, form
+from libs.common.rules.actions.base import ITEMS_BOUNDS, BaseAction, Done, Subject, check_items, form
 
 #: The tags of a tag action's input.
 _TAGS = form("Tags (comma separated)")
@@ -18,7 +19,7 @@ _TAGS = form("Tags (comma separated)")
 class AddContactTag(BaseAction, kw_only=True, tag="add_contact_tag"):
     """Add tags to the contact."""
 
-    tags: Annotated[list[str], _TAGS]
+    tags: Annotated[list[Tag], _TAGS, ITEMS_BOUNDS]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_items(self.tags, "tags", where)
@@ -32,7 +33,7 @@ class AddContactTag(BaseAction, kw_only=True, tag="add_contact_tag"):
 class RemoveContactTag(BaseAction, kw_only=True, tag="remove_contact_tag"):
     """Remove tags from the contact."""
 
-    tags: Annotated[list[str], _TAGS]
+    tags: Annotated[list[Tag], _TAGS, ITEMS_BOUNDS]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_items(self.tags, "tags", where)

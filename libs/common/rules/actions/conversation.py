@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import msgspec
 from psycopg import Connection
 
-from libs.common.contracts.limits import MAX_NOTE_LENGTH, Note
+from libs.common.contracts.limits import MAX_NOTE_LENGTH, NOT_BLANK_TEXT, Note, Tag
 from libs.common.contracts.platform_events import ConversationStatus
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput
@@ -18,6 +18,7 @@ from libs.common.followups.stops import stop_followups_for_contact
 from libs.common.platform import contacts, conversations
 from libs.common.platform.conversations import ConversationChange, Priority
 from libs.common.rules.actions.base import (
+    ITEMS_BOUNDS,
     BaseAction,
     Done,
     Subject,
@@ -51,7 +52,7 @@ class _Change(BaseAction, kw_only=True):
 class AddLabel(_Change, kw_only=True, tag="add_label"):
     """Add labels to the conversation."""
 
-    labels: Annotated[list[str], _LABELS]
+    labels: Annotated[list[Tag], _LABELS, ITEMS_BOUNDS]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_items(self.labels, "labels", where)
@@ -63,7 +64,7 @@ class AddLabel(_Change, kw_only=True, tag="add_label"):
 class RemoveLabel(_Change, kw_only=True, tag="remove_label"):
     """Remove labels from the conversation."""
 
-    labels: Annotated[list[str], _LABELS]
+    labels: Annotated[list[Tag], _LABELS, ITEMS_BOUNDS]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_items(self.labels, "labels", where)
@@ -151,7 +152,12 @@ class SnoozeUntil(BaseAction, kw_only=True, tag="snooze_until"):
 class AddPrivateNote(BaseAction, kw_only=True, tag="add_private_note"):
     """Add a private note to the conversation (agents see it; the contact does not)."""
 
-    text: Annotated[Note, form("Note", widget="textarea")]
+    #: Not blank (checked with the action; the schema documents it).
+    text: Annotated[
+        Note,
+        form("Note", widget="textarea"),
+        NOT_BLANK_TEXT,
+    ]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         if not 1 <= len(validation.text(self.text.strip(), f"{where}.text")) <= MAX_NOTE_LENGTH:

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import msgspec
 from psycopg import Connection
 
+from libs.common.contracts.limits import KEY_BOUNDS, MAX_VARIABLES
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.followups.enrollments import EnrollRequest, enroll
@@ -27,9 +28,11 @@ class EnrollInSequence(BaseAction, kw_only=True, tag="enroll_in_sequence"):
 
     sequence_id: Annotated[uuid.UUID, form("Sequence", widget="select:sequences")]
     anchor: Annotated[str, form("Anchor (none, event_time or contact.attributes.<key>)")] = "none"
-    variables: Annotated[dict[str, str], form("Variables (key=value, one a line)")] = msgspec.field(
-        default_factory=dict
-    )
+    variables: Annotated[
+        dict[str, str],
+        form("Variables (key=value, one a line)"),
+        msgspec.Meta(max_length=MAX_VARIABLES, extra_json_schema={"propertyNames": KEY_BOUNDS}),
+    ] = msgspec.field(default_factory=dict)
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         try:
@@ -42,7 +45,7 @@ class EnrollInSequence(BaseAction, kw_only=True, tag="enroll_in_sequence"):
             raise InvalidInput(
                 "anchor is none, event_time or contact.attributes.<key>", field=f"{where}.anchor"
             )
-        validation.json_value(self.variables, f"{where}.variables")
+        validation.keyed(self.variables, f"{where}.variables")
 
     def run(
         self, conn: Connection[Any], rule_id: uuid.UUID, subject: Subject, now: datetime, done: Done

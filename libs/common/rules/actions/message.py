@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from psycopg import Connection
 
-from libs.common.contracts.limits import MAX_MESSAGE_LENGTH, MessageText
+from libs.common.contracts.limits import MAX_MESSAGE_LENGTH, NOT_BLANK_TEXT, MessageText
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput
 from libs.common.core.outbox import write_events
@@ -36,7 +36,7 @@ class SendMessage(BaseAction, kw_only=True, tag="send_message"):
     A text its values make longer than a message may be is not sent: the rule is refused
     (``message_too_long``)."""
 
-    text: Annotated[MessageText, form("Message", widget="textarea")]
+    text: Annotated[MessageText, form("Message", widget="textarea"), NOT_BLANK_TEXT]
     whatsapp_template: Annotated[
         WhatsAppTemplate | None,
         form(

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from psycopg import Connection
 
-from libs.common.contracts.limits import Url
+from libs.common.contracts.limits import MediaUrl
 from libs.common.rules import webhooks
 from libs.common.rules.actions.base import BaseAction, Done, Subject, executed_by, form
 
@@ -16,7 +16,7 @@ from libs.common.rules.actions.base import BaseAction, Done, Subject, executed_b
 class SendWebhook(BaseAction, kw_only=True, tag="send_webhook"):
     """POST the event as JSON to ``url``, signed (HMAC-SHA256), retried with backoff until delivered."""
 
-    url: Annotated[Url, form("URL (http or https)")]
+    url: Annotated[MediaUrl, form("URL (http or https)")]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         webhooks.validate_url(self.url, field=f"{where}.url")
