@@ -354,7 +354,7 @@ def test_rules_that_fail_to_compile_in_the_background_back_off_their_projects_tr
 
     def settled() -> bool:
         process_triggers(runtime.pool, runtime.clock, limit=100)
-        return _trigger(runtime, theirs)["attempts"] == 1
+        return bool(_trigger(runtime, theirs)["attempts"] == 1)
 
     wait_until(settled, timeout=60, what="B's trigger backed off")
     failed = _trigger(runtime, theirs)
