@@ -8,6 +8,7 @@ batch goes on.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
@@ -29,6 +30,7 @@ from libs.common.core.jobs import (
     Fairness,
     Queue,
     Retry,
+    RoundRobin,
     run_batch,
     savepoint,
 )
@@ -297,3 +299,16 @@ def test_a_statement_error_outside_a_triggers_rules_backs_off_that_trigger_only(
     assert second[:2] == [0, "processed"]
     assert processed.outcomes[("contact.created", "retry")] == 1
     assert rows(runtime.pool, "SELECT count(*) FROM rule_runs WHERE trigger_id = %s", broken) == [(0,)]
+
+
+def test_round_robin_walks_on_after_the_last_project_served_in_circular_order() -> None:
+    first, second, third = (uuid.UUID(int=i) for i in (10, 20, 30))
+    turns = RoundRobin()
+    assert turns.params(50) == {"after": uuid.UUID(int=0), "projects": 50, "limit": 50}
+    turns.served([third, first, second])  # in any order (an UPDATE's RETURNING has none)
+    assert turns.after == third
+    turns.after = second
+    turns.served([first, third])  # the walk went on past the second to the third, then wrapped to the first
+    assert turns.after == first
+    turns.served([])
+    assert turns.after == first

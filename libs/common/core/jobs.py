@@ -133,7 +133,7 @@ class Fairness:
         return {}
 
     def served(self, project_ids: Sequence[uuid.UUID]) -> None:
-        """The projects the claim took items of, in the order it walked them."""
+        """The projects the claim took items of."""
 
     def __repr__(self) -> str:
         return f"<{self.name}>"
@@ -161,8 +161,10 @@ class RoundRobin(Fairness):
         return {"after": self.after, "projects": limit, "limit": limit}
 
     def served(self, project_ids: Sequence[uuid.UUID]) -> None:
+        """The next walk starts after the last of ``project_ids`` in this walk's order (ids after
+        ``after``, then from the first: whatever order they are given in)."""
         if project_ids:
-            self.after = project_ids[-1]
+            self.after = max(project_ids, key=lambda project_id: (project_id <= self.after, project_id))
 
 
 @dataclass(frozen=True)
