@@ -209,7 +209,8 @@ class Patroni:
         assert callable(predicate)
         deadline = time.monotonic() + timeout
         while not predicate():
-            if time.monotonic() > deadline:
+            exited = [p.args for p in self.processes if p is not None and p.poll() is not None]
+            if exited or time.monotonic() > deadline:
                 raise RuntimeError(f"patroni: no {what} within {timeout}s (logs under {self.folder})")
             time.sleep(0.5)
 
