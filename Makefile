@@ -9,7 +9,7 @@ LOCAL_MODEL := $(VENV)/.installed-local-model
 WANTS_LOCAL_MODEL := $(if $(findstring --local-model,$(ARGS)),$(LOCAL_MODEL))
 
 .DEFAULT_GOAL := help
-.PHONY: help install local-model dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers bench-webhooks bench-send-lane clean
+.PHONY: help install local-model dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers bench-webhooks bench-send-lane chaos clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -99,6 +99,9 @@ bench-send-lane: $(STAMP) ## send lane: messages/s through the fake WhatsApp Clo
 bench-peers: $(STAMP) ## ours against PgQueuer (throughput) and Dramatiq's delayed messages (100k pending); installs the peers extra
 	$(BIN)/python -m pip install --quiet -e '.[peers]'
 	$(BIN)/python -m benchmarks.peers $(ARGS)
+
+chaos: $(STAMP) ## the replicated topology (3 RabbitMQ nodes, Patroni with a synchronous standby, service replicas) under load and faults, a few minutes; not part of make test
+	$(BIN)/python -m benchmarks.chaos $(ARGS)
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

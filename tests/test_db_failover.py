@@ -25,12 +25,13 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from benchmarks.patroni import SERVER_USER, pg_bin
+from benchmarks.rabbitmq_cluster import free_port
 from libs.common.core.db import DATABASE, create_pool, map_errors
 from libs.common.core.errors import DatabaseUnavailable
 from libs.common.core.loops import PollingLoop
 from libs.common.core.settings import DatabaseSettings
 from tests.helpers import wait_until
-from tests.rabbitmq_cluster import _free_port
 from tests.tcp_proxy import proxied_postgres
 
 HEAL = 30
@@ -83,18 +84,6 @@ def test_a_worker_loop_logs_an_outage_once_when_it_starts_and_once_when_it_ends(
 # --- a primary and its standby ----------------------------------------------------------------------------
 
 
-def _pg_bin() -> Path | None:
-    initdb = shutil.which("initdb")
-    if initdb:
-        return Path(os.path.realpath(initdb)).parent
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    return found[-1].parent if found else None
-
-
-#: PostgreSQL's tools refuse to run as root: under root they run as this system user.
-_SERVER_USER = "postgres"
-
-
 class Server:
     """One PostgreSQL server of the test's, on 127.0.0.1:``port``."""
 
@@ -102,7 +91,7 @@ class Server:
         self.bin, self.data, self.port = bin_dir, data, port
 
     def run(self, tool: str, *args: str, check: bool = True) -> int:
-        user = _SERVER_USER if os.geteuid() == 0 else None
+        user = SERVER_USER if os.geteuid() == 0 else None
         done = subprocess.run(
             [str(self.bin / tool), *args], capture_output=True, text=True, timeout=120, user=user
         )
@@ -127,7 +116,7 @@ class Server:
 
 @pytest.fixture
 def primary_and_standby() -> Iterator[tuple[Server, Server]]:
-    bin_dir = _pg_bin()
+    bin_dir = pg_bin()
     if bin_dir is None or not (bin_dir / "pg_basebackup").exists():
         if os.environ.get("CI"):
             pytest.fail("PostgreSQL's server binaries are not installed and CI is set")
@@ -135,9 +124,9 @@ def primary_and_standby() -> Iterator[tuple[Server, Server]]:
     # a folder of its own the server's user may enter (pytest's tmp_path is root's only, under root)
     folder = Path(tempfile.mkdtemp(prefix="followups-failover-"))
     if os.geteuid() == 0:
-        shutil.chown(folder, _SERVER_USER)
-    primary = Server(bin_dir, folder / "a", _free_port())
-    standby = Server(bin_dir, folder / "b", _free_port())
+        shutil.chown(folder, SERVER_USER)
+    primary = Server(bin_dir, folder / "a", free_port())
+    standby = Server(bin_dir, folder / "b", free_port())
     try:
         yield from _started(primary, standby)
     finally:

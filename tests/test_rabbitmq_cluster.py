@@ -1,4 +1,4 @@
-"""On a 3-node RabbitMQ cluster of the test's own (tests/rabbitmq_cluster.py): every queue the product
+"""On a 3-node RabbitMQ cluster of the test's own (benchmarks/rabbitmq_cluster.py): every queue the product
 declares is a quorum queue with a delivery limit, a message that keeps coming back is dead-lettered, and
 when the node every connection is on dies (kill -9), the publisher, the consumers, the outbox relay's
 publisher and the cache invalidation move to a live node within seconds, re-declaring what they need, and
@@ -23,6 +23,7 @@ import pytest
 from dramatiq.common import dq_name, xq_name
 from dramatiq.errors import ConnectionClosed
 
+from benchmarks.rabbitmq_cluster import RabbitCluster, rabbitmq_server
 from libs.common.contracts import actors
 from libs.common.core.broker import (
     DELIVERY_LIMIT,
@@ -35,7 +36,6 @@ from libs.common.core.invalidation import Invalidator, on_invalidation
 from libs.common.core.outbox import AmqpPublisher, Envelope
 from libs.common.core.settings import BrokerSettings
 from tests.helpers import EventsConsumer, wait_until
-from tests.rabbitmq_cluster import RabbitCluster, rabbitmq_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -1,0 +1,702 @@
+"""`make chaos`: the replicated topology on this machine, under a steady load, with faults on a schedule.
+
+It starts a 3-node RabbitMQ cluster (:mod:`benchmarks.rabbitmq_cluster`: quorum queues, the default),
+etcd and Patroni with two PostgreSQL nodes, a primary and a synchronous standby (:mod:`benchmarks.patroni`),
+and replicas of the services, each ``followups api`` / ``followups worker <service>`` in a process of its
+own: 2 API, 3 release, 2 triggers, 2 ingress, 2 retention (``--replicas`` changes the counts). Every
+process has ``DATABASE_URL`` with both PostgreSQL nodes (``target_session_attrs=read-write``) and
+``AMQP_URL`` with the three RabbitMQ nodes. Ports and folders are its own (a temporary folder, removed at
+the end): the machine's PostgreSQL on 5432 and RabbitMQ on 5672 are not touched.
+
+The load, through both API processes in turn (a request refused by one, or a connection it drops, goes to
+the other): per contact, an upsert by phone, a tag (a ``contact.tag_added`` event: one rule sends a webhook
+at once, another a minute later, both to a local receiver), an enrollment in a 3-step sequence (0 s, 15 s,
+30 s; ``dedupe_key``: a retried enrollment is the same one) and, for some, a reply (``message.inbound``) or
+an opt-out after a random time. A 503 with ``Retry-After`` is retried (it is what an outage answers); any
+other 5xx is counted in ``api_5xx_other``.
+
+The faults, one every ``--fault-every`` seconds in turn: kill -9 of a RabbitMQ node (started again 5 s
+later: it rejoins the cluster), kill -9 of random replicas (started again at once), kill -9 of the
+PostgreSQL primary's node, Patroni and PostgreSQL (Patroni promotes the synchronous standby; the old node,
+started again, rejoins as the standby). A fault has healed when an enrollment made after it has its first
+message queued and every outbox event recorded until then is published: ``max_recover_s`` is the longest.
+
+After the load it waits (at most ``--drain`` seconds) for what is due to be done, then checks from the
+database, the receiver and a quorum queue bound to every event:
+
+- ``steps``: step runs that queued a message; each has exactly one message (``doubled``: a step's second
+  message); ``lost``: a step due before the drain and not released, a released step without its message,
+  an outbox event never published, a webhook delivery not delivered or that never reached the receiver, a
+  published event that never reached the queue;
+- ``after_reply``: a follow-up message queued after the contact's reply or opt-out was acknowledged;
+- ``executions_doubled``: a rule's second webhook delivery for one trigger, or a second pending execution
+  of one episode;
+- ``events_duplicated``: events the queue received more than once (the relay re-publishes at most its
+  batch after a crash);
+- ``p99_release_lag_ms``: a released step's run time minus its due time.
+
+Last line: ``chaos: faults= steps= lost=0 doubled=0 after_reply=0 executions_doubled=0 api_5xx_other=0
+max_recover_s= p99_release_lag_ms= events_duplicated=``. It exits 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import functools
+import heapq
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pika
+import psycopg
+
+from benchmarks.common import percentile
+from benchmarks.patroni import Patroni, installed
+from benchmarks.rabbitmq_cluster import RabbitCluster, free_port, rabbitmq_server
+from libs.common.core.migrate import migrate
+from libs.common.platform.projects import create_project
+
+REPLICAS = {"api": 2, "release": 3, "triggers": 2, "ingress": 2, "retention": 2}
+EVENTS_EXCHANGE = "followups.events"
+EVENTS_QUEUE = "chaos-events"
+SEQUENCE = {
+    "steps": [
+        {"kind": "message", "text": 'Hi {{contact.name | "there"}}, any questions?'},
+        {"kind": "message", "text": "Shall we book a call?", "delay_seconds": 15},
+        {"kind": "message", "text": "Last call from us", "delay_seconds": 30},
+    ],
+    "stop_on": {"reply": True, "opt_out": True},
+}
+
+
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+# --- the receiver of webhooks --------------------------------------------------------------------------
+
+
+class Receiver(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.lock = threading.Lock()
+        #: How often each delivery id arrived.
+        self.deliveries: collections.Counter[str] = collections.Counter()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/hook"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with self.server.lock:
+            self.server.deliveries[self.headers.get("X-Followups-Delivery") or ""] += 1
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+# --- the events, as a consumer of a quorum queue sees them ---------------------------------------------
+
+
+class EventsQueue(threading.Thread):
+    """A quorum queue bound to every event, consumed from a live node (another when its node dies)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        super().__init__(daemon=True, name="chaos-events")
+        self.urls = urls
+        self.received: collections.Counter[str] = collections.Counter()
+        self.last_at = time.monotonic()
+        self.stopping = threading.Event()
+        self.declared = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            for url in random.sample(self.urls, len(self.urls)):
+                with contextlib.suppress(Exception):
+                    self._consume(url)
+                if self.stopping.is_set():
+                    return
+            time.sleep(0.5)
+
+    def _consume(self, url: str) -> None:
+        parameters = pika.URLParameters(url)
+        parameters.heartbeat = 5
+        parameters.blocked_connection_timeout = 5
+        connection = pika.BlockingConnection(parameters)
+        try:
+            channel = connection.channel()
+            channel.exchange_declare(EVENTS_EXCHANGE, exchange_type="topic", durable=True)
+            channel.queue_declare(EVENTS_QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+            channel.queue_bind(EVENTS_QUEUE, EVENTS_EXCHANGE, routing_key="#")
+            channel.basic_qos(prefetch_count=200)
+            self.declared.set()
+            for method, _props, body in channel.consume(EVENTS_QUEUE, inactivity_timeout=0.5):
+                if self.stopping.is_set():
+                    return
+                if method is None:
+                    continue
+                self.received[str(json.loads(body)["id"])] += 1
+                self.last_at = time.monotonic()
+                channel.basic_ack(method.delivery_tag)
+        finally:
+            with contextlib.suppress(Exception):
+                connection.close()
+
+
+# --- the replicas ----------------------------------------------------------------------------------------
+
+
+class Replica:
+    def __init__(self, service: str, index: int, env: dict[str, str], logs: Path) -> None:
+        self.service, self.index, self.env, self.logs = service, index, env, logs
+        self.port = free_port() if service == "api" else 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.service}-{self.index}"
+
+    def start(self) -> None:
+        args = ["api", "--host", "127.0.0.1", "--port", str(self.port)]
+        if self.service != "api":
+            args = ["worker", self.service]
+        self.starts += 1
+        with open(self.logs / f"{self.name}.log", "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "followups", *args],
+                env=os.environ | self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def kill(self) -> None:
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+            self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+            self.process = None
+
+
+# --- the API, through both processes ---------------------------------------------------------------------
+
+
+class Api:
+    """Requests through the API processes in turn; a dropped connection or a 503 goes to the next one."""
+
+    def __init__(self, ports: list[int], key: str) -> None:
+        self.bases = [f"http://127.0.0.1:{port}" for port in ports]
+        self.headers = {"Authorization": f"Bearer {key}"}
+        self.lock = threading.Lock()
+        self.turn = 0
+        self.requests = 0
+        self.retried = 0
+        self.unavailable = 0
+        self.other_5xx: list[str] = []
+
+    def call(self, method: str, path: str, body: Any = None, deadline_s: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + deadline_s
+        with self.lock:
+            self.turn += 1
+            turn = self.turn
+            self.requests += 1
+        while True:
+            base = self.bases[turn % len(self.bases)]
+            turn += 1
+            try:
+                answer = httpx.request(method, base + path, json=body, headers=self.headers, timeout=10)
+            except httpx.HTTPError:
+                answer = None
+            if answer is not None and answer.status_code < 500:
+                if answer.status_code >= 400:
+                    raise RuntimeError(f"{method} {path}: {answer.status_code} {answer.text[:300]}")
+                loaded = answer.json() if answer.content else {}
+                return loaded if isinstance(loaded, dict) else {"items": loaded}
+            if answer is not None:
+                if answer.status_code == 503 and answer.headers.get("Retry-After"):
+                    with self.lock:
+                        self.unavailable += 1
+                else:
+                    with self.lock:
+                        self.other_5xx.append(f"{method} {path}: {answer.status_code} {answer.text[:300]}")
+            with self.lock:
+                self.retried += 1
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{method} {path}: no answer within {deadline_s}s")
+            time.sleep(0.2)
+
+
+# --- the run ---------------------------------------------------------------------------------------------
+
+
+class Chaos:
+    def __init__(self, args: argparse.Namespace, folder: Path) -> None:
+        self.args = args
+        self.folder = folder
+        self.rabbit = RabbitCluster(folder / "rabbitmq")
+        self.patroni = Patroni(folder / "patroni")
+        self.receiver = Receiver()
+        self.replicas: list[Replica] = []
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        #: (when, contact id, "reply" | "opt_out"): the replies and opt-outs to come
+        self.planned: list[tuple[float, str, str]] = []
+        #: when each contact's reply or opt-out was acknowledged (wall clock)
+        self.acknowledged: dict[str, datetime] = {}
+        self.recoveries: list[tuple[str, float]] = []
+        self.contacts = 0
+        self.failures: list[str] = []
+
+    # setup
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        self.rabbit.start()
+        log(f"rabbitmq: 3 nodes on {self.rabbit.ports}")
+        self.patroni.start()
+        log(f"patroni: {self.patroni.cluster()}")
+        migrate(self.patroni.url)
+        with psycopg.connect(self.patroni.url) as conn:
+            project = create_project(conn, "chaos")
+        self.project_id = project.project_id
+        threading.Thread(target=self.receiver.serve_forever, daemon=True).start()
+        self.events = EventsQueue(self.rabbit.urls)
+        self.events.start()
+        if not self.events.declared.wait(30):
+            raise RuntimeError("the events queue could not be declared")
+        env = {
+            "DATABASE_URL": self.patroni.url,
+            "AMQP_URL": self.rabbit.amqp_url,
+            "LOG_JSON": "true",
+            "API_METRICS_PORT": "0",
+            "WORKER_METRICS_PORT": "0",
+            "WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
+            "API_KEY_REQUESTS_PER_MINUTE": "0",
+            "DATABASE_POOL_MAX_SIZE": "6",
+        }
+        logs = self.folder / "logs"
+        logs.mkdir()
+        for service, count in self.args.replicas.items():
+            self.replicas += [Replica(service, i, env, logs) for i in range(count)]
+        for replica in self.replicas:
+            replica.start()
+        self.api = Api([r.port for r in self.replicas if r.service == "api"], project.api_key)
+        for base in self.api.bases:
+            self._await(functools.partial(_healthy, base), f"{base} answering", 90)
+        sequence = self.api.call("POST", "/v1/sequences", {"name": "chaos", "definition": SEQUENCE})
+        self.api.call("POST", f"/v1/sequences/{sequence['id']}/publish")
+        self.sequence_id = sequence["id"]
+        hook = {"type": "send_webhook", "url": self.receiver.url}
+        event = "contact.tag_added"
+        rule = {"name": "at once", "event": event, "actions": [hook]}
+        self.rule_now = self.api.call("POST", "/v1/rules", rule)["id"]
+        delayed = {"name": "a minute later", "event": event, "actions": [hook], "execution_delay_minutes": 1}
+        self.rule_later = self.api.call("POST", "/v1/rules", delayed)["id"]
+        log(f"up in {time.monotonic() - t0:.0f}s: {len(self.replicas)} replicas")
+
+    def _await(self, predicate: Callable[[], object], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no {what} within {timeout}s (logs under {self.folder})")
+            time.sleep(0.3)
+
+    # the load
+
+    def journey(self, n: int) -> None:
+        phone = f"+1555{n:07d}"
+        contact = self.api.call("PUT", f"/v1/contacts/by-phone/{phone}", {"name": f"Chaos {n}"})
+        contact_id = str(contact["id"])
+        self.api.call("POST", f"/v1/contacts/{contact_id}/tags", {"tags": ["chaos"]})
+        enrollment = {"contact_id": contact_id, "sequence_id": self.sequence_id, "dedupe_key": contact_id}
+        self.api.call("POST", "/v1/enrollments", enrollment)
+        roll = random.random()
+        if roll < 0.35:
+            with self.lock:
+                kind = "opt_out" if roll < 0.05 else "reply"
+                heapq.heappush(self.planned, (time.monotonic() + random.uniform(1, 40), contact_id, kind))
+
+    def answer(self, contact_id: str, kind: str) -> None:
+        if kind == "reply":
+            event = {
+                "type": "message.inbound",
+                "contact_id": contact_id,
+                "provider_message_id": f"chaos-{contact_id}",
+                "body": "no thanks",
+            }
+        else:
+            event = {"type": "contact.opted_out", "contact_id": contact_id}
+        self.api.call("POST", "/v1/events", event)
+        with self.lock:
+            self.acknowledged[contact_id] = datetime.now(UTC)
+
+    def client(self, until: float) -> None:
+        interval = self.args.clients / self.args.rate
+        next_at = time.monotonic()
+        while time.monotonic() < until and not self.stopping.is_set():
+            try:
+                due = None
+                with self.lock:
+                    if self.planned and self.planned[0][0] <= time.monotonic():
+                        due = heapq.heappop(self.planned)
+                if due is not None:
+                    self.answer(due[1], due[2])
+                    continue
+                if time.monotonic() >= next_at:
+                    with self.lock:
+                        self.contacts += 1
+                        n = self.contacts
+                    next_at += interval
+                    self.journey(n)
+                    continue
+            except Exception as exc:
+                with self.lock:
+                    self.failures.append(f"load: {exc}")
+            time.sleep(0.02)
+
+    # faults
+
+    def faults(self, until: float) -> None:
+        kinds = ["rabbitmq", "replicas", "postgres", "replicas"]
+        step = 0
+        while not self.stopping.wait(self.args.fault_every) and time.monotonic() < until:
+            kind = kinds[step % len(kinds)]
+            step += 1
+            at = datetime.now(UTC)
+            t0 = time.monotonic()
+            try:
+                what = getattr(self, f"_fault_{kind.replace('-', '_')}")()
+                self._healed(at)
+            except Exception as exc:
+                self.failures.append(f"fault {kind}: {exc}")
+                continue
+            took = time.monotonic() - t0
+            self.recoveries.append((what, took))
+            log(f"fault {step}: {what}, healed in {took:.1f}s")
+
+    def _fault_rabbitmq(self) -> str:
+        index = random.randrange(len(self.rabbit.names))
+        self.rabbit.kill(index)
+        time.sleep(5)
+        self.rabbit.start_node(index)
+        self.rabbit.await_node(index)
+        return f"kill -9 of rabbitmq node {index}"
+
+    def _fault_replicas(self) -> str:
+        chosen = random.sample(self.replicas, random.randint(1, 3))
+        for replica in chosen:
+            replica.kill()
+        time.sleep(1)
+        for replica in chosen:
+            replica.start()
+        return "kill -9 of " + ", ".join(r.name for r in chosen)
+
+    def _fault_postgres(self) -> str:
+        old = self.patroni.leader()
+        assert old is not None, "no PostgreSQL leader"
+        self.patroni.kill(old)
+        t0 = time.monotonic()
+        self._await(lambda: self.patroni.leader() not in (None, old), "promotion", 90)
+        promoted = time.monotonic() - t0
+        self.patroni.start_node(old)
+        return f"kill -9 of the PostgreSQL primary pg{old} (promoted in {promoted:.0f}s)"
+
+    def _healed(self, since: datetime) -> None:
+        """Wait until an enrollment made now has its first message queued and every outbox event recorded
+        until then is published."""
+        n = 9_000_000 + int(time.monotonic() * 10) % 1_000_000  # probe contacts: phones of their own
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                self.journey(n)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        phone = f"+1555{n:07d}"
+
+        def healed() -> bool:
+            try:
+                with psycopg.connect(self.patroni.url) as conn:
+                    row = conn.execute(
+                        "SELECT min(m.created_at) FROM messages m JOIN contacts c ON c.id = m.contact_id"
+                        " WHERE c.project_id = %s AND m.project_id = %s AND c.phone = %s",
+                        (self.project_id, self.project_id, phone),
+                    ).fetchone()
+                    if row is None or row[0] is None:
+                        return False
+                    unpublished = conn.execute(
+                        "SELECT count(*) FROM outbox WHERE project_id = %s AND published_at IS NULL"
+                        " AND occurred_at <= %s",
+                        (self.project_id, row[0]),
+                    ).fetchone()
+                    return unpublished is not None and unpublished[0] == 0
+            except psycopg.Error:
+                return False
+
+        self._await(healed, "healing", 180)
+
+    # the run and its checks
+
+    def run(self) -> int:
+        until = time.monotonic() + self.args.seconds
+        threads = [threading.Thread(target=self.client, args=(until,)) for _ in range(self.args.clients)]
+        threads.append(threading.Thread(target=self.faults, args=(until,)))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        with self.lock:
+            planned, self.planned = self.planned, []
+        for _, contact_id, kind in planned:  # what was planned for later happens now
+            self.answer(contact_id, kind)
+        log(f"load done: {self.contacts} contacts, {self.api.requests} requests; draining")
+        return self.check()
+
+    def _rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        for _ in range(60):
+            try:
+                with psycopg.connect(self.patroni.url) as conn:
+                    return conn.execute(sql.replace("$P", "%s"), params).fetchall()
+            except psycopg.OperationalError:
+                time.sleep(1)
+        raise RuntimeError("PostgreSQL unreachable for the checks")
+
+    def _count(self, sql: str) -> int:
+        [(count,)] = self._rows(sql, *([self.project_id] * sql.count("$P")))
+        return int(count or 0)
+
+    def _pending(self) -> dict[str, int]:
+        return {
+            "due steps": self._count(
+                "SELECT count(*) FROM followup_enrollments WHERE project_id = $P AND status = 'active'"
+                " AND next_run_at < now() - interval '5 seconds'"
+            ),
+            "pending executions": self._count(
+                "SELECT count(*) FROM rule_pending_executions WHERE project_id = $P AND status = 'pending'"
+            ),
+            "triggers": self._count(
+                "SELECT count(*) FROM followup_triggers WHERE project_id = $P AND processed_at IS NULL"
+            ),
+            "deliveries": self._count(
+                "SELECT count(*) FROM webhook_deliveries WHERE project_id = $P AND status = 'pending'"
+            ),
+            "outbox": self._count(
+                "SELECT count(*) FROM outbox WHERE project_id = $P AND published_at IS NULL"
+            ),
+        }
+
+    def check(self) -> int:
+        deadline = time.monotonic() + self.args.drain
+        while True:
+            pending = self._pending()
+            if not any(pending.values()) and time.monotonic() - self.events.last_at > 3:
+                break
+            if time.monotonic() > deadline:
+                log(f"still pending after the drain: {pending}")
+                break
+            time.sleep(1)
+        pending = self._pending()
+        p = self.project_id
+        steps = self._count(
+            "SELECT count(*) FROM followup_step_runs WHERE project_id = $P AND outcome = 'queued'"
+        )
+        doubled = self._count(
+            "SELECT count(*) FROM (SELECT 1 FROM messages WHERE project_id = $P"
+            " AND followup_enrollment_id IS NOT NULL GROUP BY followup_enrollment_id, followup_step_index"
+            " HAVING count(*) > 1) d"
+        )
+        without_message = self._count(
+            "SELECT count(*) FROM followup_step_runs r WHERE r.project_id = $P AND r.outcome = 'queued'"
+            " AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.project_id = r.project_id"
+            " AND m.id = r.message_id)"
+        )
+        missing_deliveries = self._count(
+            "SELECT count(*) FROM followup_triggers t WHERE t.project_id = $P"
+            " AND t.type = 'contact.tag_added'"
+            " AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.project_id = t.project_id"
+            " AND d.trigger_id = t.public_id)"
+        )
+        delivery_ids = {
+            str(i) for (i,) in self._rows("SELECT id FROM webhook_deliveries WHERE project_id = %s", p)
+        }
+        with self.receiver.lock:
+            received = dict(self.receiver.deliveries)
+        unreceived = len(delivery_ids - set(received))
+        event_ids = {
+            str(i)
+            for (i,) in self._rows(
+                "SELECT event_id FROM outbox WHERE project_id = %s AND published_at IS NOT NULL", p
+            )
+        }
+        events_unreceived = len(event_ids - set(self.events.received))
+        events_duplicated = sum(n - 1 for n in self.events.received.values())
+        executions_doubled = self._count(
+            "SELECT count(*) FROM (SELECT 1 FROM webhook_deliveries WHERE project_id = $P"
+            " GROUP BY rule_id, trigger_id HAVING count(*) > 1) d"
+        ) + self._count(
+            "SELECT count(*) FROM (SELECT 1 FROM rule_pending_executions WHERE project_id = $P"
+            " GROUP BY rule_id, episode_key HAVING count(*) > 1) d"
+        )
+        with self.lock:
+            acknowledged = dict(self.acknowledged)
+        after_reply = 0
+        if acknowledged:
+            after_reply = len(
+                self._rows(
+                    "SELECT m.id FROM messages m JOIN unnest(%s::uuid[], %s::timestamptz[]) a(contact_id, at)"
+                    " ON a.contact_id = m.contact_id WHERE m.project_id = %s"
+                    " AND m.followup_enrollment_id IS NOT NULL AND m.created_at > a.at",
+                    list(acknowledged),
+                    list(acknowledged.values()),
+                    p,
+                )
+            )
+        lags = [
+            float(ms)
+            for (ms,) in self._rows(
+                "SELECT extract(epoch FROM ran_at - due_at) * 1000 FROM followup_step_runs"
+                " WHERE project_id = %s AND outcome = 'queued'",
+                p,
+            )
+        ]
+        lost = (
+            pending["due steps"]
+            + without_message
+            + pending["outbox"]
+            + pending["deliveries"]
+            + missing_deliveries
+            + unreceived
+            + events_unreceived
+        )
+        log(
+            f"details: pending={pending} steps_without_message={without_message}"
+            f" tag_triggers_without_delivery={missing_deliveries} deliveries_unreceived={unreceived}"
+            f" events_unreceived={events_unreceived} deliveries={len(delivery_ids)} events={len(event_ids)}"
+            f" api_requests={self.api.requests} api_503={self.api.unavailable} api_retries={self.api.retried}"
+            f" replies_and_opt_outs={len(acknowledged)}"
+        )
+        for line in self.api.other_5xx[:10] + self.failures[:10]:
+            log(f"problem: {line}")
+        max_recover = max((took for _, took in self.recoveries), default=0.0)
+        print(
+            f"chaos: faults={len(self.recoveries)} steps={steps} lost={lost} doubled={doubled}"
+            f" after_reply={after_reply} executions_doubled={executions_doubled}"
+            f" api_5xx_other={len(self.api.other_5xx)} max_recover_s={max_recover:.1f}"
+            f" p99_release_lag_ms={percentile(lags, 99):.0f} events_duplicated={events_duplicated}",
+            flush=True,
+        )
+        bad = lost or doubled or after_reply or executions_doubled or self.api.other_5xx or self.failures
+        return 1 if bad or not steps else 0
+
+    def close(self) -> None:
+        self.stopping.set()
+        for replica in self.replicas:
+            replica.kill()
+        if hasattr(self, "events"):
+            self.events.stopping.set()
+        self.receiver.shutdown()
+        self.patroni.close()
+        self.rabbit.close()
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _interrupted(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _replicas(text: str) -> dict[str, int]:
+    counts = dict(REPLICAS)
+    for part in filter(None, text.split(",")):
+        service, _, count = part.partition("=")
+        counts[service.strip()] = int(count)
+    return counts
+
+
+@contextlib.contextmanager
+def _folder(keep: bool) -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="followups-chaos-"))
+    folder.chmod(0o755)  # Patroni runs as the postgres user when started by root
+    try:
+        yield folder
+    finally:
+        if keep:
+            log(f"kept {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="chaos", description=__doc__.split("\n")[0] if __doc__ else "")
+    parser.add_argument("--seconds", type=float, default=150, help="how long the load and the faults run")
+    parser.add_argument("--rate", type=float, default=3, help="new contacts a second")
+    parser.add_argument("--clients", type=int, default=4, help="client threads")
+    parser.add_argument("--fault-every", type=float, default=15, help="seconds between faults")
+    parser.add_argument("--drain", type=float, default=150, help="at most this long to finish what is due")
+    parser.add_argument("--replicas", type=_replicas, default=dict(REPLICAS), help="e.g. release=3,api=2")
+    parser.add_argument("--keep", action="store_true", help="keep the folder of logs and data")
+    args = parser.parse_args(argv)
+    missing = installed() or (None if rabbitmq_server() else "RabbitMQ is not installed")
+    if missing:
+        print(f"chaos: {missing}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, _interrupted)  # stopped: clean up as at the end
+    with _folder(args.keep) as folder:
+        chaos = Chaos(args, folder)
+        try:
+            chaos.start()
+            code = chaos.run()
+        finally:
+            chaos.close()
+    log(f"took {time.monotonic() - started:.0f}s")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
