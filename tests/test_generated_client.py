@@ -110,8 +110,12 @@ def test_the_first_workflow_through_a_generated_client(generated: ModuleType, ty
     ).sync_detailed(client=typed, sequence_id=sequence.id)
     assert published.status_code == 201, published.content
     version = published.parsed
-    assert isinstance(version, m.Version) and version.version == 1
+    assert isinstance(version, m.Published) and version.version == 1
     assert [step.text for step in version.definition.steps] == ["Hi {{contact.name}}!", "Still there?"]
+    # the warnings typed too: {{contact.name}} without a fallback would skip the step for a nameless contact
+    assert [(w.field, w.placeholder) for w in version.warnings] == [
+        ("definition.steps.0.text", "contact.name")
+    ]
 
     # enroll
     enrollment = importlib.import_module(f"{PACKAGE}.api.enrollments.v1_enrollments_enroll").sync(

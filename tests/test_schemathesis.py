@@ -82,8 +82,9 @@ BEYOND_SCHEMA = {
     "POST /v1/sequences": r"definition(\.steps\.\d+)?\.send_window",
     "PATCH /v1/sequences/{sequence_id}": r"definition(\.steps\.\d+)?\.send_window",
 }
-#: A float where an integer is expected: JSON Schema counts 2.0 as an integer, the API (strict) does not.
-INTEGRAL_FLOAT = re.compile(r"Expected `int( \| null)?`, got `float`")
+#: A float where an integer is expected: JSON Schema counts 2.0 as an integer, the API (strict) does not
+#: (libs/common/core/decoding.py words msgspec's "Expected `int`, got `float`").
+INTEGRAL_FLOAT = re.compile(r".+ must be a whole number( or null)?, not a number with a decimal point")
 
 schema.app = FUZZED  # the checks that send requests of their own (``ignored_auth``) send them in process too
 

@@ -24,6 +24,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from libs.common.contracts.limits import ExternalId
+from libs.common.core import decoding
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.core.sql import load_queries
 from libs.common.platform.numbers import get_number
@@ -33,8 +34,10 @@ QUERIES = load_queries("libs.common.channels", "setup.sql")
 Provider = Literal["whatsapp_cloud", "twilio"]
 PROVIDERS: tuple[Provider, ...] = ("whatsapp_cloud", "twilio")
 
-#: A credential: 8 to 512 characters.
-Secret = Annotated[str, msgspec.Meta(min_length=8, max_length=512)]
+_SECRET = r"^[!-~]([ -~]*[!-~])?$"
+#: A credential: 8 to 512 printable ASCII characters, no space at either end (it goes into a header).
+Secret = Annotated[str, msgspec.Meta(min_length=8, max_length=512, pattern=_SECRET)]
+decoding.PATTERNS |= {_SECRET: "must be printable ASCII characters, without a space at either end"}
 
 
 class _Setup(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="provider"):

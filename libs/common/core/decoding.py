@@ -54,7 +54,7 @@ _WORDS = {
 }
 
 #: What a value of the wrong type is, where the words above would read oddly ("a number, not a number").
-_GOT = {"float": "a number with a fraction", "str": "a string"}
+_GOT = {"float": "a number with a decimal point", "str": "a string"}
 
 Segment = str | int
 
