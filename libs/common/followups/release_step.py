@@ -328,6 +328,7 @@ def _queue(
             followup_step_index=row.step_index,
             sequence_id=row.sequence_id,
             sequence_version=version_number(conn, row.version_id) if row.sequence_id is not None else None,
+            campaign_id=row.campaign_id,
             template_name=content.template.name if content.template else None,
             template_language=content.template.language if content.template else None,
             template_parameters=content.parameters,
