@@ -377,6 +377,9 @@ def test_another_projects_message_is_a_404_like_a_random_id(
         ({"created_after": "yesterday"}, "created_after"),
         ({"created_before": "2030-13-01T00:00:00Z"}, "created_before"),
         ({"created_after": "2030-01-01T00:00:00"}, "created_after"),
+        # a number is not read as seconds since 1970, as a body's time is not
+        ({"created_before": "12345"}, "created_before"),
+        ({"created_after": "1.5"}, "created_after"),
         (
             {"created_after": "2030-01-02T00:00:00Z", "created_before": "2030-01-01T00:00:00Z"},
             "created_before",
