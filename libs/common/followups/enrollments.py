@@ -143,7 +143,9 @@ def enroll(
     typed (:class:`EnrollmentRejected`) and counted in ``whatstig_followup_enrollments_total``.
     """
     try:
-        enrollment, created = _enroll(conn, project_id, request, now=now, source=source, campaign_id=campaign_id)
+        enrollment, created = _enroll(
+            conn, project_id, request, now=now, source=source, campaign_id=campaign_id
+        )
     except EnrollmentRejected as rejection:
         FOLLOWUP_ENROLLMENTS.labels(source, rejection.code or "rejected").inc()
         raise

@@ -189,7 +189,8 @@ def _hold(conn: Connection[Any], claim: _Claim, hold: Hold) -> Released:
     if hold.action == "skip":
         return _skip(conn, claim, hold.reason)
     if hold.action == "pause":
-        transitions.pause(conn, claim.row.project_id, [claim.id], hold.reason, now=claim.now)
+        assert hold.reason == "instance_unavailable", hold  # the one hold that pauses
+        transitions.pause(conn, claim.row.project_id, [claim.id], "instance_unavailable", now=claim.now)
         log.info("enrollment paused", extra={"enrollment_id": str(claim.id), "reason": hold.reason})
         return Released(claim.id, "pause", hold.reason)
     assert hold.until is not None
@@ -424,7 +425,7 @@ def _advance(
     return "completed"
 
 
-def _stop(conn: Connection[Any], claim: _Claim, reason: str) -> Released:
+def _stop(conn: Connection[Any], claim: _Claim, reason: transitions.EnrollmentReason) -> Released:
     transitions.finish(conn, claim.row.project_id, [claim.row], "stopped", reason, now=claim.now)
     log.info("enrollment stopped", extra={"enrollment_id": str(claim.id), "reason": reason})
     return Released(claim.id, "stop", reason, finished="stopped")
