@@ -10,7 +10,6 @@ from datetime import datetime
 from typing import Annotated, Any, Protocol
 
 import msgspec
-
 from litestar import Request
 from litestar.di import NamedDependency
 from litestar.params import QueryParameter
