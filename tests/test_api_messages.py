@@ -15,7 +15,7 @@ from psycopg_pool import ConnectionPool
 
 from libs.common.core.runtime import Runtime
 from libs.common.platform.messages import QUERIES
-from tests.conftest import Project
+from tests.conftest import Project, sign_in
 from tests.delayed_rule_helpers import customer_writes, fire, new_conversation, send, set_time, the_one
 from tests.rule_helpers import create_rule, post_event, process
 from tests.test_api_sequences import assert_problem, enroll, message_step, new_contact, published, release
@@ -84,8 +84,54 @@ def test_a_follow_up_names_its_sequence_version_and_step(client: TestClient[Any]
             "step_index": index,
             "rule_id": None,
             "rule_execution_id": None,
+            "campaign_id": None,
         }
     assert ids(client, sequence_id=sequence_id) == [m["id"] for m in messages]
+
+
+def test_a_campaigns_follow_up_names_its_campaign(
+    client: TestClient[Any], runtime: Runtime, project: Project
+) -> None:
+    sequence_id = published(client, message_step("Still thinking it over?"))
+    campaign_id = str(uuid.uuid4())
+    response = client.put(f"/v1/campaigns/{campaign_id}", json={"sequence_id": sequence_id, "name": "Spring"})
+    assert response.status_code == 200, response.text
+    contact_id = new_contact(client)
+    released = post_event(
+        client,
+        {
+            "type": "campaign.recipient_released",
+            "campaign_id": campaign_id,
+            "recipient_id": "r-1",
+            "contact_id": contact_id,
+        },
+    )
+    # the same sequence enrolled from the API: its message is the sequence's, no campaign's
+    enroll(client, sequence_id, new_contact(client))
+    release(runtime)
+
+    [message] = listed(client, campaign_id=campaign_id)
+    assert message["contact_id"] == contact_id and message["source"] == "followup"
+    assert message["origin"] == {
+        "kind": "sequence",
+        "enrollment_id": released["enrollment_id"],
+        "sequence_id": sequence_id,
+        "sequence_version": 1,
+        "step_index": 0,
+        "rule_id": None,
+        "rule_execution_id": None,
+        "campaign_id": campaign_id,
+    }
+    read = client.get(f"/v1/messages/{message['id']}").json()
+    assert read["origin"] == message["origin"]
+    by_sequence = listed(client, sequence_id=sequence_id)
+    assert len(by_sequence) == 2
+    assert [m["origin"]["campaign_id"] for m in by_sequence if m["id"] != message["id"]] == [None]
+    assert ids(client, campaign_id=str(uuid.uuid4())) == []
+    # the contact card says which campaign sent it
+    sign_in(client, project)
+    card = client.get(f"/app/contacts/{contact_id}").text
+    assert "version 1, step 1, campaign Spring" in card
 
 
 def test_a_one_off_follow_up_names_its_enrollment_and_no_sequence(
@@ -123,6 +169,7 @@ def test_a_rule_run_at_once_names_the_rule(client: TestClient[Any], runtime: Run
         "step_index": None,
         "rule_id": None,
         "rule_execution_id": None,
+        "campaign_id": None,
     }
     assert message["origin"]["rule_id"] == rule_id
 
@@ -324,11 +371,15 @@ def test_another_projects_message_is_a_404_like_a_random_id(
         ({"enrollment_id": "x"}, "enrollment_id"),
         ({"rule_id": "x"}, "rule_id"),
         ({"sequence_id": "x"}, "sequence_id"),
+        ({"campaign_id": "x"}, "campaign_id"),
         ({"source": "robot"}, "source"),
         ({"status": "BOUNCED"}, "status"),
         ({"created_after": "yesterday"}, "created_after"),
         ({"created_before": "2030-13-01T00:00:00Z"}, "created_before"),
         ({"created_after": "2030-01-01T00:00:00"}, "created_after"),
+        # a number is not read as seconds since 1970, as a body's time is not
+        ({"created_before": "12345"}, "created_before"),
+        ({"created_after": "1.5"}, "created_after"),
         (
             {"created_after": "2030-01-02T00:00:00Z", "created_before": "2030-01-01T00:00:00Z"},
             "created_before",
@@ -360,15 +411,15 @@ OTHER_MESSAGES = 5000
 
 def test_every_filter_walks_an_index_leading_with_the_project(pool: ConnectionPool, project: Project) -> None:
     other = uuid.uuid4()
-    contact, conversation, enrollment, rule, sequence = (uuid.uuid4() for _ in range(5))
+    contact, conversation, enrollment, rule, sequence, campaign = (uuid.uuid4() for _ in range(6))
     with pool.connection() as conn:
         conn.execute("SET LOCAL session_replication_role = replica")  # the seed rows have no parents
         conn.execute(
             """INSERT INTO messages (project_id, contact_id, conversation_id, direction, status, source,
-                                     followup_enrollment_id, sequence_id, rule_id, created_at)
+                                     followup_enrollment_id, sequence_id, rule_id, campaign_id, created_at)
                SELECT CASE WHEN i %% 2 = 0 THEN %s ELSE %s END, gen_random_uuid(), gen_random_uuid(),
                       'outbound', 'SENT', CASE WHEN i %% 3 = 0 THEN 'rule' ELSE 'followup' END,
-                      gen_random_uuid(), gen_random_uuid(), gen_random_uuid(),
+                      gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), gen_random_uuid(),
                       '2030-01-01'::timestamptz + i * interval '1 minute'
                FROM generate_series(1, %s) i""",
             (project.id, other, OTHER_MESSAGES),
@@ -386,6 +437,7 @@ def test_every_filter_walks_an_index_leading_with_the_project(pool: ConnectionPo
                     "enrollment_id",
                     "rule_id",
                     "sequence_id",
+                    "campaign_id",
                     "source",
                     "status",
                     "created_after",
@@ -399,6 +451,7 @@ def test_every_filter_walks_an_index_leading_with_the_project(pool: ConnectionPo
             "enrollment_id": (enrollment, "messages_project_enrollment_idx"),
             "rule_id": (rule, "messages_project_rule_idx"),
             "sequence_id": (sequence, "messages_project_sequence_idx"),
+            "campaign_id": (campaign, "messages_project_campaign_idx"),
             "source": ("rule", "messages_project_created_idx"),
             "status": ("SENT", "messages_project_created_idx"),
             "created_after": ("2030-01-02T00:00:00Z", "messages_project_created_idx"),

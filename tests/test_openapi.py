@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 import pytest
@@ -15,6 +15,7 @@ from litestar.routes import HTTPRoute
 from litestar.testing import TestClient
 
 from libs.common.contracts import limits
+from libs.common.followups.transitions import EnrollmentReason, WaitingReason
 from services.api.openapi import _BOUNDS, _RENAMED
 from tests.test_api_contacts import assert_problem
 
@@ -275,10 +276,19 @@ def test_names_enums_and_typed_answers_a_generator_can_use(document: dict[str, A
     assert schemas["Version"]["properties"]["definition"] == {"$ref": "#/components/schemas/Definition"}
     assert set(schemas["Enrollment"]["properties"]["status"]["enum"]) >= {"active", "stopped", "completed"}
     assert schemas["StepRun"]["properties"]["outcome"]["enum"] == ["queued", "skipped"]
+    # the closed sets of codes an answer holds: every stop, failure and pause reason the code writes
+    assert _enum(schemas["Enrollment"]["properties"]["reason"]) == set(get_args(EnrollmentReason))
+    assert _enum(schemas["Enrollment"]["properties"]["waiting_reason"]) == set(get_args(WaitingReason))
     claim = document["paths"]["/v1/send-lane/claim"]["post"]["responses"]["200"]["content"][
         "application/json"
     ]
     assert claim["schema"] == {"$ref": "#/components/schemas/ClaimedMessageItems"}
+
+
+def _enum(prop: dict[str, Any]) -> set[str]:
+    """The values of a nullable enum (spelled as oneOf: the enum, or null)."""
+    [values] = [branch["enum"] for branch in prop["oneOf"] if "enum" in branch]
+    return set(values)
 
 
 def test_options_names_every_method_of_its_path(client: TestClient[Any], document: dict[str, Any]) -> None:

@@ -6,8 +6,10 @@ import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Annotated, Any, Protocol
 
+import msgspec
 from litestar import Request
 from litestar.di import NamedDependency
 from litestar.params import QueryParameter
@@ -15,7 +17,7 @@ from psycopg import Connection
 
 from libs.common.core import effects, metrics
 from libs.common.core.db import map_errors
-from libs.common.core.errors import Forbidden, Unauthorized
+from libs.common.core.errors import Forbidden, InvalidInput, Unauthorized
 from libs.common.core.runtime import Runtime
 from libs.common.platform.api_keys import authenticate
 from services.api import scopes
@@ -39,6 +41,27 @@ def transaction(runtime: Runtime) -> Iterator[Connection[Any]]:
 
 #: A list handler's ``limit`` query parameter: 1 to 500 items a page.
 PageLimit = Annotated[int, QueryParameter(ge=1, le=500)]
+
+#: A time query parameter (``created_after``): an RFC 3339 string, decoded by :func:`query_time` as strictly
+#: as a body's time (the framework would read ``12345`` as seconds since 1970).
+QueryTime = Annotated[
+    str | None,
+    QueryParameter(schema_extra={"oneOf": [{"type": "string", "format": "date-time"}, {"type": "null"}]}),
+]
+
+
+def query_time(value: str | None, field: str) -> datetime | None:
+    """A :data:`QueryTime` parameter's time (None when absent); anything but an RFC 3339 time is a 422
+    naming ``field``."""
+    if value is None:
+        return None
+    try:
+        return msgspec.convert(value, datetime, strict=True)
+    except msgspec.ValidationError:
+        raise InvalidInput(
+            f"{field} must be an RFC 3339 time such as 2030-01-07T09:00:00Z", field=field
+        ) from None
+
 
 #: A handler parameter ``project_id: ProjectId`` receives the caller's project (see :func:`project_id`).
 ProjectId = NamedDependency[uuid.UUID]

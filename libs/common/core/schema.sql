@@ -68,6 +68,7 @@ CREATE TABLE public.messages (
     rule_id uuid,
     rule_execution_id uuid,
     error_code text,
+    campaign_id uuid,
     CONSTRAINT messages_direction_check CHECK ((direction = ANY (ARRAY['inbound'::text, 'outbound'::text]))),
     CONSTRAINT messages_media_kind_check CHECK ((media_kind = ANY (ARRAY['image'::text, 'video'::text, 'audio'::text, 'document'::text]))),
     CONSTRAINT messages_source_check CHECK ((source = ANY (ARRAY['contact'::text, 'human'::text, 'followup'::text, 'rule'::text, 'campaign'::text, 'api'::text]))),
@@ -372,6 +373,7 @@ CREATE TABLE public.followup_enrollments (
     updated_at timestamp with time zone NOT NULL,
     waiting_reason text,
     step_due_at timestamp with time zone,
+    campaign_id uuid,
     CONSTRAINT followup_enrollments_status_check CHECK ((status = ANY (ARRAY['active'::text, 'paused'::text, 'completed'::text, 'stopped'::text, 'failed'::text])))
 )
 WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000', autovacuum_vacuum_cost_delay='0');
@@ -1004,6 +1006,10 @@ CREATE INDEX messages_conversation_idx ON public.messages USING btree (conversat
 -- Name: messages_enrollment_idx; Type: INDEX
 
 CREATE INDEX messages_enrollment_idx ON public.messages USING btree (followup_enrollment_id) WHERE (followup_enrollment_id IS NOT NULL);
+
+-- Name: messages_project_campaign_idx; Type: INDEX
+
+CREATE INDEX messages_project_campaign_idx ON public.messages USING btree (project_id, campaign_id, created_at DESC, id DESC) WHERE (campaign_id IS NOT NULL);
 
 -- Name: messages_project_contact_idx; Type: INDEX
 

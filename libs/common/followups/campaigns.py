@@ -68,6 +68,14 @@ def get_campaign(conn: Connection[Any], project_id: uuid.UUID, campaign_id: uuid
     return found
 
 
+def campaign_names(
+    conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID]
+) -> dict[uuid.UUID, str]:
+    """The name of each of the project's named campaigns in ``ids``, in one query (a page's rows)."""
+    rows = conn.execute(QUERIES["campaign_names"], {"project_id": project_id, "ids": list(set(ids))})
+    return {row[0]: row[1] for row in rows}
+
+
 def release_recipient(
     conn: Connection[Any],
     project_id: uuid.UUID,
@@ -91,7 +99,9 @@ def release_recipient(
     )
     try:
         with effects.savepoint(conn):
-            enrollment, created = enroll(conn, project_id, request, now=now, source="campaign")
+            enrollment, created = enroll(
+                conn, project_id, request, now=now, source="campaign", campaign_id=campaign_id
+            )
     except EnrollmentRejected as refusal:
         return None, refusal.code or "rejected"
     return enrollment, "enrolled" if created else "deduplicated"

@@ -10,3 +10,8 @@ RETURNING id, sequence_id, name, created_at, updated_at
 -- One campaign of a project.
 SELECT id, sequence_id, name, created_at, updated_at FROM followup_campaigns
 WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: campaign_names
+-- Names of some of the project's campaigns (a page's messages); a campaign without a name is left out.
+SELECT id, name FROM followup_campaigns
+WHERE project_id = %(project_id)s AND id = ANY(%(ids)s::uuid[]) AND name IS NOT NULL

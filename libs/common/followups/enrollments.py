@@ -134,14 +134,18 @@ def enroll(
     *,
     now: datetime,
     source: str = "api",
+    campaign_id: uuid.UUID | None = None,
 ) -> tuple[Enrollment, bool]:
-    """Enroll a contact; returns the enrollment and whether it was created.
+    """Enroll a contact; returns the enrollment and whether it was created (``campaign_id``: the campaign
+    that released it, named by each of its messages).
 
     A known ``dedupe_key`` returns the existing enrollment (created False). Business rejections are
     typed (:class:`EnrollmentRejected`) and counted in ``whatstig_followup_enrollments_total``.
     """
     try:
-        enrollment, created = _enroll(conn, project_id, request, now=now, source=source)
+        enrollment, created = _enroll(
+            conn, project_id, request, now=now, source=source, campaign_id=campaign_id
+        )
     except EnrollmentRejected as rejection:
         FOLLOWUP_ENROLLMENTS.labels(source, rejection.code or "rejected").inc()
         raise
@@ -169,7 +173,13 @@ def _by_dedupe_key(conn: Connection[Any], project_id: uuid.UUID, key: str) -> En
 
 
 def _enroll(
-    conn: Connection[Any], project_id: uuid.UUID, request: EnrollRequest, *, now: datetime, source: str
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    request: EnrollRequest,
+    *,
+    now: datetime,
+    source: str,
+    campaign_id: uuid.UUID | None,
 ) -> tuple[Enrollment, bool]:
     existing = _deduplicated(conn, project_id, request)
     if existing is not None:
@@ -179,7 +189,9 @@ def _enroll(
     max_active, sequence = _check_contact(conn, project_id, request)
     definition, version_id = _pin_version(conn, project_id, request, sequence, stop_on, now)
     _check_plan_limit(conn, project_id, max_active)
-    enrollment = _insert(conn, project_id, request, definition, version_id, source=source, now=now)
+    enrollment = _insert(
+        conn, project_id, request, definition, version_id, source=source, campaign_id=campaign_id, now=now
+    )
     if enrollment is None:  # a concurrent request with the same dedupe_key won
         assert request.dedupe_key is not None
         existing = _by_dedupe_key(conn, project_id, request.dedupe_key)
@@ -268,6 +280,7 @@ def _insert(
     version_id: uuid.UUID,
     *,
     source: str,
+    campaign_id: uuid.UUID | None,
     now: datetime,
 ) -> Enrollment | None:
     """The new enrollment, its stop flags copied from the version; None on a known dedupe key."""
@@ -281,6 +294,7 @@ def _insert(
         "conversation_id": request.conversation_id,
         "number_id": request.number_id,
         "source": source,
+        "campaign_id": campaign_id,
         "next_run_at": step_due_at(definition.steps[0], now=now, anchor_at=request.anchor_at) or now,
         "anchor_at": request.anchor_at,
         "variables": Jsonb(request.variables),

@@ -50,12 +50,12 @@ FOR NO KEY UPDATE
 -- name: insert_enrollment
 -- Enroll a contact in a pinned version, with the stop flags copied from it; nothing on a known dedupe key.
 INSERT INTO followup_enrollments (
-    project_id, sequence_id, version_id, contact_id, conversation_id, number_id, source, next_run_at, step_due_at,
-    anchor_at, variables, dedupe_key, stop_on_reply, stop_on_human_message, stop_on_opt_out,
+    project_id, sequence_id, version_id, contact_id, conversation_id, number_id, source, campaign_id, next_run_at,
+    step_due_at, anchor_at, variables, dedupe_key, stop_on_reply, stop_on_human_message, stop_on_opt_out,
     stop_on_lead_closed, stop_on_conversation_resolved, enrolled_at, updated_at
 ) VALUES (
     %(project_id)s, %(sequence_id)s, %(version_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s,
-    %(source)s, %(next_run_at)s, %(next_run_at)s, %(anchor_at)s, %(variables)s, %(dedupe_key)s, %(stop_on_reply)s,
+    %(source)s, %(campaign_id)s, %(next_run_at)s, %(next_run_at)s, %(anchor_at)s, %(variables)s, %(dedupe_key)s, %(stop_on_reply)s,
     %(stop_on_human_message)s, %(stop_on_opt_out)s, %(stop_on_lead_closed)s,
     %(stop_on_conversation_resolved)s, %(now)s, %(now)s
 )

@@ -39,6 +39,8 @@ class ClaimedEnrollment(msgspec.Struct, kw_only=True, frozen=True):
     stop_on_reply: bool
     waiting_reason: str | None
     unavailable_since: datetime | None
+    #: The campaign that released the enrollment (its messages name it), if one did.
+    campaign_id: uuid.UUID | None
 
 
 class LeasedStep(msgspec.Struct, kw_only=True, frozen=True):

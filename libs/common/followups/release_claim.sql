@@ -2,7 +2,7 @@
 -- The oldest due active enrollment whose lease is free, locked; rows locked by other workers are skipped.
 SELECT id, project_id, sequence_id, version_id, contact_id, conversation_id, number_id, step_index,
        next_run_at, step_due_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply,
-       waiting_reason, unavailable_since
+       waiting_reason, unavailable_since, campaign_id
 FROM followup_enrollments
 WHERE status = 'active'
   AND next_run_at <= %(now)s
@@ -30,7 +30,7 @@ WHERE id = %(id)s AND status = 'active' AND step_index = %(step_index)s AND atte
 -- locked (a release holding it is short).
 SELECT id, project_id, sequence_id, version_id, contact_id, conversation_id, number_id, step_index,
        next_run_at, step_due_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply,
-       waiting_reason, unavailable_since
+       waiting_reason, unavailable_since, campaign_id
 FROM followup_enrollments
 WHERE id = %(id)s AND status = 'active' AND step_index = %(step_index)s AND attempts = %(fence)s
 FOR UPDATE

@@ -189,7 +189,8 @@ def _hold(conn: Connection[Any], claim: _Claim, hold: Hold) -> Released:
     if hold.action == "skip":
         return _skip(conn, claim, hold.reason)
     if hold.action == "pause":
-        transitions.pause(conn, claim.row.project_id, [claim.id], hold.reason, now=claim.now)
+        assert hold.reason == "instance_unavailable", hold  # the one hold that pauses
+        transitions.pause(conn, claim.row.project_id, [claim.id], "instance_unavailable", now=claim.now)
         log.info("enrollment paused", extra={"enrollment_id": str(claim.id), "reason": hold.reason})
         return Released(claim.id, "pause", hold.reason)
     assert hold.until is not None
@@ -328,6 +329,7 @@ def _queue(
             followup_step_index=row.step_index,
             sequence_id=row.sequence_id,
             sequence_version=version_number(conn, row.version_id) if row.sequence_id is not None else None,
+            campaign_id=row.campaign_id,
             template_name=content.template.name if content.template else None,
             template_language=content.template.language if content.template else None,
             template_parameters=content.parameters,
@@ -423,7 +425,7 @@ def _advance(
     return "completed"
 
 
-def _stop(conn: Connection[Any], claim: _Claim, reason: str) -> Released:
+def _stop(conn: Connection[Any], claim: _Claim, reason: transitions.EnrollmentReason) -> Released:
     transitions.finish(conn, claim.row.project_id, [claim.row], "stopped", reason, now=claim.now)
     log.info("enrollment stopped", extra={"enrollment_id": str(claim.id), "reason": reason})
     return Released(claim.id, "stop", reason, finished="stopped")

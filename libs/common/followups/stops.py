@@ -27,7 +27,7 @@ from psycopg.rows import class_row
 from libs.common.core.effects import Observe, after_commit
 from libs.common.core.metrics import FOLLOWUP_FINISHED
 from libs.common.core.sql import load_queries
-from libs.common.followups.transitions import EnrollmentRef, finish
+from libs.common.followups.transitions import EnrollmentReason, EnrollmentRef, finish
 from libs.common.platform.messages import cancel_queued_messages
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ QUERIES = load_queries("libs.common.followups", "stops.sql")
 StopFlag = Literal["reply", "human_message", "opt_out", "lead_closed", "conversation_resolved", "any"]
 
 #: The reason recorded on the enrollment for each stop path.
-REASONS: dict[StopFlag, str] = {
+REASONS: dict[StopFlag, EnrollmentReason] = {
     "reply": "replied",
     "human_message": "human_message",
     "opt_out": "opted_out",
@@ -115,7 +115,7 @@ def stop_enrollment(
     conn: Connection[Any],
     project_id: uuid.UUID,
     enrollment: EnrollmentRef,
-    reason: str,
+    reason: EnrollmentReason,
     *,
     now: datetime,
     note: str | None = None,

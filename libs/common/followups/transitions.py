@@ -27,6 +27,38 @@ QUERIES = load_queries("libs.common.followups", "transitions.sql")
 
 EnrollmentStatus = Literal["active", "paused", "completed", "stopped", "failed"]
 FinalStatus = Literal["completed", "stopped", "failed"]
+#: Why an enrollment stopped, failed or is paused (a completed or active one has none): the stop paths
+#: (``stops.REASONS``: replied, human_message, opted_out, lead_closed, conversation_resolved,
+#: contact_erased), a stop by hand or on re-entry, the plan lost, the release's error; a pause by hand, of
+#: the sequence, or of a number without a channel.
+EnrollmentReason = Literal[
+    "replied",
+    "human_message",
+    "opted_out",
+    "lead_closed",
+    "conversation_resolved",
+    "contact_erased",
+    "manual",
+    "reentered",
+    "plan_lost",
+    "error",
+    "sequence_paused",
+    "instance_unavailable",
+]
+#: Why a live enrollment waits past its due time (the release's deferrals: the sending constraints, a busy
+#: conversation, a step rescheduled, an error's backoff).
+WaitingReason = Literal[
+    "send_window",
+    "in_flight",
+    "quota",
+    "backlog",
+    "contact_cap",
+    "instance_unavailable",
+    "busy",
+    "pacing",
+    "rescheduled",
+    "error",
+]
 
 
 class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
@@ -44,9 +76,9 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
     anchor_at: datetime | None
     variables: dict[str, Any]
     dedupe_key: str | None
-    reason: str | None
+    reason: EnrollmentReason | None
     #: Why a live enrollment is waiting past its due time (send_window, pacing, quota, ...), if it is.
-    waiting_reason: str | None
+    waiting_reason: WaitingReason | None
     note: str | None
     failure_count: int
     last_error: str | None
@@ -109,7 +141,8 @@ def defer(
     *,
     unavailable_since: datetime | None = None,
 ) -> None:
-    """Try the same step again at ``until``; ``reason`` is what the enrollment is waiting for."""
+    """Try the same step again at ``until``; ``reason`` is what the enrollment is waiting for (one of
+    :data:`WaitingReason`: the enrollment's read refuses any other)."""
     params = {
         "id": enrollment_id,
         "next_run_at": until,
@@ -120,7 +153,12 @@ def defer(
 
 
 def pause(
-    conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID], reason: str, *, now: datetime
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    ids: list[uuid.UUID],
+    reason: EnrollmentReason,
+    *,
+    now: datetime,
 ) -> list[Enrollment]:
     """Pause the active ones of ``ids``; returns those paused."""
     params = {"project_id": project_id, "ids": ids, "reason": reason, "now": now}
@@ -142,7 +180,7 @@ def finish(
     project_id: uuid.UUID,
     enrollments: Sequence[EnrollmentRef],
     status: FinalStatus,
-    reason: str | None,
+    reason: EnrollmentReason | None,
     *,
     now: datetime,
     note: str | None = None,

@@ -61,9 +61,11 @@ class OutboundMessage:
     followup_enrollment_id: uuid.UUID | None = None
     followup_step_index: int | None = None
     #: What sent it (shown by ``GET /v1/messages``): a follow-up's sequence (None for a one-off) and the
-    #: number of its pinned version; a rule and, for a delayed one, its execution.
+    #: number of its pinned version, and the campaign that released its enrollment; a rule and, for a
+    #: delayed one, its execution.
     sequence_id: uuid.UUID | None = None
     sequence_version: int | None = None
+    campaign_id: uuid.UUID | None = None
     rule_id: uuid.UUID | None = None
     rule_execution_id: uuid.UUID | None = None
     #: An approved WhatsApp template, sent instead of a text (outside the 24-hour service window).
@@ -124,6 +126,7 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
         "followup_step_index": message.followup_step_index,
         "sequence_id": message.sequence_id,
         "sequence_version": message.sequence_version,
+        "campaign_id": message.campaign_id,
         "rule_id": message.rule_id,
         "rule_execution_id": message.rule_execution_id,
         "template_name": message.template_name,
@@ -305,6 +308,8 @@ class Origin(msgspec.Struct, kw_only=True, frozen=True):
     rule_id: uuid.UUID | None = None
     #: The delayed execution that ran the rule (null when it ran on its trigger at once).
     rule_execution_id: uuid.UUID | None = None
+    #: The campaign whose released recipient the follow-up is for (``PUT /v1/campaigns/{id}``).
+    campaign_id: uuid.UUID | None = None
 
 
 class StatusChange(msgspec.Struct, kw_only=True, frozen=True):
@@ -352,6 +357,7 @@ class MessageFilters(msgspec.Struct, kw_only=True, frozen=True):
     enrollment_id: uuid.UUID | None = None
     rule_id: uuid.UUID | None = None
     sequence_id: uuid.UUID | None = None
+    campaign_id: uuid.UUID | None = None
     source: MessageSource | None = None
     status: MessageStatus | None = None
     created_after: datetime | None = None
@@ -382,6 +388,7 @@ def _message(row: dict[str, Any]) -> dict[str, Any]:
         step_index=row.pop("followup_step_index"),
         rule_id=row.pop("rule_id"),
         rule_execution_id=row.pop("rule_execution_id"),
+        campaign_id=row.pop("campaign_id"),
     )
     return row
 

@@ -26,13 +26,14 @@ WITH message AS (
     INSERT INTO messages (
         id, project_id, contact_id, conversation_id, number_id, direction, status, source, priority, body,
         media_url, media_kind, followup_enrollment_id, followup_step_index, sequence_id, sequence_version,
-        rule_id, rule_execution_id, template_name, template_language, template_parameters, created_at,
-        status_changed_at
+        campaign_id, rule_id, rule_execution_id, template_name, template_language, template_parameters,
+        created_at, status_changed_at
     ) VALUES (
         %(id)s, %(project_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s, 'outbound', 'QUEUED',
         %(source)s, %(priority)s, %(body)s, %(media_url)s, %(media_kind)s, %(followup_enrollment_id)s,
-        %(followup_step_index)s, %(sequence_id)s, %(sequence_version)s, %(rule_id)s, %(rule_execution_id)s,
-        %(template_name)s, %(template_language)s, %(template_parameters)s, %(now)s, %(now)s
+        %(followup_step_index)s, %(sequence_id)s, %(sequence_version)s, %(campaign_id)s, %(rule_id)s,
+        %(rule_execution_id)s, %(template_name)s, %(template_language)s, %(template_parameters)s, %(now)s,
+        %(now)s
     )
     RETURNING id, project_id
 ), status_event AS (
@@ -127,8 +128,8 @@ LIMIT %(limit)s
 -- message ``id``). Run unprepared: each filter left NULL folds away, and the plan walks the project's index
 -- of the filter given.
 SELECT m.id, m.contact_id, m.conversation_id, m.number_id, m.direction, m.status, m.source,
-       m.followup_enrollment_id, m.followup_step_index, m.sequence_id, m.sequence_version, m.rule_id,
-       m.rule_execution_id, m.body, m.media_url, m.media_kind, m.template_name, m.template_language,
+       m.followup_enrollment_id, m.followup_step_index, m.sequence_id, m.sequence_version, m.campaign_id,
+       m.rule_id, m.rule_execution_id, m.body, m.media_url, m.media_kind, m.template_name, m.template_language,
        m.template_parameters, m.provider_message_id, m.error, m.error_code, m.created_at, m.status_changed_at
 FROM messages m
 WHERE m.project_id = %(project_id)s
@@ -138,6 +139,7 @@ WHERE m.project_id = %(project_id)s
   AND (%(enrollment_id)s::uuid IS NULL OR m.followup_enrollment_id = %(enrollment_id)s::uuid)
   AND (%(rule_id)s::uuid IS NULL OR m.rule_id = %(rule_id)s::uuid)
   AND (%(sequence_id)s::uuid IS NULL OR m.sequence_id = %(sequence_id)s::uuid)
+  AND (%(campaign_id)s::uuid IS NULL OR m.campaign_id = %(campaign_id)s::uuid)
   AND (%(source)s::text IS NULL OR m.source = %(source)s::text)
   AND (%(status)s::text IS NULL OR m.status = %(status)s::text)
   AND (%(created_after)s::timestamptz IS NULL OR m.created_at >= %(created_after)s::timestamptz)

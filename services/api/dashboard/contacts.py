@@ -23,7 +23,7 @@ from libs.common.platform.contacts import ContactCreate, ContactUpdate, TagsChan
 from libs.common.rules import executions
 from services.api.dashboard.base import paged, project_of, query_uuid, see_other
 from services.api.dashboard.forms import Form, FormErrors, comma_list, error_of, key_values, validation_error
-from services.api.dashboard.queries import rule_labels, sequence_names
+from services.api.dashboard.queries import campaign_labels, rule_labels, sequence_names
 from services.api.dashboard.render import page
 from services.api.deps import runtime_of, transaction
 from services.api.problems import status_of
@@ -205,6 +205,9 @@ class ContactsController(Controller):
             rule_names = rule_labels(
                 conn, project_id, [m.origin.rule_id for m in conversation if m.origin.rule_id]
             )
+            campaign_names = campaign_labels(
+                conn, project_id, [m.origin.campaign_id for m in conversation if m.origin.campaign_id]
+            )
         live = [e for e in found if e.status in ("active", "paused")]
         finished = [e for e in found if e.status not in ("active", "paused")]
         return page(
@@ -220,6 +223,7 @@ class ContactsController(Controller):
             conversation=conversation,
             messages_cursor=messages_cursor,
             rule_names=rule_names,
+            campaign_names=campaign_names,
             errors=errors,
             values=values,
         )

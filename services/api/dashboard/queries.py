@@ -11,7 +11,7 @@ from typing import Any
 from psycopg import Connection
 
 from libs.common.core.errors import NotFound
-from libs.common.followups import sequences
+from libs.common.followups import campaigns, sequences
 from libs.common.platform import contacts, projects
 from libs.common.rules import rules
 
@@ -39,6 +39,14 @@ def sequence_names(
     conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, str]:
     return sequences.sequence_names(conn, project_id, ids)
+
+
+def campaign_labels(
+    conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID]
+) -> dict[uuid.UUID, str]:
+    """Each campaign's name (else its id: a campaign need not have one)."""
+    names = campaigns.campaign_names(conn, project_id, ids)
+    return {id_: names.get(id_, str(id_)) for id_ in ids}
 
 
 def rule_labels(conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:

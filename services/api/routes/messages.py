@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Any
 
 from litestar import Controller, Request, get
@@ -11,7 +10,7 @@ from litestar.params import FromPath, FromQuery
 
 from libs.common.platform import messages
 from libs.common.platform.messages import Message, MessageDetail, MessageFilters, MessageSource, MessageStatus
-from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
+from services.api.deps import PageLimit, ProjectId, QueryTime, page, query_time, runtime_of, transaction
 from services.api.routes import Page, as_page
 
 
@@ -31,10 +30,11 @@ class MessagesController(Controller):
         enrollment_id: FromQuery[uuid.UUID | None] = None,
         rule_id: FromQuery[uuid.UUID | None] = None,
         sequence_id: FromQuery[uuid.UUID | None] = None,
+        campaign_id: FromQuery[uuid.UUID | None] = None,
         source: FromQuery[MessageSource | None] = None,
         status: FromQuery[MessageStatus | None] = None,
-        created_after: FromQuery[datetime | None] = None,
-        created_before: FromQuery[datetime | None] = None,
+        created_after: QueryTime = None,
+        created_before: QueryTime = None,
     ) -> Page[Message]:
         """The project's messages, inbound and outbound, newest first; each names what sent it
         (``origin``). ``created_after`` is inclusive, ``created_before`` exclusive."""
@@ -44,10 +44,11 @@ class MessagesController(Controller):
             enrollment_id=enrollment_id,
             rule_id=rule_id,
             sequence_id=sequence_id,
+            campaign_id=campaign_id,
             source=source,
             status=status,
-            created_after=created_after,
-            created_before=created_before,
+            created_after=query_time(created_after, "created_after"),
+            created_before=query_time(created_before, "created_before"),
         )
         with transaction(runtime_of(request)) as conn:
             rows = messages.list_messages(conn, project_id, filters, limit=limit + 1, after=after)
