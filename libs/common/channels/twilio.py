@@ -22,10 +22,9 @@ import base64
 import hashlib
 import hmac
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final
 
-import httpx
 import msgspec
 
 from libs.common.channels.providers import (
@@ -90,7 +89,7 @@ class TwilioMessages:
             form=form,
         )
 
-    def outcome(self, status_code: int, headers: httpx.Headers, body: bytes) -> Outcome:
+    def outcome(self, status_code: int, headers: Mapping[str, str], body: bytes) -> Outcome:
         try:
             answer = msgspec.json.decode(body) if body else {}
         except msgspec.DecodeError:

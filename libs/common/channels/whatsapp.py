@@ -20,10 +20,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import httpx
 import msgspec
 
 from libs.common.channels.providers import (
@@ -94,7 +93,7 @@ class WhatsAppCloud:
             json=payload,
         )
 
-    def outcome(self, status_code: int, headers: httpx.Headers, body: bytes) -> Outcome:
+    def outcome(self, status_code: int, headers: Mapping[str, str], body: bytes) -> Outcome:
         try:
             answer = msgspec.json.decode(body) if body else {}
         except msgspec.DecodeError:
