@@ -116,6 +116,29 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
         return None
 
 
+def answer_json(body: bytes) -> Any:
+    """A provider's answer decoded (``{}`` when empty), None when it is not JSON."""
+    try:
+        return msgspec.json.decode(body) if body else {}
+    except msgspec.DecodeError:
+        return None
+
+
+def failure(
+    status_code: int, headers: Mapping[str, str], code: Any, error: str | None, *, throttled: frozenset[int]
+) -> Outcome:
+    """What a provider's answer other than a 2xx comes to, given the provider's ``code`` and ``error`` text
+    read from it (``error`` None: the answer is not the provider's error shape): a 429 or a ``throttled``
+    code is a :class:`Retry` (after its ``Retry-After``); a 5xx, or an answer not the provider's, is
+    :class:`Unconfirmed`; any other is :class:`Rejected` with the provider's code (``http_<status>``
+    without one)."""
+    if status_code == 429 or (isinstance(code, int) and code in throttled):
+        return Retry(f"throttled_{code}" if code is not None else "http_429", retry_after(headers))
+    if status_code >= 500 or error is None:
+        return Unconfirmed(f"http_{status_code}")
+    return Rejected(code=str(code) if code is not None else f"http_{status_code}", error=clean(error))
+
+
 class Providers:
     """Sends claimed messages through their number's provider: one aiohttp session per process, on an
     event loop of its own (one thread, every request in flight on it). :meth:`send` is thread-safe.
