@@ -224,7 +224,7 @@ def test_the_release_loops_next_due_time_uses_the_claim_index(pool: ConnectionPo
 
 def test_the_send_lane_claim_walks_a_send_queue_index_in_order(pool: ConnectionPool, seeded: Seeded) -> None:
     """All projects: the send queue (priority, age); one project: its own queue in the same order."""
-    query = send_lane.QUERIES["claim_queued_messages"]
+    query = send_lane.CLAIM_QUEUED_MESSAGES
     with pool.connection() as conn, conn.transaction(force_rollback=True):
         for project_id, index in (
             (seeded.project_id, "messages_queued_project_idx"),
@@ -244,7 +244,7 @@ def test_the_send_lane_claim_is_never_a_prepared_statement(pool: ConnectionPool,
     """A generic plan of the claim cannot tell which optional filters are NULL: it guesses a few rows and
     sorts the whole QUEUED backlog instead of walking the index. So the claim must never be prepared
     (psycopg would prepare it after five runs on a connection, and PostgreSQL then switch to that plan)."""
-    query = send_lane.QUERIES["claim_queued_messages"]
+    query = send_lane.CLAIM_QUEUED_MESSAGES
     with pool.connection() as conn, conn.transaction(force_rollback=True):
         generic = explain_generic(conn, query)
         assert "messages_send_queue_idx" not in index_names(generic)  # why: the plan it would come to use

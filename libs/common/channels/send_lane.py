@@ -1,7 +1,8 @@
 """The send lane: claims QUEUED messages, sends each through its number's provider, records what came of it.
 
 Each :meth:`SendLane.tick` (a polling loop's, in ``followups worker send-lane``; replicas allowed) runs one
-claim transaction, then returns while the sends run in its threads:
+claim transaction, then returns while the sends run on the providers' event loop (many in flight, one
+thread):
 
 1. lock the numbers that have a channel, the least recently served first (``FOR UPDATE SKIP LOCKED``:
    another replica claiming for a number skips it), with their sends in flight across every replica;
@@ -29,12 +30,13 @@ SENT or FAILED that is news (the status reports are monotonic).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -121,12 +123,13 @@ class SendLane:
         self.settings = runtime.settings.channels
         self.providers = providers
         self.wake = wake
-        # a thread per provider call, and for the writers (which write on the thread of a finished call)
-        workers = self.settings.concurrency + MAX_WRITERS
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="send")
+        # the provider calls run on the providers' event loop; the outcomes are written by these threads
+        self._writers = ThreadPoolExecutor(max_workers=MAX_WRITERS, thread_name_prefix="send-writer")
         self._lock = threading.Lock()
-        #: Sends started and not yet recorded; of them, provider calls in flight.
+        #: Sends started and not yet recorded (``_idle`` is told when none is left); of them, provider
+        #: calls in flight.
         self._busy = 0
+        self._idle = threading.Condition(self._lock)
         self._calling = 0
         self._results: list[_Result] = []
         self._flushers = 0
@@ -144,9 +147,11 @@ class SendLane:
         with self._lock:
             self._busy += len(sends)
             self._calling += len(sends)
+        SEND_LANE_IN_FLIGHT.inc(len(sends))
         for send in sends:
-            SEND_LANE_IN_FLIGHT.inc()
-            self._executor.submit(self._send, send)
+            started = time.monotonic()
+            future = self.providers.send(send.channel, send.message)
+            future.add_done_callback(functools.partial(self._sent, send, started))
         return len(sends)
 
     def _claim(self, conn: Connection[Any], free: int, now: datetime) -> list[_Send]:
@@ -258,12 +263,13 @@ class SendLane:
                 self._report(conn, m.project_id, m.id, "FAILED", now, error=error, error_code=code)
                 SEND_LANE_SENDS.labels("-", "expired").inc()
 
-    def _send(self, send: _Send) -> None:
-        started = time.monotonic()
+    def _sent(self, send: _Send, started: float, future: Future[Outcome]) -> None:
+        """A provider call ended (on the providers' event loop: nothing slow here): its outcome waits for
+        a writer, one is started if fewer than :data:`MAX_WRITERS` are writing."""
         try:
-            outcome = self.providers.send(send.channel, send.message)
+            outcome = future.result()
         except Exception as exc:  # a bug of ours, not the provider's: the answer is unknown, never resend
-            log.exception("send failed", extra={"message_id": str(send.message.id)})
+            log.error("send failed", exc_info=exc, extra={"message_id": str(send.message.id)})
             outcome = Unconfirmed(f"internal_error:{type(exc).__name__}")
         SEND_LANE_SEND_SECONDS.labels(send.channel.provider).observe(time.monotonic() - started)
         SEND_LANE_IN_FLIGHT.dec()
@@ -273,7 +279,7 @@ class SendLane:
             if self._flushers >= MAX_WRITERS:
                 return  # a writer busy writing takes it with the next batch
             self._flushers += 1
-        self._flush()
+        self._writers.submit(self._flush)
 
     def _flush(self) -> None:
         """Write the outcomes waiting (one transaction for those that finished together)."""
@@ -290,6 +296,8 @@ class SendLane:
             finally:
                 with self._lock:
                     self._busy -= len(results)
+                    if self._busy == 0:
+                        self._idle.notify_all()
                 if self.wake is not None:
                     self.wake()
 
@@ -418,8 +426,10 @@ class SendLane:
         apply_event(conn, project_id, event, now=now)
 
     def close(self) -> None:
-        """Wait for the sends in flight (their outcomes recorded)."""
-        self._executor.shutdown(wait=True)
+        """Wait for the sends in flight (their outcomes recorded); the providers' client stays open."""
+        with self._lock:
+            self._idle.wait_for(lambda: self._busy == 0)
+        self._writers.shutdown(wait=True)
 
 
 def _provider_id(outcome: Outcome) -> str:

@@ -22,23 +22,21 @@ import base64
 import hashlib
 import hmac
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final
 
-import httpx
 import msgspec
 
 from libs.common.channels.providers import (
     Outcome,
     Parsed,
     ProviderRequest,
-    Rejected,
     Reply,
-    Retry,
     Sent,
     Unconfirmed,
+    answer_json,
     clean,
-    retry_after,
+    failure,
 )
 from libs.common.channels.setup import Channel
 from libs.common.contracts.platform_events import InboundMessage, MessageStatus, ReportedStatus
@@ -90,23 +88,15 @@ class TwilioMessages:
             form=form,
         )
 
-    def outcome(self, status_code: int, headers: httpx.Headers, body: bytes) -> Outcome:
-        try:
-            answer = msgspec.json.decode(body) if body else {}
-        except msgspec.DecodeError:
-            answer = None
+    def outcome(self, status_code: int, headers: Mapping[str, str], body: bytes) -> Outcome:
+        answer = answer_json(body)
         if 200 <= status_code < 300:
             sid = answer.get("sid") if isinstance(answer, dict) else None
             return Sent(str(sid)) if sid else Unconfirmed("bad_response")
-        code = answer.get("code") if isinstance(answer, dict) else None
-        if status_code == 429 or code in THROTTLED:
-            return Retry(f"throttled_{code}" if code is not None else "http_429", retry_after(headers))
-        if status_code >= 500 or not isinstance(answer, dict):
-            return Unconfirmed(f"http_{status_code}")
-        return Rejected(
-            code=str(code) if code is not None else f"http_{status_code}",
-            error=clean(str(answer.get("message") or "")),
-        )
+        if not isinstance(answer, dict):
+            return failure(status_code, headers, None, None, throttled=THROTTLED)
+        text = str(answer.get("message") or "")
+        return failure(status_code, headers, answer.get("code"), text, throttled=THROTTLED)
 
 
 def signature(auth_token: str, url: str, params: list[tuple[str, str]]) -> str:

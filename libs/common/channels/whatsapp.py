@@ -20,23 +20,21 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import httpx
 import msgspec
 
 from libs.common.channels.providers import (
     Outcome,
     Parsed,
     ProviderRequest,
-    Rejected,
     Reply,
-    Retry,
     Sent,
     Unconfirmed,
+    answer_json,
     clean,
-    retry_after,
+    failure,
 )
 from libs.common.channels.setup import Channel
 from libs.common.contracts.platform_events import InboundMessage, MessageStatus, ReportedStatus
@@ -94,29 +92,21 @@ class WhatsAppCloud:
             json=payload,
         )
 
-    def outcome(self, status_code: int, headers: httpx.Headers, body: bytes) -> Outcome:
-        try:
-            answer = msgspec.json.decode(body) if body else {}
-        except msgspec.DecodeError:
-            answer = None
+    def outcome(self, status_code: int, headers: Mapping[str, str], body: bytes) -> Outcome:
+        answer = answer_json(body)
         if 200 <= status_code < 300:
             try:
-                return Sent(str(answer["messages"][0]["id"]))  # type: ignore[index]
+                return Sent(str(answer["messages"][0]["id"]))
             except (KeyError, IndexError, TypeError):
                 return Unconfirmed("bad_response")
         error = answer.get("error") if isinstance(answer, dict) else None
-        code = error.get("code") if isinstance(error, dict) else None
-        if status_code == 429 or code in THROTTLED:
-            return Retry(f"throttled_{code}" if code is not None else "http_429", retry_after(headers))
-        if status_code >= 500 or not isinstance(error, dict):
-            return Unconfirmed(f"http_{status_code}")
-        text = error.get("message") or ""
+        if not isinstance(error, dict):
+            return failure(status_code, headers, None, None, throttled=THROTTLED)
+        text = str(error.get("message") or "")
         data = error.get("error_data")
         details = data.get("details") if isinstance(data, dict) else None
-        return Rejected(
-            code=str(code) if code is not None else f"http_{status_code}",
-            error=clean(f"{text} ({details})" if details else str(text)),
-        )
+        text = f"{text} ({details})" if details else text
+        return failure(status_code, headers, error.get("code"), text, throttled=THROTTLED)
 
 
 def signature(app_secret: str, body: bytes) -> str:

@@ -30,6 +30,9 @@ from libs.common.core.sql import load_queries
 log = logging.getLogger(__name__)
 
 QUERIES = load_queries("libs.common.platform", "send_lane.sql")
+#: The two claims: each picks its messages its own way (locked, ``SKIP LOCKED``), then claims them alike.
+CLAIM_QUEUED_MESSAGES = QUERIES["pick_queued_messages"] + "\n" + QUERIES["claim_picked"]
+CLAIM_QUEUED_FOR_NUMBERS = QUERIES["pick_queued_for_numbers"] + "\n" + QUERIES["claim_picked"]
 
 
 #: Progress order of an outbound message; FAILED and CANCELLED end it.
@@ -102,7 +105,7 @@ def claim_messages(
         # never a prepared statement: its generic plan cannot see which optional filters are NULL, guesses
         # a handful of rows, and reads and sorts the whole QUEUED backlog instead of walking the send-queue
         # index in order; a fresh plan per claim folds the NULL filters away and keeps the claim cost flat
-        claimed = cur.execute(QUERIES["claim_queued_messages"], params, prepare=False).fetchall()
+        claimed = cur.execute(CLAIM_QUEUED_MESSAGES, params, prepare=False).fetchall()
     _claimed(conn, claimed, now)
     return claimed
 
@@ -122,7 +125,7 @@ def claim_for_numbers(
         "now": now,
     }
     with conn.cursor(row_factory=class_row(ClaimedMessage)) as cur:
-        claimed = cur.execute(QUERIES["claim_queued_for_numbers"], params).fetchall()
+        claimed = cur.execute(CLAIM_QUEUED_FOR_NUMBERS, params).fetchall()
     _claimed(conn, claimed, now)
     return claimed
 

@@ -1,6 +1,6 @@
--- name: claim_queued_messages
--- Claim QUEUED outbound messages in priority then age order (SKIP LOCKED: claimers never wait for each
--- other); each becomes PROCESSING with a status event. Returns what the send lane needs to send them.
+-- name: pick_queued_messages
+-- The first half of a claim (:data:`CLAIM_QUEUED_MESSAGES`): QUEUED outbound messages in priority then age
+-- order, locked (SKIP LOCKED: claimers never wait for each other).
 WITH picked AS (
     SELECT id FROM messages
     WHERE status = 'QUEUED' AND direction = 'outbound'
@@ -9,7 +9,12 @@ WITH picked AS (
     ORDER BY priority, created_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), claimed AS (
+)
+
+-- name: claim_picked
+-- The second half of every claim, after its `picked` CTE: each picked message becomes PROCESSING with a
+-- status event; returns what the send lane needs to send them, in priority then age order.
+, claimed AS (
     UPDATE messages m SET status = 'PROCESSING', status_changed_at = %(now)s
     FROM picked WHERE m.id = picked.id
     RETURNING m.id, m.project_id, m.contact_id, m.conversation_id, m.number_id, m.priority, m.body, m.media_url,
@@ -52,10 +57,10 @@ SELECT id, status, provider_message_id, error, error_code, status_changed_at, fo
        conversation_id
 FROM updated
 
--- name: claim_queued_for_numbers
--- Claim QUEUED outbound messages number by number, up to each number's quota (one probe of the
--- queued-number index per number: no project's or number's backlog delays another's), priority then age
--- order within a number; each becomes PROCESSING with a status event.
+-- name: pick_queued_for_numbers
+-- The first half of a claim (:data:`CLAIM_QUEUED_FOR_NUMBERS`): QUEUED outbound messages number by number,
+-- up to each number's quota (one probe of the queued-number index per number: no project's or number's
+-- backlog delays another's), priority then age order within a number, locked (SKIP LOCKED).
 WITH picked AS (
     SELECT m.id
     FROM unnest(%(project_ids)s::uuid[], %(number_ids)s::uuid[], %(quotas)s::int[]) AS q(project_id, number_id, quota)
@@ -67,21 +72,7 @@ WITH picked AS (
         LIMIT q.quota
         FOR UPDATE SKIP LOCKED
     ) m
-), claimed AS (
-    UPDATE messages m SET status = 'PROCESSING', status_changed_at = %(now)s
-    FROM picked WHERE m.id = picked.id
-    RETURNING m.id, m.project_id, m.contact_id, m.conversation_id, m.number_id, m.priority, m.body, m.media_url,
-              m.media_kind, m.source, m.followup_enrollment_id, m.template_name, m.template_language,
-              m.template_parameters, m.created_at
-), status_events AS (
-    INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
-    SELECT project_id, id, 'PROCESSING', %(now)s FROM claimed
 )
-SELECT claimed.id, claimed.project_id, claimed.contact_id, c.phone, claimed.conversation_id, claimed.number_id,
-       claimed.priority, claimed.body, claimed.media_url, claimed.media_kind, claimed.source,
-       claimed.followup_enrollment_id, claimed.template_name, claimed.template_language, claimed.template_parameters, claimed.created_at
-FROM claimed JOIN contacts c ON c.id = claimed.contact_id
-ORDER BY claimed.priority, claimed.created_at
 
 -- name: claimed_messages
 -- Claimed (PROCESSING) outbound messages of a project, as the claim returns them (a send retried).
