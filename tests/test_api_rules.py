@@ -886,6 +886,9 @@ class _ChangeDuringLoad:
     def cursor(self, **kwargs: Any) -> Any:
         return _CursorChangingAfter(self._conn.cursor(**kwargs), self._change)
 
+    def __getattr__(self, name: str) -> Any:  # the rest (what compiling a rule's literal needs) as the connection
+        return getattr(self._conn, name)
+
 
 class _CursorChangingAfter:
     def __init__(self, cursor: Any, change: Callable[[], None]) -> None:

@@ -68,12 +68,13 @@ def test_the_skipped_contacts_of_the_api_and_the_dashboard_are_neutralised(
     # and a phone of no contact (skipped unknown_contact)
     app_client.headers.update(project.headers)
     sequence_id = published(app_client)
-    phones = [raw for raw, _ in HOSTILE] + ["+4915112345678"]
+    listed = [(raw, cell) for raw, cell in HOSTILE if len(raw) <= 32]  # a listed phone has at most 32 characters
+    phones = [raw for raw, _ in listed] + ["+4915112345678"]
     job = app_client.post(BULK, json={"sequence_id": sequence_id, "phones": phones})
     assert job.status_code == 202, job.text
     drain(runtime)
     expected = [["position", "contact_id", "phone", "reason"]] + [
-        [str(n), "", cell, "invalid_phone"] for n, (_, cell) in enumerate(HOSTILE, start=1)
+        [str(n), "", cell, "invalid_phone"] for n, (_, cell) in enumerate(listed, start=1)
     ]
     expected.append([str(len(phones)), "", "'+4915112345678", "unknown_contact"])
 

@@ -44,7 +44,7 @@ WITH walked AS (
                 LIMIT (SELECT least(%(limit)s, ceil(4.0 * %(limit)s / count(*))) FROM walked)) x) AS due
     FROM walked w
 ), share AS (
-    SELECT fair_share(%(limit)s, array_agg(due ORDER BY due)) AS n FROM counted
+    SELECT fair_share(%(limit)s::integer, array_agg(due ORDER BY due)) AS n FROM counted
 ), due AS (
     SELECT d.id
     FROM walked w

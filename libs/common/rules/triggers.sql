@@ -34,7 +34,7 @@ WITH walked AS (
                 LIMIT (SELECT least(%(limit)s, ceil(4.0 * %(limit)s / count(*))) FROM walked)) x) AS due
     FROM walked w
 ), share AS (
-    SELECT fair_share(%(limit)s, array_agg(due ORDER BY due)) AS n FROM counted
+    SELECT fair_share(%(limit)s::integer, array_agg(due ORDER BY due)) AS n FROM counted
 )
 SELECT d.id, d.public_id, d.type, d.project_id, d.contact_id, d.conversation_id, d.payload, d.occurred_at,
        d.attempts
