@@ -886,7 +886,8 @@ class _ChangeDuringLoad:
     def cursor(self, **kwargs: Any) -> Any:
         return _CursorChangingAfter(self._conn.cursor(**kwargs), self._change)
 
-    def __getattr__(self, name: str) -> Any:  # the rest (what compiling a rule's literal needs) as the connection
+    def __getattr__(self, name: str) -> Any:
+        """The rest as the connection (what compiling a rule's literal needs)."""
         return getattr(self._conn, name)
 
 

@@ -68,7 +68,7 @@ def test_the_skipped_contacts_of_the_api_and_the_dashboard_are_neutralised(
     # and a phone of no contact (skipped unknown_contact)
     app_client.headers.update(project.headers)
     sequence_id = published(app_client)
-    listed = [(raw, cell) for raw, cell in HOSTILE if len(raw) <= 32]  # a listed phone has at most 32 characters
+    listed = [(raw, cell) for raw, cell in HOSTILE if len(raw) <= 32]  # a listed phone: at most 32 characters
     phones = [raw for raw, _ in listed] + ["+4915112345678"]
     job = app_client.post(BULK, json={"sequence_id": sequence_id, "phones": phones})
     assert job.status_code == 202, job.text
