@@ -8,12 +8,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from psycopg import Connection
 
-from libs.common.contracts.limits import MAX_ACTION_LABELS
+from libs.common.contracts.limits import MAX_ACTION_LABELS, NOT_BLANK
 from libs.common.core import validation
 from libs.common.core.errors import Conflict, FollowupsError, InvalidInput
 from libs.common.followups.enrollments import EnrollmentRejected
@@ -26,6 +26,11 @@ MAX_ITEMS = MAX_ACTION_LABELS
 ITEMS_BOUNDS = msgspec.Meta(extra_json_schema={"minItems": 1, "maxItems": MAX_ITEMS})
 #: Longest assignee or team of a conversation.
 MAX_ASSIGNEE_LENGTH = 200
+#: An agent or a team: not blank, at most :data:`MAX_ASSIGNEE_LENGTH` characters (the schema says it).
+Assignee = Annotated[
+    str,
+    msgspec.Meta(max_length=MAX_ASSIGNEE_LENGTH, extra_json_schema={"minLength": 1, "pattern": NOT_BLANK}),
+]
 
 
 def form(label: str, *, widget: str | None = None, parts: dict[str, Any] | None = None) -> msgspec.Meta:

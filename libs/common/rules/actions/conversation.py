@@ -19,6 +19,7 @@ from libs.common.platform import contacts, conversations
 from libs.common.platform.conversations import ConversationChange, Priority
 from libs.common.rules.actions.base import (
     ITEMS_BOUNDS,
+    Assignee,
     BaseAction,
     Done,
     Subject,
@@ -76,7 +77,7 @@ class RemoveLabel(_Change, kw_only=True, tag="remove_label"):
 class AssignAgent(_Change, kw_only=True, tag="assign_agent"):
     """Assign the conversation to an agent (null: unassign)."""
 
-    assignee: Annotated[str | None, form("Agent (empty: unassign)")]
+    assignee: Annotated[Assignee | None, form("Agent (empty: unassign)")]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_assignee(self.assignee, "assignee", where)
@@ -88,7 +89,7 @@ class AssignAgent(_Change, kw_only=True, tag="assign_agent"):
 class AssignTeam(_Change, kw_only=True, tag="assign_team"):
     """Assign the conversation to a team (null: none)."""
 
-    team: Annotated[str | None, form("Team (empty: none)")]
+    team: Annotated[Assignee | None, form("Team (empty: none)")]
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         check_assignee(self.team, "team", where)
