@@ -20,6 +20,7 @@ import msgspec
 from libs.common.contracts.limits import (
     MAX_KEY_LENGTH,
     MAX_MESSAGE_LENGTH,
+    NOT_BLANK,
     Key,
     MediaUrl,
     MessageText,
@@ -51,7 +52,14 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0, le=MAX_DELAY_SECONDS)]
 Offset = Annotated[int, msgspec.Meta(ge=-MAX_DELAY_SECONDS, le=MAX_DELAY_SECONDS)]
 #: An AI step's instructions: as long as a message may be.
 Instructions = Annotated[str, msgspec.Meta(max_length=MAX_MESSAGE_LENGTH)]
-TemplateParameter = Annotated[str, msgspec.Meta(max_length=MAX_TEMPLATE_PARAMETER_LENGTH)]
+TemplateParameter = Annotated[
+    str,
+    msgspec.Meta(
+        max_length=MAX_TEMPLATE_PARAMETER_LENGTH, extra_json_schema={"minLength": 1, "pattern": NOT_BLANK}
+    ),
+]
+#: A language code such as ``en`` or ``pt_BR`` (checked with every error at once; the schema states it).
+LANGUAGE_PATTERN = r"^[a-z]{2,3}(?:_[A-Z]{2})?$"
 
 _VARIABLE_NAME = f"^{SEGMENT_PATTERN}$"
 _DOMAIN = r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$"
@@ -91,10 +99,13 @@ class WhatsAppTemplate(_Def, kw_only=True):
     """An approved WhatsApp template: what a step sends outside the 24-hour service window. Each parameter
     is rendered with the same variables as the step's text."""
 
-    #: The approved template's name: lowercase letters, digits and underscores.
-    name: Annotated[str, msgspec.Meta(max_length=512)]
+    #: The approved template's name: lowercase letters, digits and underscores (checked by
+    #: :func:`check_whatsapp_template`, every error at once; the schema states the same).
+    name: Annotated[str, msgspec.Meta(max_length=512, extra_json_schema={"pattern": "^[a-z0-9_]{1,512}$"})]
     #: A language code such as ``en`` or ``pt_BR``.
-    language: Annotated[str, msgspec.Meta(max_length=16)] = "en"
+    language: Annotated[str, msgspec.Meta(max_length=16, extra_json_schema={"pattern": LANGUAGE_PATTERN})] = (
+        "en"
+    )
     parameters: Annotated[list[TemplateParameter], msgspec.Meta(max_length=MAX_TEMPLATE_PARAMETERS)] = (
         msgspec.field(default_factory=list)
     )
@@ -152,7 +163,9 @@ class AiStep(_Step, kw_only=True, tag="ai", tag_field="kind"):
     history_messages: Annotated[int, msgspec.Meta(ge=0, le=50)] = 10
     #: The language the message is written in (``en``, ``pt_BR``): the prompt asks for it, and a draft
     #: plainly in another language takes the fallback (``ai_invalid_output``).
-    language: Annotated[str, msgspec.Meta(max_length=16)] | None = None
+    language: (
+        Annotated[str, msgspec.Meta(max_length=16, extra_json_schema={"pattern": LANGUAGE_PATTERN})] | None
+    ) = None
 
 
 Step = MessageStep | AiStep
