@@ -15,10 +15,9 @@ from libs.common.rules.conditions import (
     CONTEXT,
     CUSTOM_PREFIX,
     compile_conditions,
-    inline,
-    match,
     parse_conditions,
 )
+from libs.common.rules.matching import inline, match
 from tests.condition_helpers import (
     HOSTILE,
     NUMBER,

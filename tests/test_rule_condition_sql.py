@@ -41,10 +41,9 @@ from libs.common.rules.conditions import (
     Group,
     Node,
     compile_conditions,
-    inline,
-    match,
     parse_conditions,
 )
+from libs.common.rules.matching import inline, match
 from tests.condition_helpers import (
     CHANGE_VALUES,
     CHANGED_KEYS,

@@ -56,8 +56,8 @@ from libs.common.followups.project_settings import get_settings
 from libs.common.followups.send_window import add_open_time, zone
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
-from libs.common.rules.conditions import match
 from libs.common.rules.episodes import current_key, episode_of, involves_status
+from libs.common.rules.matching import match
 from libs.common.rules.rules import RULES, ActiveRule
 
 log = logging.getLogger(__name__)

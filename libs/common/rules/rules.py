@@ -42,9 +42,9 @@ from libs.common.rules.conditions import (
     Node,
     check_event_fields,
     compile_conditions,
-    inline,
     parse_conditions,
 )
+from libs.common.rules.matching import inline
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ class ActiveRule:
     #: The compiled predicate over ``conditions.CONTEXT`` and its parameters.
     predicate: sql.Composable
     params: list[Any]
-    #: The same predicate with its parameters written in (:func:`~libs.common.rules.conditions.inline`):
+    #: The same predicate with its parameters written in (:func:`~libs.common.rules.matching.inline`):
     #: what the triggers service matches with.
     literal: str
     actions: list[Action]

@@ -5,8 +5,11 @@ on by the triggers service.
    for the event (the per-process rule cache answers), with the conversation's anchors of that moment.
    Only changes made by people and platforms record triggers: actions of rules and follow-up steps never
    call it, so rules never fire rules (the loop guard).
-2. :func:`process_triggers` claims a batch (``FOR UPDATE SKIP LOCKED``), evaluates every candidate rule's
-   conditions for the whole batch in one SQL query per (project, event), and runs each matching rule's
+2. :func:`process_triggers` claims a batch in turns across projects (:data:`TURNS`: each project at most
+   its share, ``FOR UPDATE SKIP LOCKED``), settles each (project, event) group in a SAVEPOINT of its own
+   (its rules' conditions matched in prepared statements: :mod:`libs.common.rules.matching`; a group that
+   fails is settled trigger by trigger, and the trigger that fails alone backs off alone; a group whose
+   big rule set is still compiling in the background waits, due as it was), and runs each matching rule's
    actions in a SAVEPOINT of its own (each trigger in a transaction of its own). A business refusal is an
    outcome (``rejected``); an unexpected error rolls the rule back and retries the trigger with backoff,
    skipping the rules that already ran (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS`
@@ -48,8 +51,8 @@ from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
-from libs.common.rules.conditions import match
 from libs.common.rules.executions import ToSchedule, schedule
+from libs.common.rules.matching import match
 from libs.common.rules.rules import RULES, ActiveRule
 
 log = logging.getLogger(__name__)

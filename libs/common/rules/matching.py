@@ -1,0 +1,75 @@
+"""Matching: a rule's compiled conditions (:func:`~libs.common.rules.conditions.compile_conditions`)
+written into SQL text with their values (:func:`inline`), and those predicates evaluated over triggers
+(:func:`match`), as the triggers service and the delayed-rule sweep do.
+
+A statement binds only the triggers' ids, whatever the number of leaves (PostgreSQL binds at most 65,535
+parameters); its text stays the same while the rules do, so it is prepared once per connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import ClientCursor, Connection, RawCursor, sql
+from psycopg.types.numeric import FloatDumper
+
+from libs.common.rules.conditions import CONTEXT
+
+
+class _Float8Literal(FloatDumper):
+    """A float written into a statement as a float8 literal (psycopg writes a bare ``1.5``, a numeric),
+    so an inlined value compares exactly as the bound parameter does."""
+
+    def quote(self, obj: Any) -> bytes:
+        return b"'" + bytes(self.dump(obj) or b"") + b"'::float8"
+
+
+def inline(conn: Connection[Any], predicate: sql.Composable, params: list[Any]) -> str:
+    """A compiled predicate with its parameters written in as literals (psycopg's client-side quoting, the
+    connection's encoding): a statement that binds nothing, whatever the number of leaves, and whose text
+    stays the same while the rule does, so the server parses and plans it once per connection (prepared)."""
+    cursor = ClientCursor(conn)
+    cursor.adapters.register_dumper(float, _Float8Literal)
+    return cursor.mogrify(sql.Composed([predicate]), params)
+
+
+#: The FROM clause the rules' predicates are written over, as text.
+_CONTEXT = CONTEXT.as_string()
+#: Longest text of one matching statement (its rules' predicates with their values written in): a project's
+#: rules are matched in as many statements as keep each under it, so a change of one rule makes the server
+#: parse and plan again only the statement that holds it.
+MAX_STATEMENT_CHARS = 256 * 1024
+
+
+def match(conn: Connection[Any], ids: list[int], predicates: list[str]) -> dict[int, list[bool]]:
+    """Each predicate (a rule's conditions with their values written in: :attr:`ActiveRule.literal`) over
+    each trigger of ``ids`` (of one project and event), in order; a trigger whose contact is gone is left
+    out. A statement binds only the triggers' ids, whatever the number of leaves (PostgreSQL binds at most
+    65,535 parameters), and its text stays the same while the rules do, so it is prepared once per
+    connection instead of parsed and planned on every batch."""
+    if not predicates:
+        return {}
+    results: dict[int, list[bool]] = {i: [] for i in ids}
+    for chunk in _chunks(predicates):
+        query = f"SELECT t.id, ARRAY[{', '.join(chunk)}] FROM {_CONTEXT} WHERE t.id = ANY($1)"
+        with RawCursor(conn) as cur:
+            found = dict(cur.execute(query.encode(), [ids], prepare=True).fetchall())
+        for trigger_id in list(results):
+            if trigger_id in found:
+                results[trigger_id] += found[trigger_id]
+            else:
+                del results[trigger_id]  # the contact is gone: no rule matches
+    return results
+
+
+def _chunks(predicates: list[str]) -> list[list[str]]:
+    """The predicates in order, in chunks whose text stays under :data:`MAX_STATEMENT_CHARS`."""
+    chunks: list[list[str]] = [[]]
+    size = 0
+    for predicate in predicates:
+        if chunks[-1] and size + len(predicate) > MAX_STATEMENT_CHARS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(predicate)
+        size += len(predicate)
+    return chunks
