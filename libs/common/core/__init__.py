@@ -1,6 +1,6 @@
 """Infrastructure every context stands on: the clock, database access and named SQL, domain errors,
 settings, logs, metrics, input validation, polling loops, the process runtime, cron schedules, the broker,
-schema migrations and the transactional outbox.
+schema migrations, the transactional outbox, and recorded reasons (a code and its detail).
 
 Owns: ``schema_migrations``, ``outbox``. May import: ``contracts`` (nothing else of ``libs.common``).
 """
