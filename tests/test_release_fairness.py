@@ -14,7 +14,7 @@ from libs.common.core.jobs import RoundRobin
 from libs.common.followups import release_claim
 from libs.common.followups.definition import MessageStep
 from libs.common.platform.projects import create_project
-from services.release.release import release_batch, release_one
+from services.release.release import TURN, release_batch, release_one
 from tests.factories import make_contact, make_enrollment, make_sequence
 from tests.helpers import rows
 from tests.release_helpers import SETTINGS
@@ -45,12 +45,16 @@ def test_a_big_backlog_keeps_no_other_projects_step_out_of_the_first_batch(
     _enroll(pool, clock, big, 60)
     for project_id in small:
         _enroll(pool, clock, project_id, 1)
-    # When one batch of 12 is released
-    assert release_batch(pool, clock, SETTINGS, limit=12) == 12
-    # Then every small project's step went in it, and the big project had the rest of the batch
+    # When one batch of 12 is released (one turn: the big project first in the walk, its share a quarter)
+    assert release_batch(pool, clock, SETTINGS, limit=12) == 6
+    # Then every small project's step went in it, and the big project had its share
     released = _released(pool)
     assert {project_id: released.get(project_id) for project_id in small} == dict.fromkeys(small, 1)
-    assert released[big] == 9
+    assert released[big] == 3
+    # and the next batch is the big project's: what the others leave of a batch goes to the ones after them
+    assert release_batch(pool, clock, SETTINGS, limit=12) == 12
+    # but a batch is one turn of at most TURN steps a project, so that the next walk comes soon
+    assert release_batch(pool, clock, SETTINGS, limit=100) == TURN
 
 
 def test_turns_go_round_from_where_the_last_batch_stopped(pool: ConnectionPool, clock: ManualClock) -> None:

@@ -4,9 +4,10 @@ across projects.
 
 A batch walks the projects with due enrollments from where this loop's previous batch stopped (a
 :class:`~libs.common.core.jobs.RoundRobin`, wrapping around), at most a batch's size of them, and releases
-up to an even share of the batch from each (the batch over their number, at least one): a project with
-100,000 due steps gets one share per turn like a project with one, so its backlog delays no other
-project's step by more than a turn. Each claim names its project (one shard on Citus)."""
+up to an even share of the batch from each (the batch over their number, at least one, at most
+:data:`TURN`): a project with 100,000 due steps gets one share per turn like a project with one, so its
+backlog delays no other project's step by more than a turn. Each claim names its project (one shard on
+Citus)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ from libs.common.followups.release_step import Released
 
 __all__ = ["release_batch", "release_one", "seconds_until_next_due"]
 
+#: The most steps of one project a batch releases (a turn): the batch then ends and the next walks the
+#: projects again, so a step that fell due meanwhile in another project waits at most about a turn's steps
+#: (tens of milliseconds), not a backlog's share of a large batch. The walk costs two index descents per
+#: project with active enrollments.
+TURN = 16
+
 
 def release_batch(
     pool: ConnectionPool,
@@ -40,28 +47,21 @@ def release_batch(
     where ``turns``, the loop's own, stopped; a new one starts from the first project); returns how many
     were handled. ``on_lease`` hears of each AI step leased (after its commit)."""
     turns = turns if turns is not None else RoundRobin()
-    waiting = due_projects(pool, clock, after=turns.after, projects=limit)
+    projects = due_projects(pool, clock, after=turns.after, projects=limit)
     handled = 0
     served: list[uuid.UUID] = []
-    while waiting and handled < limit:
-        # an even share of what is left of the batch for each project still waiting; what a project with
-        # fewer due steps leaves goes round again to the others (water-filling)
-        share = math.ceil((limit - handled) / len(waiting))
-        still = []
-        for project_id in waiting:
-            if project_id not in served:
-                served.append(project_id)
-            for _ in range(min(share, limit - handled)):
-                released = release_one(pool, clock, settings, ai_lease, project_id=project_id)
-                if released is None:
-                    break  # none of the project's due enrollments is left (or free)
-                if released.action == "lease" and on_lease is not None:
-                    on_lease(released)
-                handled += 1
-            else:
-                still.append(project_id)  # its share ran out before its due steps did
-            if handled >= limit:
-                break
-        waiting = still
+    for project_id in projects:
+        served.append(project_id)
+        # an even share of what is left of the batch (what a project with fewer due steps leaves goes to
+        # the ones after it); the batch is one turn: the next one walks again, so a project whose step fell
+        # due meanwhile waits a turn at most, not a backlog
+        share = min(TURN, math.ceil((limit - handled) / (len(projects) - len(served) + 1)))
+        for _ in range(share):
+            released = release_one(pool, clock, settings, ai_lease, project_id=project_id)
+            if released is None:
+                break  # none of the project's due enrollments is left (or free)
+            if released.action == "lease" and on_lease is not None:
+                on_lease(released)
+            handled += 1
     turns.served(served)
     return handled
