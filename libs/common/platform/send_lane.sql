@@ -1,13 +1,36 @@
+-- name: queued_shares
+-- The projects with QUEUED messages in turns (jobs.RoundRobin): those after %(after)s in id order, wrapping
+-- around, at most %(projects)s of them (projects_in_turn: a skip scan of the queued project index), and the
+-- share of a claim of %(limit)s each may take (fair_share over each one's queue, counted up to four times an
+-- even share). Read without locks: each project's claim locks its own (an all-projects claim).
+WITH walked AS (
+    SELECT project_id, turn
+    FROM projects_in_turn('messages', $$q.status = 'QUEUED'$$, %(after)s, %(projects)s)
+), counted AS (
+    SELECT w.project_id,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM messages m
+                WHERE m.project_id = w.project_id AND m.status = 'QUEUED' AND m.direction = 'outbound'
+                  AND (%(number_id)s::uuid IS NULL OR m.number_id = %(number_id)s::uuid)
+                LIMIT (SELECT least(%(limit)s, ceil(4.0 * %(limit)s / count(*))) FROM walked)) x) AS due
+    FROM walked w
+), share AS (
+    SELECT fair_share(%(limit)s::integer, array_agg(due ORDER BY due)) AS n FROM counted
+)
+SELECT w.project_id, s.n AS share
+FROM walked w CROSS JOIN share s
+ORDER BY w.turn
+
 -- name: pick_queued_messages
--- The first half of a claim (:data:`CLAIM_QUEUED_MESSAGES`): QUEUED outbound messages in priority then age
--- order, locked (SKIP LOCKED: claimers never wait for each other).
+-- The first half of a claim (:data:`CLAIM_QUEUED_MESSAGES`): the project's QUEUED outbound messages in
+-- priority then age order, up to %(share)s, locked (SKIP LOCKED: claimers never wait for each other). One
+-- project: a claim routed to one shard.
 WITH picked AS (
     SELECT id FROM messages
-    WHERE status = 'QUEUED' AND direction = 'outbound'
-      AND (%(project_id)s::uuid IS NULL OR project_id = %(project_id)s::uuid)
+    WHERE project_id = %(project_id)s AND status = 'QUEUED' AND direction = 'outbound'
       AND (%(number_id)s::uuid IS NULL OR number_id = %(number_id)s::uuid)
     ORDER BY priority, created_at
-    LIMIT %(limit)s
+    LIMIT %(share)s
     FOR UPDATE SKIP LOCKED
 )
 
@@ -16,7 +39,7 @@ WITH picked AS (
 -- status event; returns what the send lane needs to send them, in priority then age order.
 , claimed AS (
     UPDATE messages m SET status = 'PROCESSING', status_changed_at = %(now)s
-    FROM picked WHERE m.id = picked.id
+    FROM picked WHERE m.project_id = %(project_id)s AND m.id = picked.id
     RETURNING m.id, m.project_id, m.contact_id, m.conversation_id, m.number_id, m.priority, m.body, m.media_url,
               m.media_kind, m.source, m.followup_enrollment_id, m.template_name, m.template_language,
               m.template_parameters, m.created_at
@@ -27,7 +50,7 @@ WITH picked AS (
 SELECT claimed.id, claimed.project_id, claimed.contact_id, c.phone, claimed.conversation_id, claimed.number_id,
        claimed.priority, claimed.body, claimed.media_url, claimed.media_kind, claimed.source,
        claimed.followup_enrollment_id, claimed.template_name, claimed.template_language, claimed.template_parameters, claimed.created_at
-FROM claimed JOIN contacts c ON c.id = claimed.contact_id
+FROM claimed JOIN contacts c ON c.project_id = %(project_id)s AND c.id = claimed.contact_id
 ORDER BY claimed.priority, claimed.created_at
 
 -- name: lock_message
@@ -58,15 +81,16 @@ SELECT id, status, provider_message_id, error, error_code, status_changed_at, fo
 FROM updated
 
 -- name: pick_queued_for_numbers
--- The first half of a claim (:data:`CLAIM_QUEUED_FOR_NUMBERS`): QUEUED outbound messages number by number,
--- up to each number's quota (one probe of the queued-number index per number: no project's or number's
--- backlog delays another's), priority then age order within a number, locked (SKIP LOCKED).
+-- The first half of a claim (:data:`CLAIM_QUEUED_FOR_NUMBERS`): one project's QUEUED outbound messages
+-- number by number, up to each number's quota (one probe of the queued-number index per number: no number's
+-- backlog delays another's), priority then age order within a number, locked (SKIP LOCKED). One project: a
+-- claim routed to one shard.
 WITH picked AS (
     SELECT m.id
-    FROM unnest(%(project_ids)s::uuid[], %(number_ids)s::uuid[], %(quotas)s::int[]) AS q(project_id, number_id, quota)
+    FROM unnest(%(number_ids)s::uuid[], %(quotas)s::int[]) AS q(number_id, quota)
     CROSS JOIN LATERAL (
         SELECT id FROM messages
-        WHERE project_id = q.project_id AND number_id = q.number_id
+        WHERE project_id = %(project_id)s AND number_id = q.number_id
           AND status = 'QUEUED' AND direction = 'outbound'
         ORDER BY priority, created_at
         LIMIT q.quota
