@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from libs.common.rules.actions import Subject
 from libs.common.rules.conditions import Group, Leaf, Node
 
+#: What an episode is keyed on (see the module).
+EpisodeKind = Literal["status", "reply_chase", "awaiting_agent", "event"]
 #: The attribute a status-based rule names (its delay counts from when the status was entered).
 STATUS = "conversation.status"
 
@@ -31,7 +33,7 @@ STATUS = "conversation.status"
 class Episode:
     """The episode an event opens or continues: its kind, its key, and when its clock started."""
 
-    kind: str
+    kind: EpisodeKind
     key: str
     #: When the episode's clock started (the delay counts from it).
     since: datetime

@@ -58,7 +58,7 @@ from libs.common.followups.project_settings import get_settings
 from libs.common.followups.send_window import add_open_time, zone
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, RuleRefusal, Subject, refusal_of, run_actions
-from libs.common.rules.episodes import current_key, episode_of, involves_status
+from libs.common.rules.episodes import Episode, current_key, episode_of, involves_status
 from libs.common.rules.matching import match
 from libs.common.rules.rules import RULES, ActiveRule
 
@@ -112,21 +112,14 @@ def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime)
     by_key: dict[tuple[uuid.UUID, uuid.UUID | None, str], dict[str, Any]] = {}
     dues: dict[tuple[uuid.UUID, uuid.UUID | None, str], datetime] = {}
     recorded: list[ToSchedule] = []
-    business: dict[uuid.UUID, tuple[Any, Any]] = {}
+    business = BusinessHours()
     for item in matched:
-        episode = episode_of(item.subject, from_status=involves_status(item.rule.conditions))
+        episode = rule_episode(item.rule, item.subject)
         if item.subject.conversation_id is not None:
             current = anchors.get((item.subject.project_id, item.subject.conversation_id))
             if current is None or current_key(episode.kind, current) != episode.key:
                 continue
-        delay = timedelta(minutes=item.rule.execution_delay_minutes or 0)
-        due = episode.since + delay
-        if item.rule.delay_in_business_hours:
-            if item.subject.project_id not in business:
-                business[item.subject.project_id] = _business_hours(conn, item.subject.project_id)
-            hours, tz = business[item.subject.project_id]
-            if hours is not None:
-                due = add_open_time(hours, episode.since, delay, tz)
+        due = due_time(conn, item.rule, item.subject.project_id, episode, business)
         recorded.append(item)
         key = (item.rule.id, item.subject.conversation_id, episode.key)
         if key in dues and dues[key] >= due:
@@ -145,6 +138,41 @@ def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime)
     if by_key:
         conn.execute(QUERIES["schedule"], {"rows": Jsonb(list(by_key.values())), "now": now})
     return recorded
+
+
+def rule_episode(rule: ActiveRule, subject: Subject) -> Episode:
+    """The episode a delayed rule's execution for the trigger ``subject`` belongs to (a status episode's
+    clock starts when the status was entered if the rule's conditions involve the status)."""
+    return episode_of(subject, from_status=involves_status(rule.conditions))
+
+
+class BusinessHours:
+    """Each project's business hours and time zone, read once per :func:`schedule` (or dry run)."""
+
+    def __init__(self) -> None:
+        self._known: dict[uuid.UUID, tuple[Any, Any]] = {}
+
+    def of(self, conn: Connection[Any], project_id: uuid.UUID) -> tuple[Any, Any]:
+        if project_id not in self._known:
+            self._known[project_id] = _business_hours(conn, project_id)
+        return self._known[project_id]
+
+
+def due_time(
+    conn: Connection[Any],
+    rule: ActiveRule,
+    project_id: uuid.UUID,
+    episode: Episode,
+    business: BusinessHours | None = None,
+) -> datetime:
+    """When a delayed rule's execution of ``episode`` falls due: the episode's start plus the rule's delay,
+    counted in the project's business hours when the rule says so (and the project has some)."""
+    delay = timedelta(minutes=rule.execution_delay_minutes or 0)
+    if rule.delay_in_business_hours:
+        hours, tz = (business or BusinessHours()).of(conn, project_id)
+        if hours is not None:
+            return add_open_time(hours, episode.since, delay, tz)
+    return episode.since + delay
 
 
 def _current_anchors(
