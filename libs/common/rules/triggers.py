@@ -88,6 +88,32 @@ def record_trigger(
     it; returns its public id, the one the project sees (None: no rule listens)."""
     if not RULES.listens(conn, project_id, event):
         return None
+    recorded = insert_trigger(
+        conn,
+        project_id,
+        event,
+        contact_id=contact_id,
+        conversation_id=conversation_id,
+        payload=payload,
+        now=now,
+    )
+    after_commit(conn, NudgeTriggers(project_id))  # the triggers service acts on it once it committed
+    return recorded.trigger_public_id
+
+
+def insert_trigger(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    event: str,
+    *,
+    contact_id: uuid.UUID,
+    conversation_id: uuid.UUID | None = None,
+    payload: dict[str, Any] | None = None,
+    now: datetime,
+) -> Subject:
+    """Write a trigger row for ``event`` with the conversation's anchors of this moment, whether or not a
+    rule listens, and nudge nobody: :func:`record_trigger`'s insert, and a dry run's (which rolls it back).
+    Returns what the trigger is about, as its rules' actions see it."""
     params = {
         "project_id": project_id,
         "type": event,
@@ -96,11 +122,10 @@ def record_trigger(
         "payload": Jsonb(payload or {}),
         "now": now,
     }
-    row = conn.execute(QUERIES["insert_trigger"], params).fetchone()
+    with conn.cursor(row_factory=class_row(_Claimed)) as cur:
+        row = cur.execute(QUERIES["insert_trigger"], params).fetchone()
     assert row is not None
-    public_id: uuid.UUID = row[0]
-    after_commit(conn, NudgeTriggers(project_id))  # the triggers service acts on it once it committed
-    return public_id
+    return _subject(row)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ SELECT %(project_id)s, %(type)s, %(contact_id)s, %(conversation_id)s,
            FROM conversations v
            WHERE v.project_id = %(project_id)s AND v.id = %(conversation_id)s::uuid)),
        %(now)s, %(now)s
-RETURNING public_id
+RETURNING id, public_id, type, project_id, contact_id, conversation_id, payload, occurred_at, attempts
 
 -- name: trigger_shares
 -- The projects with pending triggers in turns (jobs.RoundRobin), and the share of a batch each may take:
