@@ -10,7 +10,8 @@ that owns the connection, once, after COMMIT succeeded (Django's ``transaction.o
 - **Never before the commit, never after a rollback.** An exception out of the block, or a COMMIT that
   fails, drops what was registered; a savepoint opened with :func:`savepoint` that rolls back drops what
   was registered inside it, and only that (a plain ``conn.transaction()`` does not know of effects: a
-  savepoint whose block may register one is opened with :func:`savepoint`).
+  savepoint whose block may register one is opened with :func:`savepoint`); one opened with
+  :func:`rolled_back` always rolls back and drops them.
 - **Once per transaction.** Effects with the same :attr:`Effect.key` run once: a nudge wakes a loop, so
   a bulk that makes 500 enrollments due sends one release nudge for the project, not 500.
 - **Never an error.** An effect that fails is logged (``after-commit effect failed``); the change stays
@@ -159,6 +160,21 @@ def savepoint(conn: Connection[Any]) -> Iterator[None]:
             for key in list(registered)[mark:]:
                 del registered[key]
             raise
+
+
+@contextmanager
+def rolled_back(conn: Connection[Any]) -> Iterator[None]:
+    """A savepoint (or a transaction, on a connection outside one) that is always rolled back, however its
+    block ends: nothing written inside it survives, and the effects registered inside it are dropped (a
+    dry run)."""
+    registered = _pending(conn)
+    mark = len(registered)
+    try:
+        with conn.transaction(force_rollback=True):
+            yield
+    finally:
+        for key in list(registered)[mark:]:
+            del registered[key]
 
 
 @contextmanager

@@ -462,6 +462,19 @@ def _compile(node: Node, params: list[Any]) -> sql.Composable:
     return _leaf(node, params)
 
 
+def value_of(leaf: Leaf) -> tuple[sql.Composable, list[Any]]:
+    """The value a leaf is about over ``CONTEXT``, as jsonb (NULL: absent), and its parameters: the
+    attribute's own expression (a custom attribute's stored JSON value, whatever its type). For
+    ``attribute_changed`` it is the event's change of the attribute (``{"from": ..., "to": ...}``, NULL when
+    the event did not change it): what that operator compares."""
+    params: list[Any] = []
+    if leaf.operator == "attribute_changed":
+        return _format("(t.payload -> 'changed' -> {})", _text(params, leaf.attribute)), params
+    if leaf.attribute.startswith(CUSTOM_PREFIX):
+        return _custom(params, leaf.attribute.removeprefix(CUSTOM_PREFIX)), params
+    return _format("to_jsonb({})", attribute_of(leaf.attribute, "attribute").expression), params
+
+
 def _bind(params: list[Any], value: Any) -> sql.Composable:
     params.append(value)
     return sql.Placeholder()

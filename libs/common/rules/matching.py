@@ -1,6 +1,7 @@
 """Matching: a rule's compiled conditions (:func:`~libs.common.rules.conditions.compile_conditions`)
 written into SQL text with their values (:func:`inline`), and those predicates evaluated over triggers
-(:func:`match`), as the triggers service and the delayed-rule sweep do.
+(:func:`match`), as the triggers service and the delayed-rule sweep do, or over one trigger with the values
+they compare (:func:`evaluate`), as a dry run does.
 
 A statement binds only the triggers' ids, whatever the number of leaves (PostgreSQL binds at most 65,535
 parameters); its text stays the same while the rules do, so it is prepared once per connection.
@@ -60,6 +61,20 @@ def match(conn: Connection[Any], ids: list[int], predicates: list[str]) -> dict[
             else:
                 del results[trigger_id]  # the contact is gone: no rule matches
     return results
+
+
+def evaluate(
+    conn: Connection[Any], trigger_id: int, predicates: list[str], values: list[str]
+) -> tuple[list[bool], list[Any]] | None:
+    """Each predicate (written in: :func:`inline`) and each value (a jsonb expression written in the same
+    way) over one trigger's context, in ONE statement, as a dry run reads a rule; None when the trigger's
+    contact is gone. The statement is made once (its text is the rule's at this moment): not prepared."""
+    results = f"ARRAY[{', '.join(predicates)}]::boolean[]"
+    found = f"ARRAY[{', '.join(values)}]::jsonb[]"
+    query = f"SELECT {results}, {found} FROM {_CONTEXT} WHERE t.id = $1"
+    with RawCursor(conn) as cur:
+        row = cur.execute(query.encode(), [trigger_id], prepare=False).fetchone()
+    return None if row is None else (list(row[0]), list(row[1]))
 
 
 def _chunks(predicates: list[str]) -> list[list[str]]:

@@ -350,7 +350,9 @@ class ActiveRule:
     source: Rule
 
 
-def _active(conn: Connection[Any], rule: Rule) -> ActiveRule:
+def compile_rule(conn: Connection[Any], rule: Rule) -> ActiveRule:
+    """A rule as the triggers service runs it: its conditions parsed and compiled (a dry run of an inactive
+    rule too)."""
     node = parse_conditions(rule.conditions, stored=True)
     predicate, params = compile_conditions(node)
     return ActiveRule(
@@ -439,7 +441,7 @@ class RuleCache:
         with self._lock:
             active = self._compiled.get(project_id, {}).get(rule.id)
         if not _current(active, rule):
-            active = _active(conn, rule)
+            active = compile_rule(conn, rule)
             with self._lock:
                 self._compiled.setdefault(project_id, {})[rule.id] = active
         assert active is not None

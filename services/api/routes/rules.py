@@ -12,12 +12,13 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.platform import webhook_secrets
 from libs.common.platform.webhook_secrets import RotateWebhookSecret, WebhookSecret
-from libs.common.rules import executions, rules, webhooks
+from libs.common.rules import dry_run, executions, rules, webhooks
+from libs.common.rules.dry_run import DryRun, DryRunRequest
 from libs.common.rules.executions import Execution, ExecutionStatus
 from libs.common.rules.rules import Event, Rule, RuleCreate, RuleRun, RuleUpdate
 from libs.common.rules.webhooks import Delivery
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
-from services.api.openapi import conflict, not_found
+from services.api.openapi import conflict, invalid, not_found
 from services.api.routes import Items, Page, as_items, as_page
 from services.api.scopes import scope
 
@@ -103,6 +104,37 @@ class RulesController(Controller):
         runtime = runtime_of(request)
         with transaction(runtime) as conn:
             rules.delete_rule(conn, project_id, rule_id)
+
+    @post(
+        "/{rule_id:uuid}/dry-run",
+        sync_to_thread=True,
+        status_code=200,
+        responses={
+            **not_found(
+                "The rule, the contact or the conversation is not one of the project's (or the conversation "
+                "is not the contact's)."
+            ),
+            **invalid(
+                "A well-formed value the server refuses: a conversation an event of the rule's type never "
+                "has, or none where it always has one and the contact has no open one (`conversation_id`); "
+                "event data over 16 KB as JSON (`event`)."
+            ),
+        },
+    )
+    def dry_run(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        rule_id: FromPath[uuid.UUID],
+        data: JSONBody[DryRunRequest],
+    ) -> DryRun:
+        """Evaluate the rule now for a contact, without acting: each condition's result and the value it
+        compared, the actions that would run, and for a delayed rule the episode and due time it would get.
+        The trigger an event of the rule's type would record is recorded and rolled back: nothing is kept,
+        nothing runs. The ``write`` scope, as every operation but a GET (a rule's author tests it)."""
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            return dry_run.dry_run(conn, project_id, rule_id, data, now=runtime.clock.now())
 
     @get("/{rule_id:uuid}/executions", sync_to_thread=True)
     def executions(
