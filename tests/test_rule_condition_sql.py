@@ -1,6 +1,8 @@
 """Rule conditions: the ONE SQL predicate a tree compiles to agrees with a plain-Python reading of the
-documented semantics, over random trees and random contexts stored as real rows; no user value (custom
-attribute keys included) ever reaches the SQL text; invalid trees are rejected naming the JSON path.
+documented semantics, over random trees and random contexts stored as real rows; so does a rule's dry run,
+node by node (its root is what ``match`` says, each group's result its children's, each leaf's value the
+context's); no user value (custom attribute keys included) ever reaches the SQL text; invalid trees are
+rejected naming the JSON path.
 
 The evaluator below is written from what ``libs.common.rules.conditions`` documents (its docstring and the
 catalogue's descriptions), not from its SQL:
@@ -19,6 +21,7 @@ catalogue's descriptions), not from its SQL:
 
 from __future__ import annotations
 
+import dataclasses
 import string
 import uuid
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, LiteralString
 
+import msgspec
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
@@ -40,11 +44,21 @@ from libs.common.rules.conditions import (
     CUSTOM_PREFIX,
     MAX_LIST,
     Group,
+    Leaf,
     Node,
     compile_conditions,
     parse_conditions,
 )
+from libs.common.rules.dry_run import (
+    ConditionResult,
+    DryRunRequest,
+    EventData,
+    GroupResult,
+    dry_run,
+    trace,
+)
 from libs.common.rules.matching import inline, match
+from libs.common.rules.triggers import insert_trigger
 from tests.condition_helpers import (
     CHANGE_VALUES,
     CHANGED_KEYS,
@@ -64,6 +78,7 @@ from tests.condition_helpers import (
     condition_text,
     ends_of,
     json_kind,
+    leaf_of,
     leaves,
     make_leaf,
     number,
@@ -725,3 +740,138 @@ def test_semantics_on_an_example(pool: ConnectionPool, project: Project) -> None
     with pool.connection() as conn, conn.transaction(force_rollback=True):
         found = evaluate(conn, nodes, store(conn, project.id, EXAMPLE))
     assert found == expected
+
+
+# --- the dry run's trace -----------------------------------------------------------------------------------
+#
+# A dry run (libs.common.rules.dry_run) reads every node of a rule's tree compiled alone, and each leaf's
+# value, over one trigger's context. Its results are never NULL: the compiler wraps each leaf in
+# coalesce(..., false), negates a never-NULL positive, and joins never-NULL children with AND / OR (an empty
+# all is true, an empty any false); so every result is a boolean and each group's is exactly all / any of its
+# children's.
+
+
+def expected_value(leaf: Leaf, ctx: Context) -> Any:
+    """What a dry run shows as the value a leaf compared (None: absent), read from the context."""
+    if leaf.operator == "attribute_changed":
+        return (ctx.changed or {}).get(leaf.attribute)
+    if leaf.attribute.startswith(CUSTOM_PREFIX):
+        return ctx.attributes.get(leaf.attribute.removeprefix(CUSTOM_PREFIX))
+    return attribute_value(ctx, leaf.attribute)
+
+
+def check_trace(traced: ConditionResult, node: Node, ctx: Context) -> list[str]:
+    """What is wrong with a trace of ``node``: a result that is not a boolean, a group whose result is not
+    its children's, a result the evaluator disagrees with, or a value that is not the context's."""
+    wrong = []
+    if type(traced.result) is not bool:
+        wrong.append(f"{traced.path}: {traced.result!r} is not a boolean")
+    if traced.result is not holds(node, ctx):
+        wrong.append(f"{traced.path} {node.to_json()}: trace {traced.result}, expected {holds(node, ctx)}")
+    if isinstance(traced, GroupResult):
+        assert isinstance(node, Group) and traced.kind == node.kind
+        results = [child.result for child in traced.children]
+        if traced.result is not (all(results) if traced.kind == "all" else any(results)):
+            wrong.append(f"{traced.path}: {traced.kind} of {results} is not {traced.result}")
+        for child, child_node in zip(traced.children, node.children, strict=True):
+            wrong += check_trace(child, child_node, ctx)
+    else:
+        assert isinstance(node, Leaf)
+        assert (traced.attribute, traced.operator, traced.value) == (
+            node.attribute,
+            node.operator,
+            node.value,
+        )
+        if not json_equal(traced.actual, expected := expected_value(node, ctx)):
+            wrong.append(f"{traced.path} {node.to_json()}: value {traced.actual!r}, expected {expected!r}")
+    return wrong
+
+
+def as_event(ctx: Context) -> tuple[Context, EventData]:
+    """The context as a dry run's request can give it (an event's data is well-formed: a message of a known
+    type, changes with from / to, lists of strings, ids), and that data."""
+    message = ctx.message if (ctx.message or {}).get("type") in ("incoming", "outgoing") else None
+    changed = {
+        name: entry
+        for name, entry in (ctx.changed or {}).items()
+        if isinstance(entry, dict) and set(entry) <= {"from", "to"}
+    }
+    kept = dataclasses.replace(
+        ctx,
+        message=message
+        if message is None
+        else {"type": message["type"], "content": message.get("content") or ""},
+        changed=changed if ctx.changed is not None else None,
+        event_lists={
+            key: [item for item in items if item is not None] for key, items in ctx.event_lists.items()
+        },
+        lead_ref="absent" if ctx.lead_ref == "null" else ctx.lead_ref,
+        deal_ref="absent" if ctx.deal_ref == "null" else ctx.deal_ref,
+    )
+    return kept, msgspec.convert(kept.payload(), EventData)
+
+
+def stored_rule(conn: Connection[Any], project_id: uuid.UUID, event: str, raw: Any) -> uuid.UUID:
+    """A rule of ``event`` with the conditions ``raw`` as stored (a tree drawn for any event)."""
+    rule_id: uuid.UUID = _one(
+        conn,
+        "INSERT INTO rules (project_id, name, event, conditions, actions) VALUES (%s, 'drawn', %s, %s, %s)"
+        " RETURNING id",
+        (project_id, event, Jsonb(raw), Jsonb([{"type": "add_contact_tag", "tags": ["x"]}])),
+    )
+    return rule_id
+
+
+@st.composite
+def traced_examples(draw: st.DrawFn) -> tuple[Context, list[Any]]:
+    """A context, a group with a leaf about every attribute (custom: each key the context has, and one
+    more), and random trees about it."""
+    ctx = draw(CONTEXTS)
+    pools = context_pools(ctx)
+    custom = [*ctx.attributes, draw(st.sampled_from(KEYS))]
+    attributes = unique([*KINDS, *(CUSTOM_PREFIX + key for key in custom), *changed_attributes(ctx)])
+    probes = {draw(st.sampled_from(["all", "any"])): [draw(leaf_of(name, pools)) for name in attributes]}
+    return ctx, [probes, *draw(st.lists(trees(leaves(pools)), min_size=1, max_size=8))]
+
+
+@pytest.mark.timeout(600)
+@POOL_THREADS_USE_RANDOM
+@settings(QUICK, max_examples=40, phases=[Phase.explicit, Phase.generate])
+@given(example=traced_examples())
+def test_the_dry_run_agrees_with_match_and_the_documented_semantics(
+    pool: ConnectionPool, project: Project, example: tuple[Context, list[Any]]
+) -> None:
+    ctx, raws = example
+    kept, data = as_event(ctx)
+    wrong = []
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        trigger_id = store(conn, project.id, ctx)
+        contact_id, conversation_id = conn.execute(
+            "SELECT contact_id, conversation_id FROM followup_triggers WHERE id = %s", (trigger_id,)
+        ).fetchone() or (None, None)
+        # the same event as the dry run's request gives it, recorded as a trigger of its own
+        twin = insert_trigger(
+            conn,
+            project.id,
+            "message.created",
+            contact_id=contact_id,
+            conversation_id=conversation_id,
+            payload=msgspec.to_builtins(data),
+            now=T0,
+        ).trigger_id
+        event = "message.created" if conversation_id is not None else "contact.tag_added"
+        for raw in raws:
+            node = parse_conditions(raw)
+            literal = inline(conn, *compile_conditions(node))
+            # the trace over a stored trigger (any payload): each node, each value, the root as match says
+            traced = trace(conn, node, trigger_id)
+            assert traced is not None
+            assert traced.result is match(conn, [trigger_id], [literal])[trigger_id][0]
+            wrong += check_trace(traced, node, ctx)
+            # the whole dry run over a rule with this tree: the root as match says for the same event
+            rule_id = stored_rule(conn, project.id, event, raw)
+            request = DryRunRequest(contact_id=contact_id, conversation_id=conversation_id, event=data)
+            answer = dry_run(conn, project.id, rule_id, request, now=T0)
+            assert answer.matched is answer.conditions.result is match(conn, [twin], [literal])[twin][0]
+            wrong += check_trace(answer.conditions, node, kept)
+    assert not wrong, "\n".join([f"{len(wrong)} disagreements:", *wrong[:20]])
