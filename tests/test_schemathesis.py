@@ -81,6 +81,9 @@ BEYOND_SCHEMA = {
     # a literal address the server does not call (a private one, say)
     "POST /v1/rules": r"conditions(\..*)?|actions\.\d+\.url|delay_in_business_hours",
     "PATCH /v1/rules/{rule_id}": r"conditions(\..*)?|actions\.\d+\.url|delay_in_business_hours",
+    # a conversation an event of the rule's type never has (or lacks, the contact having no open one); the
+    # event's data over 16 KB as JSON
+    "POST /v1/rules/{rule_id}/dry-run": r"conversation_id|event",
     # a send window whose start and end are the same time (one that never closes); a time zone its pattern
     # admits that the time zone database does not know
     "PUT /v1/settings": r"send_window|business_hours|timezone",
