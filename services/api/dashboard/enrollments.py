@@ -14,7 +14,7 @@ from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
 
 from libs.common.contracts.labels import label as label_of
-from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
+from libs.common.core.errors import FollowupsError, NotFound
 from libs.common.followups import enrollments, sequences
 from libs.common.followups.enrollments import EnrollmentDetail, EnrollRequest
 from libs.common.platform import contacts
@@ -28,7 +28,7 @@ from services.api.dashboard.forms import (
     key_values,
     validation_error,
 )
-from services.api.dashboard.queries import contact_labels, sequence_names
+from services.api.dashboard.queries import contact_labels, sequence_names, typed_contact_id
 from services.api.dashboard.render import moment, page
 from services.api.dashboard.step_form import describe
 from services.api.deps import runtime_of, transaction
@@ -127,7 +127,7 @@ class EnrollmentsController(Controller):
         contact_text = (request.query_params.get("contact") or "").strip()
         errors = FormErrors()
         with transaction(runtime_of(request)) as conn:
-            contact_id = _contact_id(conn, project_id, contact_text, errors) if contact_text else None
+            contact_id = typed_contact_id(conn, project_id, contact_text, errors) if contact_text else None
             rows = (
                 []
                 if errors
@@ -184,7 +184,7 @@ class EnrollmentsController(Controller):
             errors.add("sequence_id", "choose a sequence")
         try:
             with transaction(runtime) as conn:
-                contact_id = _contact_id(conn, project_id, values["contact"], errors, field="contact")
+                contact_id = typed_contact_id(conn, project_id, values["contact"], errors, field="contact")
                 if errors:
                     return self._form(request, values, errors, status=422)
                 data = msgspec.convert(
@@ -322,26 +322,3 @@ class EnrollmentsController(Controller):
 def _back(request: Request[Any, Any, Any], enrollment_id: uuid.UUID) -> str:
     """Where an action returns: the contact card it was pressed on, else the enrollment."""
     return back_to_card(request, f"/app/enrollments/{enrollment_id}")
-
-
-def _contact_id(
-    conn: Any, project_id: uuid.UUID, text: str, errors: FormErrors, field: str = "contact"
-) -> uuid.UUID | None:
-    """A contact typed as its id or its phone number."""
-    text = text.strip()
-    if not text:
-        errors.add(field, "enter the contact's phone number (or id)")
-        return None
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        pass
-    try:
-        found = contacts.list_contacts(conn, project_id, limit=1, phone=text)
-    except InvalidInput:
-        errors.add(field, "enter the contact's E.164 phone number (such as +14155550123) or its id")
-        return None
-    if not found:
-        errors.add(field, f"no contact has the phone number {text}")
-        return None
-    return found[0].id

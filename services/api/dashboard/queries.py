@@ -1,6 +1,6 @@
 """What the dashboard's pages show beside the domain's own reads (a project's name for the header, the
-names of a list's contacts and sequences in one query instead of one a row), each asked of the table's
-owner. Every query filters on the signed-in project."""
+names of a list's contacts and sequences in one query instead of one a row; a contact typed as its phone or
+id), each asked of the table's owner. Every query filters on the signed-in project."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Any
 
 from psycopg import Connection
 
-from libs.common.core.errors import NotFound
+from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.followups import campaigns, sequences
 from libs.common.platform import contacts, projects
 from libs.common.rules import rules
+from services.api.dashboard.forms import FormErrors
 
 
 @dataclass(frozen=True)
@@ -58,3 +59,27 @@ def rule_labels(conn: Connection[Any], project_id: uuid.UUID, ids: list[uuid.UUI
         except NotFound:
             labels[rule_id] = "deleted rule"
     return labels
+
+
+def typed_contact_id(
+    conn: Connection[Any], project_id: uuid.UUID, text: str, errors: FormErrors, field: str = "contact"
+) -> uuid.UUID | None:
+    """A contact typed into a form as its id or its phone number (None, with an error on ``field``, when it
+    is neither or no contact has that phone)."""
+    text = text.strip()
+    if not text:
+        errors.add(field, "enter the contact's phone number (or id)")
+        return None
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        pass
+    try:
+        found = contacts.list_contacts(conn, project_id, limit=1, phone=text)
+    except InvalidInput:
+        errors.add(field, "enter the contact's E.164 phone number (such as +14155550123) or its id")
+        return None
+    if not found:
+        errors.add(field, f"no contact has the phone number {text}")
+        return None
+    return found[0].id
