@@ -291,6 +291,50 @@ def test_create_a_delayed_rule_and_see_its_badge(page: Page, project: Project, r
     ]
 
 
+def test_test_a_rule_against_a_contact_and_see_why_it_matches(
+    page: Page, project: Project, runtime: Runtime
+) -> None:
+    contact = make_contact(runtime.pool, project.id, phone="+14155550142", name="Ada", tags=["vip"])
+    response = page.request.post(
+        "/v1/rules",
+        headers=project.headers,
+        data={
+            "name": "VIP nurture",
+            "event": "contact.tag_added",
+            "execution_delay_minutes": 90,
+            "conditions": {
+                "all": [
+                    {"attribute": "event.tags_added", "operator": "contains", "value": "vip"},
+                    {
+                        "any": [
+                            {"attribute": "contact.attributes.plan", "operator": "equal_to", "value": "gold"},
+                            {"attribute": "contact.name", "operator": "starts_with", "value": "ad"},
+                        ]
+                    },
+                ]
+            },
+            "actions": [{"type": "add_contact_tag", "tags": ["nurtured"]}],
+        },
+    )
+    assert response.status == 201, response.text()
+    sign_in(page, project)
+    page.get_by_role("link", name="Rules").click()
+    page.get_by_role("link", name="VIP nurture", exact=True).click()
+    page.get_by_label("Contact (phone number or id)").fill("+14155550142")
+    page.get_by_label("Event data (JSON, optional)").fill('{"tags_added": ["vip"]}')
+    page.get_by_role("button", name="Test", exact=True).click()
+    result = page.get_by_role("region", name="The rule matches")
+    expect(result).to_be_visible()
+    expect(result.locator("#tried-f-conditions-all-1-any-0")).to_contain_text("does not hold")
+    expect(result.locator("#tried-f-conditions-all-1-any-0")).to_contain_text("absent")
+    expect(result.locator("#tried-f-conditions-all-1-any-1")).to_contain_text('"Ada"')
+    expect(result).to_contain_text("add contact tag: nurtured")
+    expect(result).to_contain_text("Each event is an episode of its own")
+    screenshot(page, "rule-test")
+    assert rows(runtime.pool, "SELECT count(*) FROM followup_triggers") == [(0,)]
+    assert rows(runtime.pool, "SELECT tags FROM contacts WHERE id = %s", contact) == [(["vip"],)]
+
+
 def test_change_the_send_window_and_see_a_bad_input_next_to_its_field(
     page: Page, project: Project, runtime: Runtime
 ) -> None:

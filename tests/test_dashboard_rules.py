@@ -1,15 +1,17 @@
 """The dashboard's rule pages over HTTP: creating and editing a rule by its form (the delay in
-units, all / any condition groups, actions) and the rule's executions."""
+units, all / any condition groups, actions), the rule's executions, and its test against a contact."""
 
 from __future__ import annotations
 
+import html
+import re
 import uuid
 from datetime import timedelta
 
 import pytest
 
 from libs.common.rules import executions, rules
-from tests.dashboard_helpers import api, create_rule_via_form, field_error
+from tests.dashboard_helpers import api, create_rule_via_form, errors_on, field_error
 from tests.helpers import rows
 from tests.rule_helpers import process
 
@@ -341,3 +343,110 @@ def test_a_rules_executions_pending_executed_and_skipped_with_reasons(
     assert 'status-executed">executed' in page
     assert 'status-skipped">skipped' in page and "Rule disabled" in page
     assert "No pending executions." in client.get(f"/app/rules/{rule_id}?status=pending").text
+
+
+# --- test against a contact --------------------------------------------------------------------------------
+
+
+def tried(page: str) -> dict[str, tuple[str, str]]:
+    """Each evaluated node of the page's test result, by its path: its result and its words."""
+    node = r'<li class="tried-node" id="tried-f-([^"]+)">\s*'
+    result = r'<span class="status [^"]+">([^<]+)</span>\s*([^<\n]*)'
+    found = re.findall(node + result, page)
+    return {path: (result, html.unescape(words.strip())) for path, result, words in found}
+
+
+def test_testing_a_rule_against_a_contact_shows_each_condition_and_what_would_run(
+    signed_in, project, runtime
+) -> None:
+    client, token = signed_in
+    rule = api(
+        client,
+        project,
+        "POST",
+        "/v1/rules",
+        json={
+            "name": "vip nurture",
+            "event": "contact.tag_added",
+            "conditions": {
+                "all": [
+                    {"attribute": "event.tags_added", "operator": "contains", "value": "vip"},
+                    {
+                        "any": [
+                            {"attribute": "contact.attributes.plan", "operator": "equal_to", "value": "gold"},
+                            {"attribute": "contact.name", "operator": "starts_with", "value": "Ada"},
+                        ]
+                    },
+                ]
+            },
+            "actions": [{"type": "add_contact_tag", "tags": ["nurtured"]}],
+            "execution_delay_minutes": 90,
+        },
+    )
+    phone = "+14155550123"
+    api(client, project, "POST", "/v1/contacts", json={"phone": phone, "attributes": {"plan": "silver"}})
+    page = client.get(f"/app/rules/{rule['id']}").text
+    assert "Test against a contact" in page and 'action="/app/rules/' in page
+
+    # the contact by its phone, the event's data as JSON
+    data = {"_csrf": token, "contact": phone, "event": '{"tags_added": ["vip"]}'}
+    answer = client.post(f"/app/rules/{rule['id']}/test", data=data)
+    assert answer.status_code == 200, errors_on(answer.text)
+    assert "The rule does not match" in answer.text
+    assert tried(answer.text) == {
+        "conditions": ("does not hold", "All of these"),
+        "conditions-all-0": ("holds", 'Tags this change added contains "vip"'),
+        "conditions-all-1": ("does not hold", "Any of these"),
+        "conditions-all-1-any-0": ("does not hold", 'Contact attribute “plan” equal to "gold"'),
+        "conditions-all-1-any-1": ("does not hold", 'Contact\'s name starts with "Ada"'),
+    }
+    assert "(value: <code>&#34;silver&#34;</code>)" in answer.text  # what it compared
+    assert "(value: <code>absent</code>)" in answer.text  # no name
+    assert "None: the conditions do not hold." in answer.text
+
+    api(client, project, "PATCH", f"/v1/contacts/{rule_contact(runtime, phone)}", json={"name": "Ada"})
+    matched = client.post(f"/app/rules/{rule['id']}/test", data=data).text
+    assert "The rule matches" in matched and "add contact tag" in matched.lower()
+    assert "Each event is an episode of its own" in matched
+    assert rows(runtime.pool, "SELECT count(*) FROM followup_triggers") == [(0,)]
+
+
+def rule_contact(runtime, phone: str) -> str:
+    [(contact_id,)] = rows(runtime.pool, "SELECT id::text FROM contacts WHERE phone = %s", phone)
+    return str(contact_id)
+
+
+@pytest.mark.parametrize(
+    ("fields", "name", "message"),
+    [
+        ({"contact": ""}, "contact", "enter the contact's phone number"),
+        ({"contact": "+14155559999"}, "contact", "no contact has the phone number"),
+        ({"contact": str(uuid.UUID(int=7))}, "contact", "contact not found"),
+        ({"conversation": "not an id"}, "conversation", "enter the conversation's id"),
+        ({"event": "{nope"}, "event", "not JSON"),
+        ({"event": '{"tag": "vip"}'}, "event", "tag"),
+        ({"event": '{"message": {"type": "note"}}'}, "event", "'note'"),  # event.message.type
+    ],
+)
+def test_a_bad_test_input_is_shown_next_to_its_field(signed_in, project, fields, name, message) -> None:
+    client, token = signed_in
+    rule = api(
+        client,
+        project,
+        "POST",
+        "/v1/rules",
+        json={"name": "r", "event": "message.created", "actions": [{"type": "add_label", "labels": ["x"]}]},
+    )
+    contact = api(client, project, "POST", "/v1/contacts", json={"phone": "+14155550100"})
+    api(
+        client,
+        project,
+        "POST",
+        "/v1/events",
+        json={"type": "conversation.created", "contact_id": contact["id"]},
+    )
+    data = {"_csrf": token, "contact": "+14155550100", **fields}
+    page = client.post(f"/app/rules/{rule['id']}/test", data=data)
+    assert page.status_code in (404, 422), page.text
+    assert message in field_error(page.text, name)
+    assert "Test against a contact" in page.text  # the rule's page, the form kept

@@ -5,6 +5,7 @@ user-editable field (escaped)."""
 from __future__ import annotations
 
 import html
+import json
 import re
 import secrets
 from datetime import timedelta
@@ -24,6 +25,7 @@ from tests.dashboard_helpers import (
     bulk_upload,
     create_rule_via_form,
     enroll,
+    errors_on,
     field_error,
     make_sequence_via_form,
     publish,
@@ -113,8 +115,17 @@ def test_sign_out_ends_the_session(signed_in) -> None:
 def test_a_forged_or_missing_csrf_token_is_403(signed_in, project) -> None:
     client, token = signed_in
     sequence_id = make_sequence_via_form(client, token, "Forged")
+    rule_id = create_rule_via_form(
+        client,
+        token,
+        name="r",
+        event="contact.created",
+        execute="immediately",
+        **{"actions.0.type": "add_contact_tag", "actions.0.tags": "x"},
+    )
     posts = [
         ("/app/sign-out", {}),
+        (f"/app/rules/{rule_id}/test", {"contact": "+14155550100"}),
         ("/app/rules/new", {"name": "r", "event": "contact.created"}),
         ("/app/sequences/new", {"name": "s"}),
         (f"/app/sequences/{sequence_id}/publish", {}),
@@ -310,6 +321,7 @@ def test_another_projects_ids_are_404(signed_in, project, other_project, runtime
         f"/app/rules/{theirs['rule_id']}/enable",
         f"/app/rules/{theirs['rule_id']}/disable",
         f"/app/rules/{theirs['rule_id']}/delete",
+        f"/app/rules/{theirs['rule_id']}/test",
         f"/app/bulk/{theirs['job_id']}/cancel",
     ]
     for path in posts:
@@ -446,6 +458,22 @@ def test_html_in_every_user_editable_field_is_escaped(signed_in, project, runtim
         no_raw_script(page)
         for prefix in prefixes:
             assert html.escape(prefix, quote=False) + ESCAPED in page.replace("&#34;", '"'), (path, prefix)
+    # a rule tested against a contact: the condition's custom key and value, the contact's attribute and the
+    # event's data as the tree shows them
+    tested = client.post(
+        f"/app/rules/{world['rule_id']}/test",
+        data={"_csrf": token, "contact": str(contact_of_live), "event": json.dumps({"tags_added": [XSS]})},
+    )
+    assert tested.status_code == 200, errors_on(tested.text)
+    no_raw_script(tested.text)
+    assert f"“k{ESCAPED}”" in tested.text.replace("&#34;", '"')  # the condition's custom key
+    refused = client.post(
+        f"/app/rules/{world['rule_id']}/test",
+        data={"_csrf": token, "contact": str(contact_of_live), "event": "{" + XSS},
+    )
+    assert refused.status_code == 422
+    no_raw_script(refused.text)
+    assert field_error(refused.text, "event").startswith("not JSON")
     # the values typed into forms come back escaped too (a refused form is drawn again with them)
     response = client.post("/app/sequences/new", data={"_csrf": token, "name": "x" * 300 + XSS})
     assert response.status_code == 422

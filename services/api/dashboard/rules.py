@@ -1,6 +1,7 @@
 """Rules: the list (event, conditions, actions, the "runs after 4h" badge), the form of seed 002 section 5.6
 (execute immediately or after a delay in minutes, hours or days, stored in minutes; conditions in ``all`` /
-``any`` groups), enable / disable / delete, and a rule's executions (pending, executed, skipped and why)."""
+``any`` groups), enable / disable / delete, a rule's executions (pending, executed, skipped and why), and
+its test against a contact (a dry run: :mod:`.rule_dry_run`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
 
-from libs.common.core.errors import Conflict, FollowupsError
+from libs.common.core.errors import Conflict, FollowupsError, NotFound
 from libs.common.followups import sequences
-from libs.common.rules import executions, rules
+from libs.common.rules import dry_run, executions, rules
+from libs.common.rules.dry_run import DryRun
 from libs.common.rules.rules import RuleCreate, RuleUpdate
 from services.api.dashboard.action_form import (
     ACTION_CHOICES,
@@ -27,6 +29,7 @@ from services.api.dashboard.condition_form import ATTRIBUTE_CHOICES, OPERATOR_CH
 from services.api.dashboard.forms import Form, FormErrors, back_to_card, error_of, validation_error
 from services.api.dashboard.queries import sequence_names
 from services.api.dashboard.render import page
+from services.api.dashboard.rule_dry_run import EVENT_EXAMPLE, FIELDS, DryRunForm, shown
 from services.api.dashboard.rule_form import EVENTS, RuleForm
 from services.api.deps import runtime_of, transaction
 from services.api.problems import status_of
@@ -65,25 +68,79 @@ class RulesController(Controller):
 
     @get("/{rule_id:uuid}", sync_to_thread=True)
     def detail(self, request: Request[Any, Any, Any], rule_id: FromPath[uuid.UUID]) -> Response[str]:
+        return self._detail(request, rule_id, DryRunForm(contact=request.query_params.get("contact") or ""))
+
+    @post("/{rule_id:uuid}/test", sync_to_thread=True)
+    def test(self, request: Request[Any, Any, Any], rule_id: FromPath[uuid.UUID]) -> Response[str]:
+        """Test the rule against a contact (a dry run): the rule's page with what it would do."""
         project_id = project_of(request)
-        status = request.query_params.get("status")
-        status = status if status in EXECUTION_STATUSES else None
+        runtime = runtime_of(request)
+        typed = DryRunForm.of_form(Form.of(request))
+        errors = FormErrors()
+        try:
+            with transaction(runtime) as conn:
+                data = typed.request(conn, project_id, errors)
+                tried = (
+                    dry_run.dry_run(conn, project_id, rule_id, data, now=runtime.clock.now())
+                    if data
+                    else None
+                )
+        except msgspec.ValidationError as exc:
+            return self._detail(
+                request, rule_id, typed, errors=validation_error(exc).renamed(FIELDS), status=422
+            )
+        except FollowupsError as exc:
+            if isinstance(exc, NotFound) and exc.field == "rule_id":
+                raise  # another project's rule: the 404 page
+            return self._detail(
+                request, rule_id, typed, errors=error_of(exc).renamed(FIELDS), status=status_of(exc)
+            )
+        if tried is None:
+            return self._detail(request, rule_id, typed, errors=errors, status=422)
+        return self._detail(request, rule_id, typed, tried=tried)
+
+    def _detail(
+        self,
+        request: Request[Any, Any, Any],
+        rule_id: uuid.UUID,
+        typed: DryRunForm,
+        *,
+        tried: DryRun | None = None,
+        errors: FormErrors | None = None,
+        status: int = 200,
+    ) -> Response[str]:
+        project_id = project_of(request)
+        shown_status = request.query_params.get("status")
+        shown_status = shown_status if shown_status in EXECUTION_STATUSES else None
         with transaction(runtime_of(request)) as conn:
             rule = rules.get_rule(conn, project_id, rule_id)
-            found = executions.list_executions(conn, project_id, rule_id=rule_id, status=status, limit=100)
+            found = executions.list_executions(
+                conn, project_id, rule_id=rule_id, status=shown_status, limit=100
+            )
             runs = rules.rule_runs(conn, project_id, rule_id, limit=20)
-            names = sequence_names(conn, project_id, action_sequence_ids(rule.actions))
+            names = sequence_names(
+                conn,
+                project_id,
+                action_sequence_ids(rule.actions) + action_sequence_ids(tried.actions if tried else []),
+            )
         return page(
             request,
             "rules/detail.html",
+            status=status,
             title=rule.name,
             rule=rule,
             conditions=summary(rule.conditions),
             actions=actions_summary(rule.actions, names),
             executions=found,
             runs=runs,
-            status_filter=status,
+            status_filter=shown_status,
             statuses=EXECUTION_STATUSES,
+            test=typed,
+            errors=errors or FormErrors(),
+            event_example=EVENT_EXAMPLE,
+            tried=tried,
+            tried_tree=shown(tried.conditions) if tried else None,
+            tried_actions=actions_summary(tried.actions, names) if tried else [],
         )
 
     @get("/{rule_id:uuid}/edit", sync_to_thread=True)
