@@ -1,6 +1,7 @@
 """After-commit effects (libs.common.core.effects): registered by the domain function that makes a change,
-run once the transaction committed and only then; dropped by a rollback (a savepoint's: only its own);
-identical ones run once; a failing one is logged and the change stays. End to end: the API's enrollment
+run once the transaction committed and only then; dropped by a rollback (a savepoint's, or a block's that
+always rolls back: only its own); identical ones run once; a failing one is logged and the change stays.
+End to end: the API's enrollment
 nudges the release service, its triggers nudge the triggers service, a refused one nudges nobody; the
 workers' job runner runs them after each item's commit (a rule that enrolls, a bulk chunk) and drops them
 with a rolled-back item or rule."""
@@ -140,6 +141,22 @@ def test_a_savepoint_rolled_back_drops_only_its_own_effects(runtime: Runtime) ->
             effects.after_commit(conn, Record("kept", seen))
         effects.after_commit(conn, Record("after", seen))
     assert seen.ran == ["before", "kept", "after"]
+
+
+def test_a_rolled_back_block_keeps_nothing_it_wrote_nor_registered(
+    runtime: Runtime, project: Project
+) -> None:
+    seen = Seen()
+    with effects.transaction(runtime) as conn:
+        effects.after_commit(conn, Record("before", seen))
+        with effects.rolled_back(conn):  # however it ends: here, normally
+            effects.after_commit(conn, Record("inside", seen))
+            effects.after_commit(conn, Record("before", seen))  # already registered: kept
+            conn.execute("UPDATE projects SET name = 'dry' WHERE id = %s", (project.id,))
+        conn.execute("SELECT 1")  # the transaction goes on
+        effects.after_commit(conn, Record("after", seen))
+    assert seen.ran == ["before", "after"]
+    assert rows(runtime.pool, "SELECT name FROM projects WHERE id = %s", project.id) == [("test project",)]
 
 
 def test_identical_effects_run_once_per_transaction(runtime: Runtime) -> None:
