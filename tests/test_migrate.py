@@ -83,7 +83,7 @@ def test_claim_and_stop_indexes_are_partial_on_live_status(db_url: str) -> None:
     assert "(next_run_at)" in defs["followup_enrollments_claim_idx"]
     assert "(contact_id)" in defs["followup_enrollments_live_contact_idx"]
     assert "'active'::text, 'paused'::text" in defs["followup_enrollments_live_contact_idx"]
-    assert "(sequence_id, contact_id)" in defs["followup_enrollments_one_live_idx"]
+    assert "(project_id, sequence_id, contact_id)" in defs["followup_enrollments_one_live_idx"]
 
 
 def test_a_contacts_last_inbound_time_is_backfilled_from_its_messages(empty_url: str) -> None:

@@ -2,7 +2,7 @@
 -- The first half of a claim (:data:`CLAIM_QUEUED_MESSAGES`): QUEUED outbound messages in priority then age
 -- order, locked (SKIP LOCKED: claimers never wait for each other).
 WITH picked AS (
-    SELECT id FROM messages
+    SELECT project_id, id FROM messages
     WHERE status = 'QUEUED' AND direction = 'outbound'
       AND (%(project_id)s::uuid IS NULL OR project_id = %(project_id)s::uuid)
       AND (%(number_id)s::uuid IS NULL OR number_id = %(number_id)s::uuid)
@@ -16,7 +16,7 @@ WITH picked AS (
 -- status event; returns what the send lane needs to send them, in priority then age order.
 , claimed AS (
     UPDATE messages m SET status = 'PROCESSING', status_changed_at = %(now)s
-    FROM picked WHERE m.id = picked.id
+    FROM picked WHERE m.project_id = picked.project_id AND m.id = picked.id
     RETURNING m.id, m.project_id, m.contact_id, m.conversation_id, m.number_id, m.priority, m.body, m.media_url,
               m.media_kind, m.source, m.followup_enrollment_id, m.template_name, m.template_language,
               m.template_parameters, m.created_at
@@ -27,7 +27,7 @@ WITH picked AS (
 SELECT claimed.id, claimed.project_id, claimed.contact_id, c.phone, claimed.conversation_id, claimed.number_id,
        claimed.priority, claimed.body, claimed.media_url, claimed.media_kind, claimed.source,
        claimed.followup_enrollment_id, claimed.template_name, claimed.template_language, claimed.template_parameters, claimed.created_at
-FROM claimed JOIN contacts c ON c.id = claimed.contact_id
+FROM claimed JOIN contacts c ON c.project_id = claimed.project_id AND c.id = claimed.contact_id
 ORDER BY claimed.priority, claimed.created_at
 
 -- name: lock_message
@@ -46,7 +46,7 @@ WITH updated AS (
     SET status = %(status)s, status_changed_at = %(now)s,
         provider_message_id = coalesce(%(provider_message_id)s, provider_message_id),
         error = coalesce(%(error)s, error), error_code = coalesce(%(error_code)s, error_code)
-    WHERE id = %(id)s
+    WHERE project_id = %(project_id)s AND id = %(id)s
     RETURNING id, project_id, status, provider_message_id, error, error_code, status_changed_at, followup_enrollment_id,
               contact_id, conversation_id
 ), status_events AS (
@@ -62,10 +62,10 @@ FROM updated
 -- up to each number's quota (one probe of the queued-number index per number: no project's or number's
 -- backlog delays another's), priority then age order within a number, locked (SKIP LOCKED).
 WITH picked AS (
-    SELECT m.id
+    SELECT m.project_id, m.id
     FROM unnest(%(project_ids)s::uuid[], %(number_ids)s::uuid[], %(quotas)s::int[]) AS q(project_id, number_id, quota)
     CROSS JOIN LATERAL (
-        SELECT id FROM messages
+        SELECT project_id, id FROM messages
         WHERE project_id = q.project_id AND number_id = q.number_id
           AND status = 'QUEUED' AND direction = 'outbound'
         ORDER BY priority, created_at
@@ -79,7 +79,7 @@ WITH picked AS (
 SELECT m.id, m.project_id, m.contact_id, c.phone, m.conversation_id, m.number_id, m.priority, m.body,
        m.media_url, m.media_kind, m.source, m.followup_enrollment_id, m.template_name, m.template_language,
        m.template_parameters, m.created_at
-FROM messages m JOIN contacts c ON c.id = m.contact_id
+FROM messages m JOIN contacts c ON c.project_id = m.project_id AND c.id = m.contact_id
 WHERE m.project_id = %(project_id)s AND m.id = ANY(%(ids)s::uuid[])
   AND m.status = 'PROCESSING' AND m.direction = 'outbound'
 
@@ -108,6 +108,6 @@ WITH given AS (
     RETURNING m.id, m.project_id, m.status, m.provider_message_id, m.error, m.followup_enrollment_id
 ), status_events AS (
     INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
-    SELECT project_id, id, status, %(now)s FROM updated
+    SELECT %(project_id)s, id, status, %(now)s FROM updated
 )
 SELECT id, provider_message_id, followup_enrollment_id FROM updated
