@@ -22,6 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -125,6 +126,40 @@ def test_every_foreign_key_between_tenant_tables_is_within_the_project(db_url: s
     assert broken == []
     # and no reference table points at a tenant table (Citus refuses it)
     assert [k[1] for k in keys if k[0] in REFERENCE_TABLES and k[3] in tenants] == []
+
+
+#: How docs/scaling.md tells an operator to distribute the tables.
+SCALING = Path(__file__).resolve().parent.parent / "docs" / "scaling.md"
+_CALL = re.compile(r"SELECT (create_reference_table|create_distributed_table)\('(\w+)'(?:, '(\w+)')?")
+_DROPPED = re.compile(r"ALTER TABLE (\w+) DROP CONSTRAINT (\w+);")
+
+
+def test_the_scaling_docs_distribute_every_table_in_an_order_its_foreign_keys_allow(db_url: str) -> None:
+    """docs/scaling.md's calls name each table once: the reference tables as REFERENCE_TABLES says, every
+    other table distributed by project_id, each after the tables its foreign keys point at (but a key the
+    docs drop first and add back after)."""
+    text = SCALING.read_text(encoding="utf-8")
+    assert "REFERENCE_TABLES" in text and "libs/common/core/distribution.py" in text
+    calls = _CALL.findall(text)
+    named = [table for _, table, _ in calls]
+    assert len(named) == len(set(named)), "a table is named twice"
+    with psycopg.connect(db_url) as conn:
+        tenants = tenant_tables(conn)
+        keys = conn.execute(_FOREIGN_KEYS).fetchall()
+    assert {t for kind, t, _ in calls if kind == "create_reference_table"} == REFERENCE_TABLES.keys()
+    distributed = [(t, column) for kind, t, column in calls if kind == "create_distributed_table"]
+    assert {t for t, _ in distributed} == tenants.keys()
+    assert {column for _, column in distributed} == {DISTRIBUTION_COLUMN}
+    dropped = {name for _, name in _DROPPED.findall(text)}
+    order = {table: i for i, table in enumerate(named)}
+    late = [
+        f"{table}.{name} -> {target}"
+        for table, name, _, target, _ in keys
+        if name not in dropped and order[target] > order[table]
+    ]
+    assert late == []
+    for table in REFERENCE_TABLES:
+        assert f"| `{table}` |" in text, f"docs/scaling.md's table of reference tables lacks {table}"
 
 
 # --- (b) the statements ---------------------------------------------------------------------------------
