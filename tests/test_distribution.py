@@ -27,6 +27,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.db import create_pool
@@ -35,6 +36,9 @@ from libs.common.core.settings import DatabaseSettings
 from libs.common.core.sql import load_queries
 from libs.common.platform import send_lane
 from libs.common.platform.projects import create_project
+from libs.common.rules import bulk
+from libs.common.rules.conditions import SEGMENT_CONTEXT
+from libs.common.rules.matching import matching_statement
 from tests.conftest import database_from, with_database
 from tests.test_retention_plans import _seed as seed_retention
 from tests.test_table_ownership import Statement, py_statements, schema_tables, sql_statements
@@ -397,10 +401,13 @@ def _given(source: str, find: Callable[[str], str]) -> bool:
     return find((qualified.group(1) or qualified.group(2) or "").lower()) == find("?")
 
 
-#: Named pieces composed into whole statements in the code (checked whole, under their composed names).
+#: Statements composed of pieces in the code (checked whole, under their composed names): the send lane's
+#: claims, the rules' matching over a trigger's context, a segment's contacts written as a job's.
 COMPOSED = {
     "send_lane.CLAIM_QUEUED_MESSAGES": send_lane.CLAIM_QUEUED_MESSAGES,
     "send_lane.CLAIM_QUEUED_FOR_NUMBERS": send_lane.CLAIM_QUEUED_FOR_NUMBERS,
+    "matching.matching_statement": matching_statement(["true"]),
+    "bulk.SEGMENT_ITEMS": bulk.SEGMENT_ITEMS.format(SEGMENT_CONTEXT, sql.SQL("true")).as_string(),
 }
 
 

@@ -55,6 +55,13 @@ QUERIES = load_queries("libs.common.rules", "bulk.sql")
 MAX_CONTACTS = 100_000
 #: Contacts enrolled per transaction.
 CHUNK = 500
+#: A segment's contacts as a job's contacts: the segment's context and predicate are composed in, then the
+#: job's id, the project and the predicate's values bound.
+SEGMENT_ITEMS = sql.SQL(
+    "INSERT INTO followup_bulk_job_items (project_id, job_id, position, contact_id)"
+    " SELECT c.project_id, %s, row_number() OVER (ORDER BY c.id), c.id FROM {}"
+    " WHERE c.project_id = %s AND c.erased_at IS NULL AND {}"
+)
 #: Least time between two progress events of a job.
 PROGRESS_EVERY = timedelta(seconds=1)
 
@@ -163,12 +170,8 @@ def create_job(
     job_id: uuid.UUID = row[0]
     if segment is not None:
         predicate, values = compile_conditions(segment)
-        query = (
-            "INSERT INTO followup_bulk_job_items (project_id, job_id, position, contact_id)"
-            " SELECT c.project_id, %s, row_number() OVER (ORDER BY c.id), c.id FROM {}"
-            " WHERE c.project_id = %s AND c.erased_at IS NULL AND {}"
-        )
-        conn.execute(sql.SQL(query).format(SEGMENT_CONTEXT, predicate), [job_id, project_id, *values])
+        query = SEGMENT_ITEMS.format(SEGMENT_CONTEXT, predicate)
+        conn.execute(query, [job_id, project_id, *values])
     else:
         with conn.cursor().copy(
             "COPY followup_bulk_job_items (project_id, job_id, position, contact_id, phone) FROM STDIN"
