@@ -3,23 +3,30 @@
 It starts a 3-node RabbitMQ cluster (:mod:`benchmarks.rabbitmq_cluster`: quorum queues, the default),
 etcd and Patroni with two PostgreSQL nodes, a primary and a synchronous standby (:mod:`benchmarks.patroni`),
 and replicas of the services, each ``followups api`` / ``followups worker <service>`` in a process of its
-own: 2 API, 3 release, 2 triggers, 2 ingress, 2 retention (``--replicas`` changes the counts). Every
+own: 2 API, 3 release, 2 triggers, 2 ingress, 2 ai_steps, 2 retention (``--replicas`` changes the counts);
+the ai_steps replicas write with the local model server (:mod:`followups.model_server`, an OpenAI-compatible
+HTTP server answering after ``--model-latency`` seconds). Every
 process has ``DATABASE_URL`` with both PostgreSQL nodes (``target_session_attrs=read-write``) and
 ``AMQP_URL`` with the three RabbitMQ nodes. Ports and folders are its own (a temporary folder, removed at
 the end): the machine's PostgreSQL on 5432 and RabbitMQ on 5672 are not touched.
 
 The load, through both API processes in turn (a request refused by one, or a connection it drops, goes to
 the other): per contact, an upsert by phone, a tag (a ``contact.tag_added`` event: one rule sends a webhook
-at once, another a minute later, both to a local receiver), an enrollment in a 3-step sequence (0 s, 15 s,
-30 s; ``dedupe_key``: a retried enrollment is the same one) and, for some, a reply (``message.inbound``) or
-an opt-out after a random time. A 503 with ``Retry-After`` is retried (it is what an outage answers); any
-other 5xx is counted in ``api_5xx_other``.
+at once, another a minute later, both to a local receiver), an enrollment in a 3-step sequence (a message at
+once, an AI-written message 15 s later, a message 30 s after that; ``dedupe_key``: a retried enrollment is
+the same one) and, for some, a reply (``message.inbound``) or an opt-out after a random time, half of them
+through the API and half published to the ingress queue (``followups.ingress``, as the messaging platform
+feeds it: on a live node, with publisher confirms). A 503 with ``Retry-After`` is retried (it is what an
+outage answers); any other 5xx is counted in ``api_5xx_other``.
 
 The faults, one every ``--fault-every`` seconds in turn: kill -9 of a RabbitMQ node (started again 5 s
 later: it rejoins the cluster), kill -9 of random replicas (started again at once), kill -9 of the
 PostgreSQL primary's node, Patroni and PostgreSQL (Patroni promotes the synchronous standby; the old node,
 started again, rejoins as the standby). A fault has healed when an enrollment made after it has its first
-message queued and every outbox event recorded until then is published: ``max_recover_s`` is the longest.
+message queued and every outbox event recorded until then is published (the outbox relay, an advisory-lock
+holder, works again): ``max_recover_s`` is the longest. Each PostgreSQL fault also starts the retention job
+just before the kill and again once healed (a ``followup_retention`` message on its queue): the second run
+must end well on the new primary (retention, the other advisory-lock holder, resumes).
 
 After the load it waits (at most ``--drain`` seconds) for what is due to be done, then checks from the
 database, the receiver and a quorum queue bound to every event:
@@ -28,7 +35,9 @@ database, the receiver and a quorum queue bound to every event:
   message); ``lost``: a step due before the drain and not released, a released step without its message,
   an outbox event never published, a webhook delivery not delivered or that never reached the receiver, a
   published event that never reached the queue;
-- ``after_reply``: a follow-up message queued after the contact's reply or opt-out was acknowledged;
+- ``after_reply``: a follow-up message queued after the contact's reply or opt-out was acknowledged (by
+  the API), or after it was applied and not cancelled (through the ingress queue: the enrollment's stop);
+  an ingress reply or opt-out never applied is ``lost``;
 - ``executions_doubled``: a rule's second webhook delivery for one trigger, or a second pending execution
   of one episode;
 - ``events_duplicated``: events the queue received more than once (the relay re-publishes at most its
@@ -56,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,16 +79,23 @@ import psycopg
 from benchmarks.common import percentile
 from benchmarks.patroni import Patroni, installed
 from benchmarks.rabbitmq_cluster import RabbitCluster, free_port, rabbitmq_server
+from followups.model_server import ModelServer, model_server
+from libs.common.contracts import actors
 from libs.common.core.migrate import migrate
 from libs.common.platform.projects import create_project
 
-REPLICAS = {"api": 2, "release": 3, "triggers": 2, "ingress": 2, "retention": 2}
+REPLICAS = {"api": 2, "release": 3, "triggers": 2, "ingress": 2, "ai_steps": 2, "retention": 2}
 EVENTS_EXCHANGE = "followups.events"
 EVENTS_QUEUE = "chaos-events"
 SEQUENCE = {
     "steps": [
         {"kind": "message", "text": 'Hi {{contact.name | "there"}}, any questions?'},
-        {"kind": "message", "text": "Shall we book a call?", "delay_seconds": 15},
+        {
+            "kind": "ai",
+            "instructions": "Ask, in one sentence, whether they would like to book a call.",
+            "fallback": {"kind": "template", "text": "Shall we book a call?"},
+            "delay_seconds": 15,
+        },
         {"kind": "message", "text": "Last call from us", "delay_seconds": 30},
     ],
     "stop_on": {"reply": True, "opt_out": True},
@@ -168,6 +185,66 @@ class EventsQueue(threading.Thread):
         finally:
             with contextlib.suppress(Exception):
                 connection.close()
+
+
+# --- actor messages, as the messaging platform publishes them ----------------------------------------
+
+
+class Publisher:
+    """Dramatiq actor messages published to a service's queue on a live node, each confirmed by the broker
+    (mandatory: a queue not declared yet is an error, not a message dropped); a node that fails is left for
+    the next."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.lock = threading.Lock()
+        self.channel: Any = None
+        self.connection: pika.BlockingConnection | None = None
+
+    def send(self, queue: str, actor: str, args: list[Any], deadline_s: float = 60) -> None:
+        body = json.dumps(
+            {
+                "queue_name": queue,
+                "actor_name": actor,
+                "args": args,
+                "kwargs": {},
+                "options": {},
+                "message_id": str(uuid.uuid4()),
+                "message_timestamp": int(time.time() * 1000),
+            }
+        ).encode()
+        properties = pika.BasicProperties(delivery_mode=2, content_type="application/json")
+        deadline = time.monotonic() + deadline_s
+        with self.lock:
+            while True:
+                try:
+                    channel = self.channel or self._connect()
+                    channel.basic_publish("", queue, body, properties, mandatory=True)
+                    return
+                except Exception as exc:
+                    self.close()
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{queue} {actor}: not published within {deadline_s}s") from exc
+                    time.sleep(0.3)
+
+    def _connect(self) -> Any:
+        for url in random.sample(self.urls, len(self.urls)):
+            with contextlib.suppress(Exception):
+                parameters = pika.URLParameters(url)
+                parameters.heartbeat = 5
+                parameters.blocked_connection_timeout = 5
+                parameters.socket_timeout = 5
+                self.connection = pika.BlockingConnection(parameters)
+                self.channel = self.connection.channel()
+                self.channel.confirm_delivery()
+                return self.channel
+        raise RuntimeError("no RabbitMQ node answers")
+
+    def close(self) -> None:
+        if self.connection is not None:
+            with contextlib.suppress(Exception):
+                self.connection.close()
+        self.connection = self.channel = None
 
 
 # --- the replicas ----------------------------------------------------------------------------------------
@@ -279,8 +356,11 @@ class Chaos:
         self.lock = threading.Lock()
         #: (when, contact id, "reply" | "opt_out"): the replies and opt-outs to come
         self.planned: list[tuple[float, str, str]] = []
-        #: when each contact's reply or opt-out was acknowledged (wall clock)
+        #: when each contact's reply or opt-out was acknowledged by the API (wall clock)
         self.acknowledged: dict[str, datetime] = {}
+        #: the replies and opt-outs published to the ingress queue, by contact
+        self.published: dict[str, str] = {}
+        self.exits = contextlib.ExitStack()
         self.recoveries: list[tuple[str, float]] = []
         self.contacts = 0
         self.failures: list[str] = []
@@ -300,6 +380,10 @@ class Chaos:
         threading.Thread(target=self.receiver.serve_forever, daemon=True).start()
         self.events = EventsQueue(self.rabbit.urls)
         self.events.start()
+        self.publisher = Publisher(self.rabbit.urls)
+        self.exits.callback(self.publisher.close)
+        self.model: ModelServer = self.exits.enter_context(model_server())
+        self.model.latency = self.args.model_latency
         if not self.events.declared.wait(30):
             raise RuntimeError("the events queue could not be declared")
         env = {
@@ -311,6 +395,10 @@ class Chaos:
             "WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
             "API_KEY_REQUESTS_PER_MINUTE": "0",
             "DATABASE_POOL_MAX_SIZE": "6",
+            "AI_BASE_URL": self.model.base_url,
+            "AI_TIMEOUT_SECONDS": "5",
+            # a killed ai_steps replica's step is taken again once its lease ends
+            "FOLLOWUP_AI_LEASE_MS": "15000",
         }
         logs = self.folder / "logs"
         logs.mkdir()
@@ -355,6 +443,8 @@ class Chaos:
                 heapq.heappush(self.planned, (time.monotonic() + random.uniform(1, 40), contact_id, kind))
 
     def answer(self, contact_id: str, kind: str) -> None:
+        """The contact's reply or opt-out: through the API, or (half of them) published to the ingress
+        queue as the messaging platform would."""
         if kind == "reply":
             event = {
                 "type": "message.inbound",
@@ -364,6 +454,12 @@ class Chaos:
             }
         else:
             event = {"type": "contact.opted_out", "contact_id": contact_id}
+        if random.random() < 0.5:
+            payload = {"project_id": str(self.project_id), "event": event}
+            self.publisher.send(actors.INGRESS_QUEUE, actors.PLATFORM_EVENT.actor, [payload])
+            with self.lock:
+                self.published[contact_id] = kind
+            return
         self.api.call("POST", "/v1/events", event)
         with self.lock:
             self.acknowledged[contact_id] = datetime.now(UTC)
@@ -405,6 +501,8 @@ class Chaos:
             try:
                 what = getattr(self, f"_fault_{kind.replace('-', '_')}")()
                 self._healed(at)
+                if kind == "postgres":
+                    self._retention_resumes()
             except Exception as exc:
                 self.failures.append(f"fault {kind}: {exc}")
                 continue
@@ -432,12 +530,30 @@ class Chaos:
     def _fault_postgres(self) -> str:
         old = self.patroni.leader()
         assert old is not None, "no PostgreSQL leader"
+        self._start_retention()  # a run cut by the kill, perhaps
         self.patroni.kill(old)
         t0 = time.monotonic()
         self._await(lambda: self.patroni.leader() not in (None, old), "promotion", 90)
         promoted = time.monotonic() - t0
         self.patroni.start_node(old)
         return f"kill -9 of the PostgreSQL primary pg{old} (promoted in {promoted:.0f}s)"
+
+    def _start_retention(self) -> None:
+        self.publisher.send(actors.RETENTION_QUEUE, "followup_retention", [])
+
+    def _retention_runs(self) -> int:
+        """Retention runs that ended well, as the retention replicas logged them."""
+        return sum(
+            path.read_text(errors="replace").count('"retention job done"')
+            for path in (self.folder / "logs").glob("retention-*.log")
+        )
+
+    def _retention_resumes(self) -> None:
+        """After a failover, the retention job runs through on the new primary (its advisory lock, held on
+        the old one by a run the kill cut, is free there)."""
+        before = self._retention_runs()
+        self._start_retention()
+        self._await(lambda: self._retention_runs() > before, "retention run on the new primary", 120)
 
     def _healed(self, since: datetime) -> None:
         """Wait until an enrollment made now has its first message queued and every outbox event recorded
@@ -591,6 +707,37 @@ class Chaos:
                     p,
                 )
             )
+        with self.lock:
+            published = dict(self.published)
+        unapplied = after_stop = 0
+        if published:
+            contacts = list(published)
+            kinds = list(published.values())
+            # applied: a reply's inbound message is recorded; an opt-out's contact is opted out
+            [(unapplied,)] = self._rows(
+                "SELECT count(*) FROM unnest(%s::uuid[], %s::text[]) a(contact_id, kind) WHERE CASE a.kind"
+                " WHEN 'reply' THEN NOT EXISTS (SELECT 1 FROM messages m WHERE m.project_id = %s"
+                " AND m.contact_id = a.contact_id AND m.direction = 'inbound'"
+                " AND m.provider_message_id = 'chaos-' || a.contact_id)"
+                " ELSE NOT EXISTS (SELECT 1 FROM contacts c WHERE c.project_id = %s AND c.id = a.contact_id"
+                " AND c.opted_out_at IS NOT NULL) END",
+                contacts,
+                kinds,
+                p,
+                p,
+            )
+            # once the stop committed, no follow-up of the contact may be queued (and not cancelled)
+            [(after_stop,)] = self._rows(
+                "SELECT count(*) FROM messages m JOIN followup_enrollments e ON e.project_id = m.project_id"
+                " AND e.contact_id = m.contact_id AND e.status = 'stopped'"
+                " AND e.reason IN ('replied', 'opted_out')"
+                " WHERE m.project_id = %s AND m.contact_id = ANY(%s::uuid[])"
+                " AND m.followup_enrollment_id IS NOT NULL AND m.created_at > e.finished_at"
+                " AND m.status <> 'CANCELLED'",
+                p,
+                contacts,
+            )
+        after_reply += int(after_stop)
         lags = [
             float(ms)
             for (ms,) in self._rows(
@@ -607,13 +754,15 @@ class Chaos:
             + missing_deliveries
             + unreceived
             + events_unreceived
+            + int(unapplied)
         )
         log(
             f"details: pending={pending} steps_without_message={without_message}"
             f" tag_triggers_without_delivery={missing_deliveries} deliveries_unreceived={unreceived}"
             f" events_unreceived={events_unreceived} deliveries={len(delivery_ids)} events={len(event_ids)}"
             f" api_requests={self.api.requests} api_503={self.api.unavailable} api_retries={self.api.retried}"
-            f" replies_and_opt_outs={len(acknowledged)}"
+            f" replies_and_opt_outs={len(acknowledged)} through_ingress={len(published)}"
+            f" ingress_unapplied={unapplied} ai_calls={self.model.received()}"
         )
         for line in self.api.other_5xx[:10] + self.failures[:10]:
             log(f"problem: {line}")
@@ -635,6 +784,7 @@ class Chaos:
         if hasattr(self, "events"):
             self.events.stopping.set()
         self.receiver.shutdown()
+        self.exits.close()
         self.patroni.close()
         self.rabbit.close()
 
@@ -679,6 +829,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-every", type=float, default=15, help="seconds between faults")
     parser.add_argument("--drain", type=float, default=150, help="at most this long to finish what is due")
     parser.add_argument("--replicas", type=_replicas, default=dict(REPLICAS), help="e.g. release=3,api=2")
+    parser.add_argument("--model-latency", type=float, default=0.3, help="seconds the model takes per answer")
     parser.add_argument("--keep", action="store_true", help="keep the folder of logs and data")
     args = parser.parse_args(argv)
     missing = installed() or (None if rabbitmq_server() else "RabbitMQ is not installed")

@@ -55,10 +55,10 @@ def conversation_of(client: TestClient[Any], conversation_id: str) -> dict[str, 
 
 
 def runs(client: TestClient[Any], rule_id: str) -> list[tuple[str, str | None]]:
-    """What the rule did, oldest first: (outcome, detail)."""
+    """What the rule did, oldest first: (outcome, reason)."""
     response = client.get(f"/v1/rules/{rule_id}/runs")
     assert response.status_code == 200, response.text
-    return [(run["outcome"], run["detail"]) for run in reversed(response.json()["items"])]
+    return [(run["outcome"], run["reason"]) for run in reversed(response.json()["items"])]
 
 
 def trigger_count(runtime: Runtime, kind: str | None = None) -> int:

@@ -160,9 +160,9 @@ def test_get_returns_the_enrollment_with_its_step_runs_and_messages(
     assert detail["enrollment"]["id"] == enrollment["id"]
     assert detail["enrollment"]["status"] == "completed"
     runs = detail["step_runs"]
-    assert [(r["step_index"], r["outcome"], r["reason"]) for r in runs] == [
-        (0, "queued", None),
-        (1, "skipped", "missing_variable:vars.code"),
+    assert [(r["step_index"], r["outcome"], r["reason"], r["reason_detail"]) for r in runs] == [
+        (0, "queued", None, None),
+        (1, "skipped", "missing_variable", "vars.code"),  # the code, and what it is about
     ]
     [message] = detail["messages"]
     assert (message["body"], message["step_index"], message["status"]) == ("Hi Ada", 0, "QUEUED")

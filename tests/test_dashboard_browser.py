@@ -23,6 +23,7 @@ import pytest
 import uvicorn
 
 from libs.common.core.runtime import Runtime
+from libs.common.followups.definition import MessageStep
 from services.api.app import create_app
 from services.release.release import release_one
 from tests.browser_pages import NOT_PAGES, dashboard_pages, seed_every_kind
@@ -196,6 +197,72 @@ def test_the_live_refresh_updates_the_header_and_buttons_when_the_enrollment_com
     expect(heading).to_contain_text("completed")
     expect(page.get_by_role("button", name="Pause")).to_have_count(0)
     expect(page.get_by_role("button", name="Stop")).to_have_count(0)
+
+
+def test_edit_tags_attributes_consent_and_opt_out_on_the_contact_card(
+    page: Page, project: Project, runtime: Runtime
+) -> None:
+    # Given a contact with a live follow-up, and its card
+    contact = make_contact(runtime.pool, project.id, phone="+14155550102", name="Cy")
+    sequence_id = make_sequence(runtime.pool, project.id, MessageStep(text="Later", delay_seconds=3600))
+    enrollment = make_enrollment(runtime.pool, runtime.clock, project.id, sequence_id, contact)
+    sign_in(page, project)
+    page.goto(f"/app/contacts/{contact}")
+    saved = page.get_by_role("status")
+    # When tags are added and one removed
+    page.get_by_label("Add tags (comma-separated)").fill("vip, demo-booked")
+    page.get_by_role("button", name="Add tags").click()
+    expect(saved).to_contain_text("Saved.")
+    page.locator(".tag", has_text="demo-booked").get_by_role("button", name="Remove").click()
+    expect(page.locator(".tag", has_text="demo-booked")).to_have_count(0)
+    # and attributes are set and one removed
+    page.get_by_label("Set attributes (key=value, one a line)").fill("plan=pro\nscore=80\npaid=true")
+    page.get_by_role("button", name="Set attributes").click()
+    expect(page.locator("dd div", has_text="paid")).to_be_visible()
+    page.locator("dd div", has_text="paid").get_by_role("button", name="Remove").click()
+    expect(page.locator("dd div", has_text="paid")).to_have_count(0)
+    # Then the API reads them back, typed
+    read = page.request.get(f"/v1/contacts/{contact}", headers=project.headers).json()
+    assert (read["tags"], read["attributes"]) == (["vip"], {"plan": "pro", "score": 80})
+    # When consent is recorded
+    page.get_by_role("button", name="Record consent").click()
+    expect(page.get_by_role("button", name="Record consent")).to_have_count(0)
+    assert page.request.get(f"/v1/contacts/{contact}", headers=project.headers).json()["consent"] == "granted"
+    # and the contact is opted out there: its live follow-up stops, as the opt-out event stops it
+    expect(page.get_by_role("link", name=re.compile("^seq "))).to_be_visible()
+    page.get_by_role("button", name="Opt out").click()
+    expect(page.get_by_text("Opted out", exact=True)).to_be_visible()
+    expect(page.get_by_text("No live follow-ups for this contact.")).to_be_visible()
+    assert rows(
+        runtime.pool, "SELECT status, reason FROM followup_enrollments WHERE id = %s", enrollment.id
+    ) == [("stopped", "opted_out")]
+    read = page.request.get(f"/v1/contacts/{contact}", headers=project.headers).json()
+    assert read["opted_out_at"] is not None and read["consent"] == "revoked"
+    # and opted back in: consent is granted again
+    page.get_by_role("button", name="Opt back in (consent granted)").click()
+    expect(page.get_by_text("Not opted out")).to_be_visible()
+    read = page.request.get(f"/v1/contacts/{contact}", headers=project.headers).json()
+    assert (read["opted_out_at"], read["consent"]) == (None, "granted")
+
+
+def test_relative_times_tick_on_a_page_that_does_not_refresh(
+    page: Page, project: Project, runtime: Runtime
+) -> None:
+    # Given an enrollment whose step is due in 25 s (by the server's clock), on the enrollments list
+    contact = make_contact(runtime.pool, project.id, phone="+14155550103", name="Di")
+    sequence_id = make_sequence(runtime.pool, project.id, MessageStep(text="Soon", delay_seconds=25))
+    make_enrollment(runtime.pool, runtime.clock, project.id, sequence_id, contact)
+    sign_in(page, project)
+    page.goto("/app/enrollments")
+    due = page.locator("td time .relative").first
+    first = re.fullmatch(r"\(in (2[0-5]) s\)", due.inner_text())
+    assert first is not None, due.inner_text()
+    page.evaluate("window.notReloaded = true")
+    # Then, the page left alone, it counts down from the server's clock (not the browser's)
+    expect(due).not_to_have_text(first.group(0))
+    later = re.fullmatch(r"\(in (\d+) s\)", due.inner_text())
+    assert later is not None and int(later.group(1)) < int(first.group(1)), due.inner_text()
+    assert page.evaluate("window.notReloaded") is True
 
 
 def test_create_a_delayed_rule_and_see_its_badge(page: Page, project: Project, runtime: Runtime) -> None:

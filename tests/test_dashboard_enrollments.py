@@ -11,6 +11,7 @@ import pytest
 
 from libs.common.followups.definition import MessageStep
 from libs.common.rules.bulk import process_chunk
+from services.api.dashboard.render import instant
 from services.release.release import release_one
 from tests.dashboard_helpers import (
     add_step,
@@ -165,11 +166,16 @@ def test_times_are_shown_to_the_second_with_how_far_they_are(signed_in, project,
     due = clock.now() + timedelta(seconds=25)
     # Then its page says when, to the second, and in how long
     page = client.get(f"/app/enrollments/{enrollment.id}").text
-    assert f"<dd>{due:%Y-%m-%d %H:%M:%S} UTC (in 25 s)" in page
+    shown = f'{due:%Y-%m-%d %H:%M:%S} UTC <span class="relative">(in 25 s)</span>'
+    assert f'<dd><time datetime="{instant(due)}">{shown}</time>' in page
     # and three minutes on, the enrollment was made 3 min ago
     clock.advance(timedelta(minutes=3))
     listed = client.get("/app/enrollments").text
-    assert f"{enrollment.enrolled_at:%Y-%m-%d %H:%M:%S} UTC (3 min ago)" in listed
+    assert (
+        f'{enrollment.enrolled_at:%Y-%m-%d %H:%M:%S} UTC <span class="relative">(3 min ago)</span>' in listed
+    )
+    # the page says when it was drawn, the moment its script counts the relative times on from
+    assert f'<body data-now="{instant(clock.now())}">' in listed
 
 
 # --- contact card -------------------------------------------------------------------------------------------

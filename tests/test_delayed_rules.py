@@ -53,10 +53,10 @@ OPEN = {"attribute": "conversation.status", "operator": "equal_to", "value": "op
 
 
 def rule_runs(client: TestClient[Any], rule_id: str) -> list[tuple[str, str | None]]:
-    """What the rule did with its triggers, oldest first."""
+    """What the rule did with its triggers, oldest first: (outcome, reason)."""
     response = client.get(f"/v1/rules/{rule_id}/runs")
     assert response.status_code == 200, response.text
-    return [(run["outcome"], run["detail"]) for run in reversed(response.json()["items"])]
+    return [(run["outcome"], run["reason"]) for run in reversed(response.json()["items"])]
 
 
 # --- story 1: label conversations stuck in Pending ---------------------------------------------------------

@@ -4,6 +4,7 @@ the dashboard shows each beside its field."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from tests.dashboard_helpers import add_step, field_error, make_sequence_via_form
@@ -31,10 +32,10 @@ def test_a_definition_with_four_bad_steps_answers_all_four_in_plain_words(client
     assert errors_of(problem) == {
         "definition.steps.0.delay_seconds": "delay_seconds must be a whole number from 0 to 31622400",
         "definition.steps.1.kind": "kind is one of message, ai (not 'sms')",
-        "definition.steps.2.only_if.0": "each item of only_if is one of no_reply_since_enrollment, "
-        "no_reply_since_previous_step, previous_not_read (not 'whenever')",
+        "definition.steps.2.only_if.0": "each item of only_if is one of no_reply_since_previous_step, "
+        "no_reply_since_enrollment, previous_not_read (not 'whenever')",
         "definition.steps.3.min_confidence": "min_confidence must be a number from 0 to 1",
-        "definition.reentry": "reentry is one of after_finished, always, never (not 'sometimes')",
+        "definition.reentry": "reentry is one of never, after_finished, always (not 'sometimes')",
     }
     assert "definition.steps.1.kind: kind is one of message, ai" in problem["detail"]
     assert rows(pool, "SELECT id FROM followup_sequences WHERE project_id = %s", project.id) == []
@@ -101,7 +102,7 @@ def test_a_settings_body_with_several_problems_answers_all_and_stores_nothing(cl
         "send_delay_ms": "send_delay_ms must be a whole number from 0 to 3600000",
         "consent_mode": "consent_mode is one of off, required (not 'always')",
         "retention_days": "retention_days must be a whole number from 1 to 3650",
-        "send_window.days.1": "each item of days is one of fri, mon, sat, sun, thu, tue, wed (not 'someday')",
+        "send_window.days.1": "each item of days is one of mon, tue, wed, thu, fri, sat, sun (not 'someday')",
     }
     # the domain's checks of settings that decode answer together too
     body = {
@@ -111,6 +112,98 @@ def test_a_settings_body_with_several_problems_answers_all_and_stores_nothing(cl
     problem = assert_problem(client.put("/v1/settings", json=body), 422)
     assert set(errors_of(problem)) == {"send_window.start", "business_hours", "business_hours.days"}
     assert client.get("/v1/settings").json()["send_delay_ms"] == 0
+
+
+def test_settings_with_a_type_error_answer_the_checks_of_the_rest_too(client) -> None:
+    # Given a type error beside windows the checks after decoding refuse
+    body: dict[str, Any] = {
+        "send_delay_ms": "soon",
+        "send_window": {"start": "9am", "end": "17:00"},
+        "business_hours": {"start": "09:00", "end": "09:00"},
+    }
+    # When the settings are replaced
+    problem = assert_problem(client.put("/v1/settings", json=body), 400)
+    # Then the type error and each check's error are answered together: a shape error makes it a 400
+    assert errors_of(problem) == {
+        "send_delay_ms": "send_delay_ms must be a whole number, not a string",
+        "send_window.start": "start must be a 24-hour time HH:MM",
+        "business_hours": "start and end must differ (a window that never closes is no window)",
+    }
+    # a value refused on decoding and a check's error are both about values: 422
+    body = {"retention_days": 0, "send_window": {"start": "09:00", "end": "17:00", "days": ["mon", "mon"]}}
+    problem = assert_problem(client.put("/v1/settings", json=body), 422)
+    assert errors_of(problem) == {
+        "retention_days": "retention_days must be a whole number from 1 to 3650",
+        "send_window.days": "a day is given twice",
+    }
+    assert client.get("/v1/settings").json()["send_window"] is None
+
+
+def test_a_draft_with_a_type_error_answers_its_blank_name_too(client, pool, project) -> None:
+    body = {"name": "   ", "definition": {"steps": [message_step(delay_seconds="60")]}}
+    problem = assert_problem(client.post("/v1/sequences", json=body), 400)
+    assert errors_of(problem) == {
+        "name": "name must be 1 to 200 characters",
+        "definition.steps.0.delay_seconds": "delay_seconds must be a whole number, not a string",
+    }
+    sequence_id = new_sequence(client, message_step())
+    body = {"name": " ", "definition": {"steps": [message_step(colour="red")], "reentry": "sometimes"}}
+    problem = assert_problem(client.patch(f"/v1/sequences/{sequence_id}", json=body), 400)
+    assert set(errors_of(problem)) == {"name", "definition.steps.0.colour", "definition.reentry"}
+    assert len(rows(pool, "SELECT id FROM followup_sequences WHERE project_id = %s", project.id)) == 1
+
+
+def test_one_off_steps_with_a_refused_step_answer_the_publish_checks_of_the_others(client) -> None:
+    # Given a one-off whose second step does not decode and whose first and third break publish checks
+    steps = [
+        message_step(only_if=["previous_not_read"]),
+        {"kind": "sms", "text": "Hi"},
+        message_step(text="Hi {{vars.x", send_window={"start": "09:00", "end": "09:00"}),
+    ]
+    long_name = "v" * 65
+    body = {"contact_id": str(uuid.uuid4()), "steps": steps, "variables": {long_name: 1}}
+    # When the contact is enrolled in it
+    problem = assert_problem(client.post("/v1/enrollments", json=body), 422)
+    # Then every error is answered, the third step's named at its own index
+    assert errors_of(problem) == {
+        "steps.1.kind": "kind is one of message, ai (not 'sms')",
+        "steps.0.only_if": "the first step has no previous follow-up",
+        "steps.2.send_window": "start and end must differ (a window that never closes is no window)",
+        "steps.2.text": 'unclosed placeholder "{{vars.x": "{{" without a matching "}}"',
+        f"variables.{long_name}": "variables names are 1 to 64 characters",
+    }
+
+
+def test_a_follow_up_with_a_type_error_answers_its_text_too(client) -> None:
+    body = {"text": "Hi {{vars.x", "delay_seconds": "soon", "media_kind": "image"}
+    problem = assert_problem(client.post(f"/v1/conversations/{uuid.uuid4()}/follow-up", json=body), 400)
+    # the one-off's only step is the request: its errors name the request's fields
+    assert errors_of(problem) == {
+        "delay_seconds": "delay_seconds must be a whole number, not a string",
+        "media_url": "media_kind needs a media_url",
+        "text": 'unclosed placeholder "{{vars.x": "{{" without a matching "}}"',
+    }
+
+
+def test_a_rule_with_a_refused_action_answers_its_name_and_conditions_too(client) -> None:
+    body = {
+        "name": "  ",
+        "event": "contact.created",
+        "conditions": {"all": [{"attribute": "event.tags_added", "operator": "contains", "value": "vip"}]},
+        "actions": [{"type": "launch_rocket"}],
+        "delay_in_business_hours": True,
+    }
+    problem = assert_problem(client.post("/v1/rules", json=body), 422)
+    errors = errors_of(problem)
+    # the list the refused action was taken out of is not "a rule needs at least one action"
+    assert set(errors) == {
+        "actions.0.type",
+        "name",
+        "conditions.all.0.attribute",
+        "delay_in_business_hours",
+    }
+    assert errors["conditions.all.0.attribute"].startswith("event.tags_added is a field of contact.tag_added")
+    assert client.get("/v1/rules").json()["items"] == []
 
 
 def test_the_step_form_shows_every_error_beside_its_field(signed_in, runtime) -> None:
@@ -199,8 +292,8 @@ def test_publish_warns_about_each_placeholder_without_a_fallback(client) -> None
     warnings = [(w["field"], w["placeholder"], w["skip_reason"]) for w in response.json()["warnings"]]
     # contact.phone is always there, a fallback guards contact.name, a reminder has its anchor
     assert warnings == [
-        ("definition.steps.0.text", "vars.plan", "missing_variable:vars.plan"),
-        ("definition.steps.2.text", "contact.attributes.city", "missing_variable:contact.attributes.city"),
+        ("definition.steps.0.text", "vars.plan", "missing_variable"),
+        ("definition.steps.2.text", "contact.attributes.city", "missing_variable"),
         ("definition.steps.2.text", "anchor.date", "missing_anchor"),
     ]
     assert '{{vars.plan | "..."}}' in response.json()["warnings"][0]["message"]

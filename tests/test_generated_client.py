@@ -113,8 +113,8 @@ def test_the_first_workflow_through_a_generated_client(generated: ModuleType, ty
     assert isinstance(version, m.Published) and version.version == 1
     assert [step.text for step in version.definition.steps] == ["Hi {{contact.name}}!", "Still there?"]
     # the warnings typed too: {{contact.name}} without a fallback would skip the step for a nameless contact
-    assert [(w.field, w.placeholder) for w in version.warnings] == [
-        ("definition.steps.0.text", "contact.name")
+    assert [(w.field, w.placeholder, w.skip_reason) for w in version.warnings] == [
+        ("definition.steps.0.text", "contact.name", m.DefinitionWarningSkipReason.MISSING_VARIABLE)
     ]
 
     # enroll

@@ -15,7 +15,14 @@ from litestar.routes import HTTPRoute
 from litestar.testing import TestClient
 
 from libs.common.contracts import limits
+from libs.common.core.reasons import OTHER
+from libs.common.followups.release_step import StepRunReason
+from libs.common.followups.templates import MissingValue
 from libs.common.followups.transitions import EnrollmentReason, WaitingReason
+from libs.common.rules.actions import RuleRefusal
+from libs.common.rules.bulk import BulkSkipReason
+from libs.common.rules.executions import SkipReason
+from libs.common.rules.rules import RuleRunOutcome
 from services.api.openapi import _BOUNDS, _RENAMED
 from tests.test_api_contacts import assert_problem
 
@@ -279,6 +286,23 @@ def test_names_enums_and_typed_answers_a_generator_can_use(document: dict[str, A
     # the closed sets of codes an answer holds: every stop, failure and pause reason the code writes
     assert _enum(schemas["Enrollment"]["properties"]["reason"]) == set(get_args(EnrollmentReason))
     assert _enum(schemas["Enrollment"]["properties"]["waiting_reason"]) == set(get_args(WaitingReason))
+    assert _enum(schemas["EventResult"]["properties"]["stop_reason"]) == set(get_args(EnrollmentReason))
+    # a step run's, an execution's and a rule run's reason: the codes the product writes, and ``other`` for
+    # a stored one this version does not know; the detail apart, a string
+    step_run, execution, run = (schemas[name]["properties"] for name in ("StepRun", "Execution", "RuleRun"))
+    assert _enum(step_run["reason"]) == set(get_args(StepRunReason)) | {OTHER}
+    assert _enum(execution["skip_reason"]) == set(get_args(SkipReason)) | {OTHER}
+    assert _enum(run["reason"]) == set(get_args(RuleRefusal)) | {OTHER}
+    assert set(run["outcome"]["enum"]) == set(get_args(RuleRunOutcome))
+    assert "detail" not in run
+    for detail in (step_run["reason_detail"], execution["skip_detail"], run["reason_detail"]):
+        assert detail == {"oneOf": [{"type": "string"}, {"type": "null"}]}
+    assert set(schemas["DefinitionWarning"]["properties"]["skip_reason"]["enum"]) == set(
+        get_args(MissingValue)
+    )
+    # a bulk job's skipped contacts are counted by reason: the keys are the enum
+    skipped = schemas["BulkJob"]["properties"]["skipped"]
+    assert set(skipped["propertyNames"]["enum"]) == set(get_args(BulkSkipReason)) | {OTHER}
     claim = document["paths"]["/v1/send-lane/claim"]["post"]["responses"]["200"]["content"][
         "application/json"
     ]

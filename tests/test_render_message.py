@@ -45,7 +45,11 @@ def test_a_text_its_values_make_too_long_is_skipped_never_truncated() -> None:
 
 def test_a_missing_value_is_still_the_first_reason() -> None:
     rendered = render_message("{{vars.missing}}{{vars.filler}}", context(filler="x" * MAX_MESSAGE_LENGTH))
-    assert (rendered.text, rendered.skip_reason) == (None, "missing_variable:vars.missing")
+    assert (rendered.text, rendered.skip_reason, rendered.skip_detail) == (
+        None,
+        "missing_variable",
+        "vars.missing",
+    )
 
 
 def test_the_step_preview_says_a_text_too_long_once_filled_in_would_be_skipped(

@@ -3,21 +3,28 @@ reports success only when every step succeeded."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from prometheus_client import REGISTRY
 from psycopg_pool import ConnectionPool
 
-from libs.common.core.clock import ManualClock
+from libs.common.core.clock import SYSTEM_CLOCK, ManualClock
+from libs.common.core.db import create_pool
+from libs.common.core.errors import DatabaseUnavailable
+from libs.common.core.settings import DatabaseSettings
+from libs.common.platform.projects import create_project
 from libs.common.retention import cleanup
 from libs.common.retention.cleanup import run_retention
 from libs.common.rules import purge as rules_purge
 from tests.conftest import Project
 from tests.factories import make_contact, make_sequence
-from tests.helpers import rows
+from tests.helpers import rows, wait_until
+from tests.tcp_proxy import proxied_postgres
 
 
 def deleted_total(table: str) -> float:
@@ -189,3 +196,49 @@ def test_a_failing_step_fails_the_run_but_the_other_steps_still_run(
     left = {row[0] for row in rows(pool, "SELECT id FROM followup_enrollments")}
     assert ids["old_done"] not in left  # the step before ran
     assert count(pool, "SELECT count(*) FROM outbox WHERE type = 'x'") == 1  # and the steps after
+
+
+def test_a_run_cut_by_a_lost_database_stops_quietly_and_the_next_one_runs_through(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL lost mid-run (a failover): the run stops at that step with DatabaseUnavailable, logging
+    no error and no traceback (the outage's one warning is the pool's); its advisory lock ends with its
+    session, so the next run, once the server answers, takes it and runs every step."""
+    with psycopg.connect(db_url) as conn:
+        create_project(conn, "retention cut")  # a project: the steps run project by project
+    proxy, url = proxied_postgres(db_url)
+    proxied = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=4), name="retention-cut")
+    first_table, first_purge, first_limit = cleanup.STEPS[0]
+    calls: list[str] = []
+
+    def purge_then_lose_the_server(conn: Any, project_id: uuid.UUID, *, now: datetime, limit: int) -> int:
+        calls.append(first_table)
+        if len(calls) == 1:
+            proxy.down()  # every connection through the proxy drops, the lock's too
+        return first_purge(conn, project_id, now=now, limit=limit)
+
+    monkeypatch.setattr(
+        cleanup, "STEPS", ((first_table, purge_then_lose_the_server, first_limit), *cleanup.STEPS[1:])
+    )
+    try:
+        # When the server is lost during the first step
+        with caplog.at_level(logging.INFO), pytest.raises(DatabaseUnavailable):
+            run_retention(proxied, SYSTEM_CLOCK.now)
+        # Then the run stopped there, with no error line and no traceback
+        assert calls == [first_table]
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
+
+        # And once the server answers again, the next run takes the lock and runs every step
+        proxy.up()
+
+        def ran_through() -> bool:
+            try:
+                return run_retention(proxied, SYSTEM_CLOCK.now) is True
+            except DatabaseUnavailable:  # the pool still reconnecting
+                return False
+
+        wait_until(ran_through, timeout=30)
+        assert len(calls) >= 2
+    finally:
+        proxied.close()
+        proxy.close()

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from libs.common.core.reasons import stored
 from libs.common.followups.templates import (
     RenderContext,
     Rendered,
@@ -40,10 +41,11 @@ def text(source: str, **changes: Any) -> str | None:
     return rendered.text
 
 
-def skipped(source: str, **changes: Any) -> str | None:
+def skipped(source: str, **changes: Any) -> str:
+    """The reason and its detail, as a step run stores them (``missing_variable:vars.b``)."""
     rendered = render(source, context(**changes))
-    assert rendered.text is None, rendered
-    return rendered.skip_reason
+    assert rendered.text is None and rendered.skip_reason is not None, rendered
+    return stored(rendered.skip_reason, rendered.skip_detail)
 
 
 # --- placeholder kinds ---------------------------------------------------------------------------------
@@ -223,7 +225,7 @@ def test_a_naive_anchor_is_taken_as_utc() -> None:
 def test_a_missing_value_skips_the_step_with_its_reason(
     source: str, changes: dict[str, Any], reason: str
 ) -> None:
-    assert render(source, context(**changes)) == Rendered(text=None, skip_reason=reason)
+    assert skipped(source, **changes) == reason
 
 
 def test_the_first_missing_placeholder_names_the_reason() -> None:

@@ -8,7 +8,8 @@ since 1970), so :class:`StrictRequest` decodes the body straight into the handle
 parameters keep their string conversion.
 
 A body that does not decode is refused with every field it has wrong, each in plain words
-(:mod:`libs.common.core.decoding`), not only the first msgspec met.
+(:mod:`libs.common.core.decoding`), not only the first msgspec met; and with what the checks after
+decoding refuse in the rest of it (:mod:`services.api.body_checks`), so one answer names every error.
 
 A body that does not decode is not refused at once: authentication comes first (an unknown caller learns
 nothing about the body), as for every other parameter. The refusal is held on the request and ``data``
@@ -25,7 +26,9 @@ from litestar import Request
 from litestar.exceptions import ValidationException
 from litestar.handlers import HTTPRouteHandler
 
-from libs.common.core.decoding import refusals
+from libs.common.core import decoding
+from services.api.body_checks import check_body
+from services.api.deps import runtime_of
 
 #: Largest request body (bytes) a route takes unless it says otherwise: a sequence of 50 steps of 4,096
 #: characters each is ~200 KB (~1 MB written in 4-byte characters), far below it.
@@ -70,7 +73,7 @@ class StrictRequest(Request[Any, Any, Any]):
             return msgspec.json.decode(body or b"null", type=target, strict=True)
         except msgspec.ValidationError as exc:  # a wrong type, an unknown or missing field, a bound
             refusal = str(exc)
-            extra = _every_refusal(body, target, exc)
+            extra = self._every_refusal(body, target, exc)
         except msgspec.DecodeError as exc:  # not JSON at all
             refusal = f"the body is not valid JSON: {exc}"
         except RecursionError:  # nested deeper than Python's recursion limit
@@ -80,18 +83,35 @@ class StrictRequest(Request[Any, Any, Any]):
         )
         return REFUSED
 
-
-def _every_refusal(body: bytes, target: Any, first: msgspec.ValidationError) -> list[dict[str, str]]:
-    """Every field of the body its type refuses, not only the first (the body as plain data, searched
-    whole); none when it is not JSON past the first refusal (then the first alone is reported)."""
-    try:
-        raw = msgspec.json.decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        return []
-    return [
-        {"message": r.raw, "key": "data", "source": "body", "field": r.field, "plain": r.message}
-        for r in refusals(raw, target, first)
-    ]
+    def _every_refusal(
+        self, body: bytes, target: Any, first: msgspec.ValidationError
+    ) -> list[dict[str, str]]:
+        """Every field of the body its type refuses, not only the first (the body as plain data, searched
+        whole), then what the checks after decoding refuse in the rest (``checked``: a value's error, as
+        the domain's are); none when it is not JSON past the first refusal (the first alone is
+        reported)."""
+        try:
+            raw = msgspec.json.decode(body)
+        except (msgspec.DecodeError, RecursionError):
+            return []
+        found = decoding.salvaged(raw, target, first)
+        items = [
+            {"message": r.raw, "key": "data", "source": "body", "field": r.field, "plain": r.message}
+            for r in found.refusals
+        ]
+        if found.value is not None:
+            checked = found.named(check_body(target, found.value, runtime_of(self)))
+            items += [
+                {
+                    "message": message,
+                    "key": "data",
+                    "source": "body",
+                    "field": field or "body",
+                    "checked": "yes",
+                }
+                for field, message in checked
+            ]
+        return items
 
 
 def held_refusal(request: Request[Any, Any, Any]) -> ValidationException | None:

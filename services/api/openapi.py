@@ -17,7 +17,8 @@ Each error response is one shared component, ``Problem`` (RFC 9457, as :mod:`ser
 it). Request schemas carry the bounds the server enforces because they are generated from the same
 ``msgspec.Meta`` annotations that the strict decoding checks: Litestar renders a field's own bounds, and
 :func:`complete` adds those it drops (a list's items, a dict's keys and size, a bound of 0) from msgspec's
-own JSON Schema of the request bodies.
+own JSON Schema of the request bodies. An answer's dict whose keys are a closed set (a bulk job's
+``skipped``, by reason) names them (``propertyNames``), from msgspec's schema of what the handlers answer.
 
 Then :func:`complete` makes the document say what a client generator needs: each request struct that
 refuses unknown fields says so (``additionalProperties: false``, from msgspec's schema), a nullable enum is
@@ -35,12 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 import uuid
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Router
+from litestar import Litestar, Response, Router
 from litestar.constants import RESERVED_KWARGS
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
@@ -199,6 +201,7 @@ def complete(app: Litestar) -> OpenAPI:
     document.components = components
     components.schemas = {**(components.schemas or {}), "Problem": PROBLEM_SCHEMA}
     _add_bounds(components.schemas, app)
+    _add_key_names(components.schemas, app)
     _walk(document, _one_nullable_enum)
     for route in app.routes:
         if not isinstance(route, HTTPRoute) or document.paths is None:
@@ -304,6 +307,32 @@ def _add_bounds(schemas: dict[str, Schema], app: Litestar) -> None:
             actual = component.properties.get(field)
             if isinstance(actual, Schema):
                 _merge_bounds(actual, expected)
+
+
+def _add_key_names(schemas: dict[str, Schema], app: Litestar) -> None:
+    """Name the keys of each answer's dict that are a closed set (an enum), as msgspec's schema of the
+    structs the handlers answer does: Litestar renders only a dict's values."""
+    answers = []
+    for route in app.routes:
+        if not isinstance(route, HTTPRoute):
+            continue
+        for handler in route.route_handlers:
+            returned = handler.parsed_fn_signature.return_type
+            if returned.is_subclass_of(Response):  # Response[X] answers an X
+                returned = returned.inner_types[0] if returned.inner_types else returned
+            origin = typing.get_origin(returned.annotation) or returned.annotation
+            if isinstance(origin, type) and issubclass(origin, msgspec.Struct):
+                answers.append(returned.annotation)
+    _, definitions = msgspec.json.schema_components(answers)
+    for name, definition in definitions.items():
+        component = schemas.get(name)
+        if component is None or component.title != name or not component.properties:
+            continue
+        for field, expected in definition.get("properties", {}).items():
+            actual = component.properties.get(field)
+            names = expected.get("propertyNames")
+            if isinstance(actual, Schema) and isinstance(names, dict) and "enum" in names:
+                actual.property_names = Schema(type=OpenAPIType.STRING, enum=names["enum"])
 
 
 def _merge_bounds(actual: Schema, expected: dict[str, Any]) -> None:

@@ -8,7 +8,10 @@ route takes is 413 naming ``body``. A domain error with a stable ``code`` (``alr
 ``plan_limit``, ...) carries it as the ``code`` member.
 
 A body with several problems answers every one (``errors`` lists each field with its message, in plain
-words naming the allowed values or bounds: :mod:`libs.common.core.decoding`); ``detail`` joins them.
+words naming the allowed values or bounds: :mod:`libs.common.core.decoding`); ``detail`` joins them. A body
+that does not decode is answered with what the checks after decoding refuse in the rest of it too
+(:mod:`services.api.body_checks`): each such error is about a value, so it alone never makes the answer a
+400, and a shape error beside it still does.
 
 Bodies are decoded strictly (no number for a time, no string for a number: :mod:`services.api.body`); a
 body refused there is reported here, after authentication, like any other parameter.
@@ -149,18 +152,19 @@ def _validation_error(request: Request[Any, Any, Any], exc: ValidationException)
     if (refusal := held_refusal(request)) is not None and isinstance(refusal.extra, list):
         # the body did not decode (services.api.body): its own refusal, not "got a RefusedBody"
         items = [item for item in items if item.get("source") != "body"] + refusal.extra
-    errors, raw = [], []
+    errors, about_values = [], []
     for item in items:
         message = str(item.get("message", ""))
         field = item.get("field") or _field_of(message, item.get("key"), item.get("source"))
         errors.append({"field": field, "message": item.get("plain") or _AT_PATH.sub("", message)})
-        raw.append(_AT_PATH.sub("", message))
+        # a check after decoding refuses a value (services.api.body_checks), as the domain does
+        about_values.append(bool(item.get("checked")) or bool(_VALUE_ERROR.match(_AT_PATH.sub("", message))))
     if not errors and exc.detail:
         errors.append({"field": _field_of(exc.detail, None), "message": _AT_PATH.sub("", exc.detail)})
-        raw.append(errors[-1]["message"])
+        about_values.append(bool(_VALUE_ERROR.match(errors[-1]["message"])))
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "The request is not valid."
     # 422 only when every error is about a value; any shape error makes the request a bad request
-    status = 422 if raw and all(_VALUE_ERROR.match(message) for message in raw) else 400
+    status = 422 if about_values and all(about_values) else 400
     return problem(status, detail, errors=errors)
 
 

@@ -18,6 +18,7 @@ import httpx
 import msgspec
 
 from libs.common.core.settings import AiSettings
+from libs.common.followups.release_step import AiFallbackReason
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class ModelAnswer:
     """The answer, or the reason it cannot be used (``ai_timeout``, ``ai_error``, ``ai_invalid_output``)."""
 
     answer: Answer | None
-    failure: str | None
+    failure: AiFallbackReason | None
     prompt_tokens: int = 0
     completion_tokens: int = 0
 

@@ -148,7 +148,7 @@ def run_step(
             released = release_ai.release_drafted(
                 conn, due.project_id, due.enrollment_id, due.step_index, due.fence, draft, settings, now=now
             )
-            outcome = "fenced_out" if released is None else (draft.fallback_reason or "drafted")
+            outcome: str = "fenced_out" if released is None else (draft.fallback_reason or "drafted")
             if called is not None:  # the tokens were spent, whatever became of the draft
                 conn.execute(
                     QUERIES["record_call"],

@@ -3,9 +3,11 @@ wait, a refusal) and sources (of an enrollment, of a message).
 
 The one catalogue: the dashboard shows a code through :func:`label` (its ``label`` filter), and
 ``docs/labels.md`` is this catalogue written out (``python -m libs.common.contracts.labels > docs/labels.md``;
-``tests/test_labels.py`` fails when the two differ). A code missing here is shown readably all the same
-(``message_too_long`` as "message too long"); a code with a value after a colon (``only_if:<condition>``,
-``ai_fallback:<reason>``, an episode key ``awaiting_agent:<time>``) is labelled by its head, then its value.
+``tests/test_labels.py`` fails when the two differ, and that every code of the API's reason enums has a
+label here). A code missing here is shown readably all the same (``message_too_long`` as "message too
+long"); a code with a value after a colon (an episode key ``awaiting_agent:<time>``), or a reason with its
+detail (a step run's ``only_if`` and the condition, ``ai_fallback`` and why), is labelled by its code, then
+its value.
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ REASONS: Final[dict[str, str]] = {
     "no_consent": "No consent",
     "outside_service_window": "Outside the 24-hour service window",
     "service_window_template": "Sent as a template (outside the service window)",
+    "past_due": "Too late (past its grace)",
     "message_too_long": "Message too long",
     "missing_value": "A placeholder has no value",
     "missing_variable": "A placeholder has no value",
@@ -115,6 +118,8 @@ REASONS: Final[dict[str, str]] = {
     "ai_fallback": "AI fallback",
     "ai_unavailable": "model unavailable",
     "ai_budget_exhausted": "AI budget used up",
+    "ai_timeout": "model timed out",
+    "ai_error": "model call failed",
     "ai_invalid_output": "model answer unusable",
     "ai_low_confidence": "model not confident",
     "ai_policy": "AI policy",
@@ -129,6 +134,9 @@ REASONS: Final[dict[str, str]] = {
     "status": "Conversation in a status",
     "awaiting_agent": "Waiting for an agent since",
     "awaiting_customer": "Waiting for the customer since",
+    # rule runs refused
+    "no_conversation": "No open conversation",
+    "rejected": "Rejected",
     # bulk enrollments
     "already_enrolled": "Already enrolled",
     "reentry_not_allowed": "Re-entry not allowed",
@@ -137,8 +145,11 @@ REASONS: Final[dict[str, str]] = {
     "unknown_contact": "Unknown contact",
     "invalid_phone": "Invalid phone",
     "missing_anchor": "No anchor time",
+    "invalid": "Invalid value",
     # message failures
     "CANCELLED": "Cancelled",
+    # a stored code this version does not know (its text is the detail)
+    "other": "Other",
 }
 
 #: Who made an enrollment, who wrote a message.
@@ -163,11 +174,14 @@ CATALOGUE: Final[dict[LabelKind, tuple[str, dict[str, str]]]] = {
 }
 
 
-def label(code: str | None, kind: LabelKind) -> str:
-    """The human label of ``code`` (a ``kind``): the catalogue's, else the code made readable."""
+def label(code: str | None, kind: LabelKind, detail: str | None = None) -> str:
+    """The human label of ``code`` (a ``kind``): the catalogue's, else the code made readable; then the
+    ``detail`` answered beside a reason (``only_if`` and ``previous_not_read``), if any."""
     if not code:
         return "—"
     table = CATALOGUE[kind][1]
+    if detail is not None:
+        return f"{label(code, kind)}: {_value(detail, table)}"
     found = table.get(code)
     if found is not None:
         return found
@@ -208,8 +222,9 @@ def markdown() -> str:
         "What the dashboard shows for each code the API answers. Written from",
         "`libs/common/contracts/labels.py` (`python -m libs.common.contracts.labels > docs/labels.md`):",
         "edit that module, not this file. A code not listed is shown with its underscores as spaces; a",
-        "code with a value after a colon (`only_if:<condition>`, `ai_fallback:<reason>`,",
-        "`awaiting_agent:<time>`) is shown as its head's label, then the value's.",
+        "code with a value after a colon (`awaiting_agent:<time>`), or a reason with its detail",
+        "(`reason_detail`, `skip_detail`: `only_if` and the condition, `ai_fallback` and why), is shown as",
+        "its code's label, then the value's.",
     ]
     for heading, table in CATALOGUE.values():
         lines += ["", f"## {heading}", "", "| code | label |", "|---|---|"]

@@ -4,7 +4,8 @@ msgspec stops at the first field it refuses. :func:`refusals` decodes again with
 aside (a field dropped, a list item taken out, its later siblings keeping their own indexes), until the
 value decodes or :data:`MAX_REFUSALS` are found: a definition with four bad steps answers four errors. A
 field whose absence a later pass reports ("text is required" after "text must be text") is reported
-once.
+once. What is left decodes (:class:`Salvaged`), so the checks that follow decoding run on it too, and
+:meth:`Salvaged.named` names their errors as in the value given (a list's later items keep their indexes).
 
 :func:`plain` words msgspec's message for a person, from the type at the refused path: the allowed values
 (``kind is one of message, ai (not 'sms')``), the bounds (``delay_seconds must be a whole number from 0 to
@@ -15,10 +16,13 @@ once.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import re
+import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from msgspec import inspect as mi
@@ -82,20 +86,47 @@ def salvage(raw: Any, target: Any, field: str = "") -> tuple[Any | None, list[tu
     """``raw`` as ``target`` and every ``(field, message)`` refused in it: the value is decoded from what
     is left once the refused parts are set aside (their defaults in their place; None when nothing is
     left), so the checks that follow decoding can be run on it too and their errors answered at once."""
-    try:
-        return msgspec.convert(raw, target, strict=True), []
-    except msgspec.ValidationError as exc:
-        found, value = _search(raw, target, exc)
-    return value, [(_join(field, r.field), r.message) for r in found]
+    found = salvaged(raw, target)
+    return found.value, [(_join(field, r.field), r.message) for r in found.refusals]
 
 
-def refusals(raw: Any, target: Any, first: msgspec.ValidationError) -> list[Refusal]:
-    """Every field of ``raw`` that ``target`` refuses (``first``: the refusal that started the search; it
-    alone is answered when the passes do not meet it again)."""
-    return _search(raw, target, first)[0]
+@dataclass(frozen=True)
+class Salvaged:
+    """A value decoded with its refused parts set aside, and every refusal."""
+
+    #: What decodes once the refused parts are set aside (their defaults in their place); None: nothing.
+    value: Any | None
+    refusals: list[Refusal]
+    #: The indexes of the items taken out of each list (by the list's path in the value given).
+    removed: dict[tuple[Segment, ...], list[int]] = dataclasses.field(default_factory=dict)
+
+    def named(self, errors: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The ``(field, message)`` errors of a check run on :attr:`value`, named as in the value given: an
+        item after one taken out keeps its own index. An error about a refused field or inside one (the
+        check saw its default), or about a list an item was taken out of (its count and repeats are not the
+        list's), is left out: the refusal says what is wrong there."""
+        shortened = {_dotted(list(path)) for path in self.removed}
+        out = []
+        for where, message in errors:
+            path: list[Segment] = [int(part) if part.isdigit() else part for part in where.split(".")]
+            original = _dotted(_original(path, self.removed))
+            if original not in shortened and not any(_covers(r.field, original) for r in self.refusals):
+                out.append((original, message))
+        return out
 
 
-def _search(raw: Any, target: Any, first: msgspec.ValidationError) -> tuple[list[Refusal], Any | None]:
+def salvaged(raw: Any, target: Any, first: msgspec.ValidationError | None = None) -> Salvaged:
+    """``raw`` as ``target``, every refusal found (``first``: msgspec's refusal of ``raw`` when the caller
+    met it already; it alone is answered when the passes do not meet it again)."""
+    if first is None:
+        try:
+            return Salvaged(msgspec.convert(raw, target, strict=True), [])
+        except msgspec.ValidationError as exc:
+            first = exc
+    return _search(raw, target, first)
+
+
+def _search(raw: Any, target: Any, first: msgspec.ValidationError) -> Salvaged:
     """The refusals, and the value decoded once they are set aside (None: nothing decodes)."""
     value = None
     data = copy.deepcopy(raw)
@@ -121,13 +152,14 @@ def _search(raw: Any, target: Any, first: msgspec.ValidationError) -> tuple[list
     if not found:
         message, path = _split(str(first))
         found.append(Refusal(_dotted(path), message, plain(message, target, path, raw)))
-    return found, value
+    return Salvaged(value, found, removed)
 
 
 def plain(message: str, target: Any, path: list[Segment], raw: Any) -> str:
     """msgspec's ``message`` about ``path`` of ``raw`` (decoded as ``target``), in plain words."""
     name = _name(path)
-    node = _node_at(_info(target), path, raw)
+    declared: list[Any] = [target]
+    node = _node_at(_info(target), path, raw, declared)
     if named := _NAMED.match(message):
         if named.group(1) == "missing required":
             return f"{named.group(2)} is required"
@@ -139,7 +171,7 @@ def plain(message: str, target: Any, path: list[Segment], raw: Any) -> str:
         known = f"; the fields are {', '.join(fields)}" if fields else ""
         return f"{named.group(2)} is not a field here{known}"
     if invalid := _INVALID.match(message):
-        values = _allowed(node)
+        values = _allowed(node, declared[-1])
         if values:
             return f"{name} is one of {', '.join(values)} (not {invalid.group(1)})"
         return f"{name}: {invalid.group(1)} is not allowed"
@@ -242,8 +274,11 @@ def _info(target: Any) -> mi.Type:
         return mi.type_info(target)
 
 
-def _node_at(node: mi.Type | None, path: list[Segment], raw: Any) -> mi.Type | None:
-    """The type of the value at ``path`` (a union of tagged structs resolved by the tag ``raw`` has)."""
+def _node_at(
+    node: mi.Type | None, path: list[Segment], raw: Any, declared: list[Any] | None = None
+) -> mi.Type | None:
+    """The type of the value at ``path`` (a union of tagged structs resolved by the tag ``raw`` has);
+    ``declared`` gains the annotation of each struct field on the way, as the code declares it."""
     value = raw
     for part in path:
         node = _unwrap(node, value, part)
@@ -257,7 +292,12 @@ def _node_at(node: mi.Type | None, path: list[Segment], raw: Any) -> mi.Type | N
                 else None
             )
         elif isinstance(node, mi.StructType):
-            node = next((f.type for f in node.fields if f.encode_name == part), None)
+            field = next((f for f in node.fields if f.encode_name == part), None)
+            if field is not None and declared is not None:
+                declared.append(
+                    next(f.type for f in msgspec.structs.fields(node.cls) if f.name == field.name)
+                )
+            node = field.type if field is not None else None
             value = value.get(part) if isinstance(value, dict) else None
         elif isinstance(node, mi.DictType):
             node, value = node.value_type, value.get(part) if isinstance(value, dict) else None
@@ -283,12 +323,27 @@ def _unwrap(node: mi.Type | None, value: Any, part: Segment | None) -> mi.Type |
     return _unwrap(types[0], value, part) if len(types) == 1 else (structs or types)[0]
 
 
-def _allowed(node: mi.Type | None) -> list[str]:
+def _allowed(node: mi.Type | None, declared: Any) -> list[str]:
+    """The values ``node`` allows, in the order the code declares them (``declared``: the annotation the
+    node is part of; msgspec's inspection sorts a Literal's values)."""
     if isinstance(node, mi.LiteralType):
-        return [str(v) for v in node.values]
+        return [str(v) for v in _declared_order(declared, node.values)]
     if isinstance(node, mi.EnumType):
         return [str(member.value) for member in node.cls]
     return []
+
+
+def _declared_order(annotation: Any, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` in the order of the ``Literal`` of ``annotation`` that holds exactly them (``values`` as
+    they are when none does, as for the tags of a tagged union, already in the union's order)."""
+    if typing.get_origin(annotation) is Literal:
+        args = typing.get_args(annotation)
+        return args if set(args) == set(values) else values
+    for arg in typing.get_args(annotation):
+        found = _declared_order(arg, values)
+        if found is not values:
+            return found
+    return values
 
 
 def _bounds(node: mi.Type | None) -> str | None:

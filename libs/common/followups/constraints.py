@@ -33,6 +33,7 @@ from psycopg import Connection
 from libs.common.core.sql import load_queries
 from libs.common.followups.definition import Definition, Step, WhatsAppTemplate
 from libs.common.followups.send_window import SendWindow, next_opening, zone
+from libs.common.followups.transitions import WaitingReason
 
 QUERIES = load_queries("libs.common.followups", "release_step.sql")
 
@@ -46,13 +47,18 @@ SERVICE_WINDOW = timedelta(hours=24)
 #: The per-contact cap's period.
 CAP_PERIOD = timedelta(hours=24)
 
+#: Why a constraint skips the step (its step run's reason): no consent, or outside the service window
+#: without an approved template.
+ConstraintSkip = Literal["no_consent", "outside_service_window"]
+
 
 @dataclass(frozen=True)
 class Hold:
     """Do not send now: defer to ``until``, skip, or pause, for ``reason``."""
 
     action: Literal["defer", "skip", "pause"]
-    reason: str
+    #: A skip's :data:`ConstraintSkip`; a deferral's (or the pause's) waiting reason.
+    reason: ConstraintSkip | WaitingReason
     until: datetime | None = None
     #: Set on the enrollment with a deferral for a missing number (when it became unusable).
     unavailable_since: datetime | None = None

@@ -28,7 +28,7 @@ from libs.common.contracts.limits import (
 from libs.common.core import decoding, validation
 from libs.common.core.errors import InvalidInput, Refusals
 from libs.common.followups.send_window import SendWindow, validate_window
-from libs.common.followups.templates import SEGMENT_PATTERN, TemplateError, parse_template
+from libs.common.followups.templates import SEGMENT_PATTERN, MissingValue, TemplateError, parse_template
 
 #: Most steps one sequence may have.
 MAX_STEPS = 50
@@ -300,8 +300,9 @@ class DefinitionWarning(msgspec.Struct, kw_only=True, frozen=True):
     field: str
     #: The placeholder's path (``vars.plan``).
     placeholder: str
-    #: The step run's reason when it is skipped for it (``missing_variable:vars.plan``).
-    skip_reason: str
+    #: The step run's reason when it is skipped for it (``missing_variable``, its detail the placeholder;
+    #: ``missing_anchor``).
+    skip_reason: MissingValue
     message: str
 
 

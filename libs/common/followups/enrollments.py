@@ -7,23 +7,25 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
 import msgspec
 from psycopg import Connection
-from psycopg.rows import class_row
+from psycopg.rows import class_row, kwargs_row
 from psycopg.types.json import Jsonb
 
 from libs.common.contracts.limits import DedupeKey, StopNote, Variables
 from libs.common.core import validation
 from libs.common.core.db import map_errors
 from libs.common.core.effects import NudgeRelease, after_commit
-from libs.common.core.errors import Conflict, InvalidInput, NotFound
+from libs.common.core.errors import Conflict, InvalidInput, NotFound, Refusals
 from libs.common.core.metrics import FOLLOWUP_ENROLLMENTS
+from libs.common.core.reasons import Other, split
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
 from libs.common.followups.definition import Definition, Step, StopFlags, check_anchor, step_due_at
-from libs.common.followups.sequences import create_one_off_version, version_definition
+from libs.common.followups.release_step import StepOutcome, StepRunReason
+from libs.common.followups.sequences import check_one_off, create_one_off_version, version_definition
 from libs.common.followups.stops import Stopped
 from libs.common.followups.stops import stop_enrollment as stop_live
 from libs.common.followups.transitions import ENROLLMENT_ROW, Enrollment, EnrollmentStatus
@@ -61,17 +63,28 @@ class StopRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     note: StopNote | None = None
 
 
-#: What a step's run did: its message queued, or the step skipped (``reason`` says why).
-StepOutcome = Literal["queued", "skipped"]
-
-
 class StepRun(msgspec.Struct, kw_only=True, frozen=True):
     step_index: int
     outcome: StepOutcome
-    reason: str | None
+    #: Why the step was skipped, or queued otherwise than as written (a template, an AI step's fallback);
+    #: ``other`` for a code this version does not know (its stored text is the detail).
+    reason: Literal[StepRunReason, Other] | None
+    #: What the reason is about: the ``only_if`` condition, the placeholder of ``missing_variable``, why
+    #: an AI step fell back (``ai_fallback``); null for a reason that needs none.
+    reason_detail: str | None
     message_id: uuid.UUID | None
     due_at: datetime
     ran_at: datetime
+
+
+#: The step run reasons this version writes (a stored one it does not know reads as ``other``).
+STEP_RUN_REASONS: Final[frozenset[StepRunReason]] = frozenset(get_args(StepRunReason))
+
+
+def _step_run(*, reason: str | None, **columns: Any) -> StepRun:
+    """A step run from its row, its stored ``code:detail`` reason split in two."""
+    code, detail = split(reason, STEP_RUN_REASONS)
+    return StepRun(reason=code, reason_detail=detail, **columns)
 
 
 class EnrollmentMessage(msgspec.Struct, kw_only=True, frozen=True):
@@ -88,10 +101,22 @@ class EnrollmentDetail(msgspec.Struct, kw_only=True, frozen=True):
     messages: list[EnrollmentMessage]
 
 
+#: Why ``enroll()`` refuses a contact (:class:`EnrollmentRejected`'s codes): the outcome a rule run, a bulk
+#: job or a campaign records.
+EnrollmentRejection = Literal[
+    "rejected",
+    "already_enrolled",
+    "reentry_not_allowed",
+    "opted_out",
+    "plan_limit",
+    "sequence_not_enrollable",
+]
+
+
 class EnrollmentRejected(Conflict):
     """The enrollment was rejected."""
 
-    code = "rejected"
+    code: EnrollmentRejection = "rejected"
 
 
 class AlreadyEnrolled(EnrollmentRejected):
@@ -208,6 +233,19 @@ def _deduplicated(conn: Connection[Any], project_id: uuid.UUID, request: EnrollR
         raise InvalidInput("dedupe_key must be 1 to 200 characters", field="dedupe_key")
     validation.text(request.dedupe_key, "dedupe_key")
     return _by_dedupe_key(conn, project_id, request.dedupe_key)
+
+
+def check_request(request: EnrollRequest) -> None:
+    """The checks of an enrollment request that need nothing stored, every error at once: a one-off's own
+    steps as :func:`enroll` publishes them (with the stop flags it gives them), and the variables it
+    stores (the API runs them on a body that did not decode too)."""
+    refusals = Refusals()
+    if request.steps is not None:
+        with refusals.check():
+            check_one_off(Definition(steps=request.steps, stop_on=request.stop_on or StopFlags()))
+    with refusals.check():
+        validation.keyed(request.variables, "variables")
+    refusals.raise_any()
 
 
 def _stop_flags(request: EnrollRequest) -> StopFlags:
@@ -362,7 +400,7 @@ def get_enrollment_detail(
     """An enrollment with its step runs and its messages."""
     enrollment = get_enrollment(conn, project_id, enrollment_id)
     params = {"project_id": project_id, "id": enrollment_id}
-    with conn.cursor(row_factory=class_row(StepRun)) as cur:
+    with conn.cursor(row_factory=kwargs_row(_step_run)) as cur:
         runs = cur.execute(QUERIES["step_runs"], params).fetchall()
     with conn.cursor(row_factory=class_row(EnrollmentMessage)) as cur:
         messages = cur.execute(QUERIES["enrollment_messages"], params).fetchall()

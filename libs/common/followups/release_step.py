@@ -22,7 +22,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 from psycopg import Connection
@@ -32,10 +32,11 @@ from psycopg_pool import ConnectionPool
 from libs.common.contracts.events import Event, StepQueued, StepSkipped
 from libs.common.core.jobs import Backoff
 from libs.common.core.outbox import write_events
+from libs.common.core.reasons import stored
 from libs.common.core.settings import FollowupSettings
 from libs.common.core.sql import load_queries
 from libs.common.followups import constraints, transitions
-from libs.common.followups.constraints import Claimed, ConstraintState, Hold, Sending
+from libs.common.followups.constraints import Claimed, ConstraintSkip, ConstraintState, Hold, Sending
 from libs.common.followups.definition import (
     AiStep,
     Definition,
@@ -47,7 +48,7 @@ from libs.common.followups.definition import (
 )
 from libs.common.followups.release_claim import ClaimedEnrollment
 from libs.common.followups.sequences import version_definition, version_number
-from libs.common.followups.templates import RenderContext, render, render_message
+from libs.common.followups.templates import RenderContext, TemplateSkip, render, render_message
 from libs.common.followups.transitions import FinalStatus
 from libs.common.platform.messages import Activity, ConversationBusy, OutboundMessage, queue_contact_message
 
@@ -57,6 +58,37 @@ QUERIES = load_queries("libs.common.followups", "release_step.sql")
 
 #: What one release transaction did.
 Action = Literal["queue", "skip", "defer", "pause", "stop", "retry", "fail", "lease"]
+
+#: What a step's run did: its message queued, or the step skipped (its reason says why).
+StepOutcome = Literal["queued", "skipped"]
+#: Why an AI step's draft is not sent (the step takes its fallback): no model (``ai_unavailable``), the
+#: project's monthly token budget used up, the call timed out or failed, an answer that cannot be used, not
+#: confident enough, or breaking the step's output policy (:mod:`libs.common.ai`).
+AiFallbackReason = Literal[
+    "ai_unavailable",
+    "ai_budget_exhausted",
+    "ai_timeout",
+    "ai_error",
+    "ai_invalid_output",
+    "ai_low_confidence",
+    "ai_policy",
+]
+#: Why a step run went as it did (``followup_step_runs.reason``; :func:`_insert_step_run` writes it with
+#: its detail). Skipped: an ``only_if`` not met (detail: the condition), released past its grace
+#: (``past_due``), a missing value (``missing_variable``, detail: the placeholder; ``missing_anchor``), a
+#: text too long, a sending constraint (no consent, outside the service window), an AI step's reason when
+#: it has no fallback. Queued: as the approved WhatsApp template (``service_window_template``), or as an AI
+#: step's fallback (``ai_fallback``, detail: why, an :data:`AiFallbackReason` or ``model_unavailable``
+#: when no model is configured). Null: queued as written.
+StepRunReason = Literal[
+    "only_if",
+    "past_due",
+    TemplateSkip,
+    ConstraintSkip,
+    AiFallbackReason,
+    "service_window_template",
+    "ai_fallback",
+]
 
 
 class ReleaseState(ConstraintState, kw_only=True, frozen=True):
@@ -118,7 +150,7 @@ class AiDraft:
     ``ai_policy``)."""
 
     text: str | None = None
-    fallback_reason: str | None = None
+    fallback_reason: AiFallbackReason | None = None
 
 
 def release_claimed(
@@ -171,12 +203,12 @@ def release_claimed(
         return Released(
             claim.id, "lease", "ai_step", project_id=row.project_id, fence=fence, step_index=row.step_index
         )
-    content, reason = _render(claim, decision.template, draft)
+    content, reason, detail = _render(claim, decision.template, draft)
     if content is None:
         assert reason is not None
-        return _skip(conn, claim, reason)
+        return _skip(conn, claim, reason, detail)
     try:
-        return _queue(conn, claim, content, reason, decision)
+        return _queue(conn, claim, content, reason, detail, decision)
     except ConversationBusy:
         return _defer(conn, row, now + timedelta(seconds=settings.busy_retry_seconds), "busy")
 
@@ -188,6 +220,7 @@ def _constrained(row: ClaimedEnrollment) -> Claimed:
 def _hold(conn: Connection[Any], claim: _Claim, hold: Hold) -> Released:
     """A sending constraint holds the step back: defer it, skip it, or pause the enrollment."""
     if hold.action == "skip":
+        assert hold.reason in ("no_consent", "outside_service_window"), hold  # the holds that skip
         return _skip(conn, claim, hold.reason)
     if hold.action == "pause":
         assert hold.reason == "instance_unavailable", hold  # the one hold that pauses
@@ -235,7 +268,7 @@ def _timing(conn: Connection[Any], claim: _Claim) -> Released | None:
             "previous_not_read": state.last_message_status != "READ",
         }[condition]
         if not met:
-            return _skip(conn, claim, f"only_if:{condition}")
+            return _skip(conn, claim, "only_if", condition)
     return None
 
 
@@ -254,37 +287,41 @@ class _Content:
 
 
 #: Why a step went out as its approved template (the step run's reason).
-TEMPLATE_REASON = "service_window_template"
+TEMPLATE_REASON: Final = "service_window_template"
 
 
 def _render(
     claim: _Claim, template: WhatsAppTemplate | None, draft: AiDraft | None = None
-) -> tuple[_Content | None, str | None]:
-    """What to send (or None) and the reason: the skip reason, or why a fallback or template was used."""
+) -> tuple[_Content | None, StepRunReason | None, str | None]:
+    """What to send (or None), the reason and its detail: the skip reason, or why a fallback or template
+    was used."""
     step = claim.step
     if template is not None:
         parameters = []
         for source in template.parameters:
             rendered = render(source, _render_context(claim))
             if rendered.text is None:
-                return None, rendered.skip_reason
+                return None, rendered.skip_reason, rendered.skip_detail
             parameters.append(rendered.text)
-        return _Content(None, template, parameters), TEMPLATE_REASON
+        return _Content(None, template, parameters), TEMPLATE_REASON, None
+    fallen_back: str | None = None  # why an AI step sends its fallback
     if isinstance(step, MessageStep):
-        text, fallback_reason = step.text, None
+        text = step.text
     else:
         assert isinstance(step, AiStep)
         if draft is not None and draft.text is not None:
-            return _Content(draft.text), None  # the model's words, sent as written (not a template)
+            return _Content(draft.text), None, None  # the model's words, sent as written (not a template)
         # no model configured, or its answer cannot be used: the step's fallback
         reason = draft.fallback_reason if draft is not None else None
         if not isinstance(step.fallback, TemplateFallback):
-            return None, reason or "ai_unavailable"
-        text, fallback_reason = step.fallback.text, f"ai_fallback:{reason or 'model_unavailable'}"
+            return None, reason or "ai_unavailable", None
+        text, fallen_back = step.fallback.text, reason or "model_unavailable"
     rendered = render_message(text, _render_context(claim))  # too long once filled in: message_too_long
     if rendered.text is None:
-        return None, rendered.skip_reason
-    return _Content(rendered.text), fallback_reason
+        return None, rendered.skip_reason, rendered.skip_detail
+    if fallen_back is not None:
+        return _Content(rendered.text), "ai_fallback", fallen_back
+    return _Content(rendered.text), None, None
 
 
 def _render_context(claim: _Claim) -> RenderContext:
@@ -301,9 +338,15 @@ def _render_context(claim: _Claim) -> RenderContext:
 
 
 def _queue(
-    conn: Connection[Any], claim: _Claim, content: _Content, reason: str | None, sending: Sending
+    conn: Connection[Any],
+    claim: _Claim,
+    content: _Content,
+    reason: StepRunReason | None,
+    detail: str | None,
+    sending: Sending,
 ) -> Released:
     row, now, step = claim.row, claim.now, claim.step
+    recorded = stored(reason, detail) if reason is not None else None  # as the step run keeps it
     media = step if isinstance(step, MessageStep) and content.template is None else None
     message_id = uuid.uuid4()
     # the step enters the contact's timeline (a followup_sent activity, the event's data) with its message
@@ -313,7 +356,7 @@ def _queue(
         contact_id=row.contact_id,
         step_index=row.step_index,
         message_id=message_id,
-        reason=reason,
+        reason=recorded,
     )
     queued = queue_contact_message(
         conn,
@@ -342,7 +385,7 @@ def _queue(
         now=now,
     )
     constraints.after_queued(conn, row.project_id, sending, now)
-    _insert_step_run(conn, claim, "queued", reason, queued.message_id)
+    _insert_step_run(conn, claim, "queued", reason, detail, queued.message_id)
     lag = max(0.0, (now - (row.step_due_at or row.next_run_at)).total_seconds())
     log.info(
         "step queued",
@@ -355,37 +398,45 @@ def _queue(
         },
     )
     finished = _advance(conn, claim, queued.message_id, [queued.event, event], queued.conversation_id)
-    return Released(claim.id, "queue", reason, queued.message_id, lag_seconds=lag, finished=finished)
+    return Released(claim.id, "queue", recorded, queued.message_id, lag_seconds=lag, finished=finished)
 
 
-def _skip(conn: Connection[Any], claim: _Claim, reason: str) -> Released:
+def _skip(conn: Connection[Any], claim: _Claim, reason: StepRunReason, detail: str | None = None) -> Released:
     row = claim.row
-    _insert_step_run(conn, claim, "skipped", reason, None)
+    _insert_step_run(conn, claim, "skipped", reason, detail, None)
+    recorded = stored(reason, detail)  # as the step run keeps it
     event = StepSkipped(
         enrollment_id=claim.id,
         sequence_id=row.sequence_id,
         contact_id=row.contact_id,
         step_index=row.step_index,
-        reason=reason,
+        reason=recorded,
     )
     log.info(
-        "step skipped", extra={"enrollment_id": str(claim.id), "step_index": row.step_index, "reason": reason}
+        "step skipped",
+        extra={"enrollment_id": str(claim.id), "step_index": row.step_index, "reason": recorded},
     )
     finished = _advance(conn, claim, None, [event])
-    return Released(claim.id, "skip", reason, finished=finished)
+    return Released(claim.id, "skip", recorded, finished=finished)
 
 
 def _insert_step_run(
-    conn: Connection[Any], claim: _Claim, outcome: str, reason: str | None, message_id: uuid.UUID | None
+    conn: Connection[Any],
+    claim: _Claim,
+    outcome: StepOutcome,
+    reason: StepRunReason | None,
+    detail: str | None,
+    message_id: uuid.UUID | None,
 ) -> None:
-    """The step run (its primary key makes a second send of the step impossible)."""
+    """The step run, its reason stored with its detail (``only_if:previous_not_read``); its primary key
+    makes a second send of the step impossible."""
     row = claim.row
     params = {
         "enrollment_id": claim.id,
         "step_index": row.step_index,
         "project_id": row.project_id,
         "outcome": outcome,
-        "reason": reason,
+        "reason": stored(reason, detail) if reason is not None else None,
         "message_id": message_id,
         "due_at": row.step_due_at or row.next_run_at,
         "now": claim.now,

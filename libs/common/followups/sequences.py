@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from libs.common.contracts.limits import Name
 from libs.common.core import validation
-from libs.common.core.errors import Conflict, NotFound
+from libs.common.core.errors import Conflict, NotFound, Refusals
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
 from libs.common.followups.definition import (
@@ -158,7 +158,22 @@ def _own_number(conn: Connection[Any], project_id: uuid.UUID, definition: Defini
     return definition
 
 
+def check_draft(data: SequenceCreate | SequenceUpdate) -> None:
+    """The checks of a draft's body that need nothing stored, every error at once (one InvalidInput): a name
+    that is not blank, a definition PostgreSQL can store (a draft may be incomplete: publishing checks the
+    rest)."""
+    refusals = Refusals()
+    if isinstance(data.name, str):
+        with refusals.check():
+            validation.name(data.name)
+    if isinstance(data.definition, Definition):
+        with refusals.check():
+            storable(data.definition, "definition")
+    refusals.raise_any()
+
+
 def create_sequence(conn: Connection[Any], project_id: uuid.UUID, data: SequenceCreate) -> Sequence:
+    check_draft(data)
     params = {
         "project_id": project_id,
         "name": validation.name(data.name),
@@ -177,6 +192,7 @@ def update_sequence(
     status, _ = _lock(conn, project_id, sequence_id)
     if status == "archived":
         raise Conflict("an archived sequence cannot be edited", field="sequence_id")
+    check_draft(data)
     params = {
         "project_id": project_id,
         "id": sequence_id,
@@ -254,7 +270,19 @@ def publish_sequence(
 
 def create_one_off_version(conn: Connection[Any], project_id: uuid.UUID, definition: Definition) -> Version:
     """An inline version with no sequence, for an enrollment that carries its own steps."""
-    return _insert_version(conn, project_id, None, validate_definition(storable(definition, ""), field=""))
+    return _insert_version(conn, project_id, None, check_one_off(definition))
+
+
+def check_one_off(definition: Definition) -> Definition:
+    """A one-off's definition (an enrollment's own steps, named ``steps.0.text``) as it is published:
+    storable and passing every check of a published definition, every error at once."""
+    refusals = Refusals()
+    with refusals.check():
+        storable(definition, "")
+    with refusals.check():
+        validate_definition(definition, field="")
+    refusals.raise_any()
+    return definition
 
 
 def _insert_version(

@@ -11,9 +11,17 @@ import msgspec
 from psycopg import Connection
 
 from libs.common.contracts.limits import NOT_BLANK_TEXT, DedupeKey, MediaUrl, MessageText, Variables
-from libs.common.core.errors import InvalidInput
-from libs.common.followups.definition import MAX_DELAY_SECONDS, MessageStep, NonNegative, StopFlags
+from libs.common.core import validation
+from libs.common.core.errors import InvalidInput, Refusals
+from libs.common.followups.definition import (
+    MAX_DELAY_SECONDS,
+    Definition,
+    MessageStep,
+    NonNegative,
+    StopFlags,
+)
 from libs.common.followups.enrollments import EnrollRequest, enroll
+from libs.common.followups.sequences import check_one_off
 from libs.common.followups.transitions import Enrollment
 from libs.common.platform.conversations import Conversation, get_conversation
 
@@ -51,10 +59,41 @@ def follow_up(
     try:
         return _enroll_one_off(conn, project_id, conversation, request, now=now)
     except InvalidInput as exc:
-        # the one-off's only step is this request: name its fields (``text``), not ``steps.0.text``
         if exc.field is not None and exc.field.startswith(_STEP_FIELD):
-            raise type(exc)(exc.message, field=exc.field.removeprefix(_STEP_FIELD)) from None
+            raise _request_fields(exc) from None
         raise
+
+
+def check_follow_up(request: FollowUpRequest) -> None:
+    """The checks of a request's one-off that need nothing stored (its step as published, its variables),
+    every error at once, naming the request's fields."""
+    refusals = Refusals()
+    with refusals.check():
+        check_one_off(Definition(steps=[_one_off_step(request)], stop_on=_stop_flags(request)))
+    with refusals.check():
+        validation.keyed(request.variables, "variables")
+    if refusals.errors:
+        raise _request_fields(InvalidInput.every(refusals.errors))
+
+
+def _request_fields(exc: InvalidInput) -> InvalidInput:
+    """The one-off's only step is the request: its errors name the request's fields (``text``), not
+    ``steps.0.text``."""
+    return type(exc).every([(field.removeprefix(_STEP_FIELD), message) for field, message in exc.errors])
+
+
+def _one_off_step(request: FollowUpRequest) -> MessageStep:
+    return MessageStep(
+        text=request.text,
+        delay_seconds=request.delay_seconds,
+        media_url=request.media_url,
+        media_kind=request.media_kind,
+        only_if=["no_reply_since_enrollment"] if request.only_if_no_reply else [],
+    )
+
+
+def _stop_flags(request: FollowUpRequest) -> StopFlags:
+    return StopFlags(reply=request.only_if_no_reply)
 
 
 def _enroll_one_off(
@@ -65,20 +104,13 @@ def _enroll_one_off(
     *,
     now: datetime,
 ) -> tuple[Enrollment, bool]:
-    step = MessageStep(
-        text=request.text,
-        delay_seconds=request.delay_seconds,
-        media_url=request.media_url,
-        media_kind=request.media_kind,
-        only_if=["no_reply_since_enrollment"] if request.only_if_no_reply else [],
-    )
     return enroll(
         conn,
         project_id,
         EnrollRequest(
             contact_id=conversation.contact_id,
-            steps=[step],
-            stop_on=StopFlags(reply=request.only_if_no_reply),
+            steps=[_one_off_step(request)],
+            stop_on=_stop_flags(request),
             conversation_id=conversation.id,
             number_id=conversation.number_id,
             variables=request.variables,

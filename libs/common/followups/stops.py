@@ -59,7 +59,7 @@ class _Stoppable:
 class Stopped:
     """What a stop path did; :func:`count_stopped` counts it once the transaction committed."""
 
-    reason: str | None = None
+    reason: EnrollmentReason | None = None
     enrollment_ids: list[uuid.UUID] = field(default_factory=list)
     cancelled_message_ids: list[uuid.UUID] = field(default_factory=list)
 

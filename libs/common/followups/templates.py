@@ -26,8 +26,8 @@ Values
 
 Skipping
     A missing value without a fallback makes :func:`render` return a skip reason instead of text, so
-    nothing is sent with a hole in it: ``missing_variable:vars.first_name``,
-    ``missing_variable:contact.name``, ``missing_anchor`` (no ``anchor_at``). The first missing
+    nothing is sent with a hole in it: ``missing_variable`` with the placeholder's path as its detail
+    (``vars.first_name``, ``contact.name``), or ``missing_anchor`` (no ``anchor_at``). The first missing
     placeholder in the text names the reason.
 
 A message
@@ -44,24 +44,32 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from libs.common.contracts.limits import MAX_MESSAGE_LENGTH
 
 __all__ = [
     "TOO_LONG_REASON",
+    "MissingValue",
     "RenderContext",
     "Rendered",
     "Template",
     "TemplateError",
+    "TemplateSkip",
     "parse_template",
     "render",
     "render_message",
 ]
 
+#: Why a placeholder without a fallback leaves a hole: its value is missing (``missing_variable``, the
+#: placeholder's path as the detail), or the enrollment has no ``anchor_at`` (``missing_anchor``).
+MissingValue = Literal["missing_variable", "missing_anchor"]
+#: Why a text is not rendered: a missing value, or the text its values make is too long.
+TemplateSkip = Literal[MissingValue, "message_too_long"]
+
 #: Why a message is not sent whose text, its placeholders filled in, is longer than a message may be.
-TOO_LONG_REASON = "message_too_long"
+TOO_LONG_REASON: Final = "message_too_long"
 
 #: The roots a placeholder path may start with.
 ROOTS = ("vars", "anchor", "contact")
@@ -109,8 +117,8 @@ class _Placeholder:
     #: The key path below the root (``vars``, ``contact.attributes``) or the anchor field.
     keys: tuple[str, ...]
     fallback: str | None
-    #: The skip reason when the value is missing and there is no fallback.
-    missing: str
+    #: The skip reason when the value is missing and there is no fallback (its detail is :attr:`path`).
+    missing: MissingValue
 
 
 _Part = str | _Placeholder
@@ -128,10 +136,10 @@ class Template:
         """The placeholder paths in order of first appearance, each once: ``["vars.first_name", ...]``."""
         return list(dict.fromkeys(p.path for p in self.parts if isinstance(p, _Placeholder)))
 
-    def unguarded(self) -> dict[str, str]:
+    def unguarded(self) -> dict[str, MissingValue]:
         """The placeholders without a fallback whose value an enrollment may lack (every one but
         ``contact.phone``), each once, with the skip reason it then causes: ``{"vars.plan":
-        "missing_variable:vars.plan"}``."""
+        "missing_variable"}``."""
         return {
             p.path: p.missing
             for p in self.parts
@@ -157,10 +165,12 @@ class RenderContext:
 
 @dataclass(frozen=True)
 class Rendered:
-    """Either the text to send, or why the step is skipped."""
+    """Either the text to send, or why the step is skipped (and the missing placeholder's path)."""
 
     text: str | None
-    skip_reason: str | None
+    skip_reason: TemplateSkip | None
+    #: The path of the placeholder whose value is missing (``missing_variable``).
+    skip_detail: str | None = None
 
 
 def parse_template(source: str) -> Template:
@@ -240,7 +250,8 @@ def render(template: Template | str, context: RenderContext) -> Rendered:
             value = _text(_lookup(context.contact_attributes, part.keys))
         if value is None:
             if part.fallback is None:
-                return Rendered(text=None, skip_reason=part.missing)
+                detail = part.path if part.missing == "missing_variable" else None
+                return Rendered(text=None, skip_reason=part.missing, skip_detail=detail)
             value = part.fallback
         out.append(value)
     return Rendered(text="".join(out), skip_reason=None)
@@ -307,7 +318,7 @@ def _placeholder(raw: str, body: str) -> _Placeholder:
         raise TemplateError(
             f'unknown placeholder "{raw}": contact fields are name, phone and attributes.<key>', raw
         )
-    missing = "missing_anchor" if kind == "anchor" else f"missing_variable:{path}"
+    missing: MissingValue = "missing_anchor" if kind == "anchor" else "missing_variable"
     return _Placeholder(raw=raw, path=path, kind=kind, keys=keys, fallback=fallback, missing=missing)
 
 

@@ -20,6 +20,7 @@ from libs.common.core.db import map_errors
 from libs.common.core.effects import Observe, after_commit
 from libs.common.core.errors import NotFound
 from libs.common.followups.stops import StopFlag, count_stopped, stop_followups_for_contact
+from libs.common.followups.transitions import EnrollmentReason
 from libs.common.platform import contacts
 from libs.common.rules.triggers import record_trigger
 
@@ -41,7 +42,7 @@ class EventResult(msgspec.Struct, kw_only=True):
     stopped_enrollment_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
     cancelled_message_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
     #: Why the enrollments were stopped (the stop path's reason), when any were.
-    stop_reason: str | None = None
+    stop_reason: EnrollmentReason | None = None
     number_id: uuid.UUID | None = None
     #: Enrollments paused for want of a usable number that a connected number resumed.
     resumed_enrollment_ids: list[uuid.UUID] = msgspec.field(default_factory=list)

@@ -17,7 +17,10 @@ are the owners' (:mod:`~libs.common.followups.transitions`, :mod:`~libs.common.r
                              reference table, not a project's, deleted in one walk (GLOBAL_STEPS)
 
 The job runs in one process at a time (an advisory lock): another replica finds it taken and does nothing.
-It returns whether every step succeeded; ``last_job_success`` is set by the caller only then.
+It returns whether every step succeeded; ``last_job_success`` is set by the caller only then. PostgreSQL
+lost mid-run (a failover, say) cuts the run short with :class:`DatabaseUnavailable`, after the outage's one
+warning: the remaining steps would fail the same way, and the lock ended with its session (the next run,
+on the new primary, takes it there).
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final, Protocol
 
+import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from libs.common.core import outbox
+from libs.common.core.db import DATABASE, server_unavailable
+from libs.common.core.errors import DatabaseUnavailable
 from libs.common.core.metrics import RETENTION_DELETED
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
@@ -88,40 +94,51 @@ _Batch = Callable[[Connection[Any], datetime], int]
 
 def run_retention(pool: ConnectionPool, now: Callable[[], datetime]) -> bool | None:
     """Run every step (a project's step for each project in turn); True when each succeeded, False when one
-    failed (logged; the others still run), None when another process holds the job."""
+    failed (logged; the others still run), None when another process holds the job;
+    :class:`DatabaseUnavailable` when PostgreSQL is lost."""
+    try:
+        return _run(pool, now)
+    except psycopg.OperationalError as exc:
+        if not server_unavailable(exc):
+            raise
+        DATABASE.failed(exc)  # the outage's one warning
+        raise DatabaseUnavailable() from exc
+
+
+def _run(pool: ConnectionPool, now: Callable[[], datetime]) -> bool | None:
+    with pool.connection() as conn:
+        projects = project_ids(conn)  # read before the lock: nothing may fail between it and the unlock
+    steps = [
+        (table, [_of_project(purge, project_id, limit) for project_id in projects], limit)
+        for table, purge, limit in STEPS
+    ]
+    steps += [(table, [_of_reference(purge, limit)], limit) for table, purge, limit in GLOBAL_STEPS]
     with pool.connection() as lock:
         lock.autocommit = True
         taken = lock.execute(QUERIES["try_lock"]).fetchone()
         if not taken or not taken[0]:
             log.info("retention skipped: another process runs it", extra={"job": "followup-retention"})
             return None
-        try:
-            with pool.connection() as conn:
-                projects = project_ids(conn)
-            steps = [
-                (table, [_of_project(purge, project_id, limit) for project_id in projects], limit)
-                for table, purge, limit in STEPS
-            ]
-            steps += [(table, [_of_reference(purge, limit)], limit) for table, purge, limit in GLOBAL_STEPS]
-            ok = True
-            for table, batches, limit in steps:
-                try:
-                    deleted = sum(_delete_all(pool, table, batch, limit, now) for batch in batches)
-                except Exception as exc:
-                    ok = False
-                    log.exception(
-                        "retention step failed",
-                        extra={"job": "followup-retention", "step": table, "error": repr(exc)},
-                    )
-                    continue
-                log.info(
-                    "retention step done",
-                    extra={"job": "followup-retention", "step": table, "deleted": deleted},
+        ok = True
+        for table, batches, limit in steps:
+            try:
+                deleted = sum(_delete_all(pool, table, batch, limit, now) for batch in batches)
+            except Exception as exc:
+                if isinstance(exc, psycopg.OperationalError) and server_unavailable(exc):
+                    raise  # the lock ends with its session
+                ok = False
+                log.exception(
+                    "retention step failed",
+                    extra={"job": "followup-retention", "step": table, "error": repr(exc)},
                 )
-            return ok
-        finally:
-            lock.execute(QUERIES["unlock"])
-            lock.autocommit = False
+                continue
+            log.info(
+                "retention step done",
+                extra={"job": "followup-retention", "step": table, "deleted": deleted},
+            )
+        lock.execute(QUERIES["unlock"])
+        lock.autocommit = False
+        return ok
 
 
 def _of_project(purge: Purge, project_id: uuid.UUID, limit: int) -> _Batch:

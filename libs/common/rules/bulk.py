@@ -24,12 +24,12 @@ import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 import msgspec
 import psycopg
 from psycopg import Connection, sql
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import dict_row, kwargs_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -41,9 +41,10 @@ from libs.common.core.effects import NudgeTriggers, after_commit, committed
 from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
 from libs.common.core.jobs import Failed, Failure, Fairness, Queue, Retry, run_batch, savepoint
 from libs.common.core.outbox import write_events
+from libs.common.core.reasons import Other, split
 from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
-from libs.common.followups.enrollments import EnrollmentRejected, EnrollRequest, enroll
+from libs.common.followups.enrollments import EnrollmentRejected, EnrollmentRejection, EnrollRequest, enroll
 from libs.common.followups.sequences import get_sequence
 from libs.common.rules.conditions import SEGMENT_CONTEXT, compile_conditions, parse_segment
 
@@ -66,6 +67,14 @@ SEGMENT_ITEMS = sql.SQL(
 PROGRESS_EVERY = timedelta(seconds=1)
 
 BulkStatus = Literal["queued", "running", "completed", "cancelled", "failed"]
+#: Why a job skipped a contact (its item's ``reason``, the keys of ``skipped``): ``enroll()`` refused it, no
+#: such contact (``unknown_contact``), a malformed phone (``invalid_phone``), no anchor in its attribute
+#: (``missing_anchor``), a value ``enroll()`` refuses (``invalid``), or an error of its own data (``error``).
+BulkSkipReason = Literal[
+    EnrollmentRejection, "unknown_contact", "invalid_phone", "missing_anchor", "invalid", "error"
+]
+#: The skip reasons this version writes (a stored one it does not know is counted as ``other``).
+BULK_SKIP_REASONS: Final[frozenset[BulkSkipReason]] = frozenset(get_args(BulkSkipReason))
 
 
 class BulkCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -91,8 +100,9 @@ class BulkJob(msgspec.Struct, kw_only=True, frozen=True):
     total: int
     processed: int
     enrolled: int
-    #: Skipped contacts by reason (already_enrolled, opted_out, plan_limit, unknown_contact, invalid_phone).
-    skipped: dict[str, int]
+    #: Skipped contacts by reason (already_enrolled, opted_out, plan_limit, unknown_contact, invalid_phone,
+    #: ...; ``other``: the reasons this version does not know).
+    skipped: dict[Literal[BulkSkipReason, Other], int]
     segment: dict[str, Any] | None
     variables: dict[str, Any]
     anchor_at: datetime | None
@@ -193,8 +203,22 @@ def create_job(
     return job, True
 
 
+def _job(*, skipped: dict[str, int], **columns: Any) -> BulkJob:
+    """A job from its row, its skipped contacts counted by the reasons this version knows."""
+    counts: dict[BulkSkipReason | Other, int] = {}
+    for code, count in skipped.items():
+        reason, _ = split(code, BULK_SKIP_REASONS)
+        assert reason is not None
+        counts[reason] = counts.get(reason, 0) + count
+    return BulkJob(skipped=counts, **columns)
+
+
+#: Row factory of a job's columns (get_job, list_jobs).
+JOB_ROW = kwargs_row(_job)
+
+
 def get_job(conn: Connection[Any], project_id: uuid.UUID, job_id: uuid.UUID) -> BulkJob:
-    with conn.cursor(row_factory=class_row(BulkJob)) as cur:
+    with conn.cursor(row_factory=JOB_ROW) as cur:
         job = cur.execute(QUERIES["get_job"], {"project_id": project_id, "id": job_id}).fetchone()
     if job is None:
         raise NotFound("bulk enrollment not found", field="job_id")
@@ -204,7 +228,7 @@ def get_job(conn: Connection[Any], project_id: uuid.UUID, job_id: uuid.UUID) -> 
 def list_jobs(
     conn: Connection[Any], project_id: uuid.UUID, *, limit: int, after: uuid.UUID | None = None
 ) -> list[BulkJob]:
-    with conn.cursor(row_factory=class_row(BulkJob)) as cur:
+    with conn.cursor(row_factory=JOB_ROW) as cur:
         return cur.execute(
             QUERIES["list_jobs"], {"project_id": project_id, "limit": limit, "after": after}
         ).fetchall()
@@ -386,12 +410,13 @@ class _Contacts(Queue[_ToEnroll, Connection[Any]]):
         return None
 
     def refused(self, ctx: Connection[Any], item: _ToEnroll, refusal: Exception) -> None:
+        reason: BulkSkipReason
         if isinstance(refusal, EnrollmentRejected):
-            reason = refusal.code or "rejected"
+            reason = refusal.code
         elif isinstance(refusal, NotFound):  # the contact was deleted since the job was created
             reason = "unknown_contact"
-        else:
-            reason = getattr(refusal, "code", None) or "invalid"
+        else:  # a value enroll() refuses (InvalidInput)
+            reason = "invalid"
         self._skip(item[0], reason)
 
     def attempt(self, item: _ToEnroll) -> int:
@@ -408,7 +433,7 @@ class _Contacts(Queue[_ToEnroll, Connection[Any]]):
     def describe(self, item: _ToEnroll) -> dict[str, Any]:
         return {"job_id": str(self.job["id"]), "contact_id": str(item[1])}
 
-    def _skip(self, position: int, reason: str) -> None:
+    def _skip(self, position: int, reason: BulkSkipReason) -> None:
         self.outcomes.append({"position": position, "outcome": "skipped", "reason": reason})
 
 

@@ -30,11 +30,11 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Final, Literal, get_args
 
 import msgspec
 from psycopg import Connection
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import dict_row, kwargs_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -51,12 +51,13 @@ from libs.common.core.jobs import (
     run_batch,
 )
 from libs.common.core.metrics import RULE_EXECUTION_LAG, RULE_EXECUTIONS, RULE_PENDING_EXECUTIONS
+from libs.common.core.reasons import Other, split, stored
 from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
 from libs.common.followups.project_settings import get_settings
 from libs.common.followups.send_window import add_open_time, zone
 from libs.common.followups.stops import count_stopped
-from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
+from libs.common.rules.actions import BUSINESS_ERRORS, Done, RuleRefusal, Subject, refusal_of, run_actions
 from libs.common.rules.episodes import current_key, episode_of, involves_status
 from libs.common.rules.matching import match
 from libs.common.rules.rules import RULES, ActiveRule
@@ -74,6 +75,14 @@ LEASE = timedelta(minutes=2)
 RETRY = Retry(max_attempts=5, backoff=STANDARD_BACKOFF)
 #: How often a process recounts the pending gauge.
 GAUGE_EVERY_SECONDS = 15.0
+
+#: Why the guard chain skips an execution that fell due (in its order; :func:`_guard`).
+GuardReason = Literal["rule_inactive", "conversation_gone", "episode_moved", "conditions_changed", "expired"]
+#: Why an execution was skipped (``rule_pending_executions.skip_reason``, with the detail of
+#: ``missing_variable``): the guard chain, cancelled by hand (``cancelled``, executions.sql), its contact
+#: erased (``contact_erased``, erasure.sql), its actions failing on every attempt (``failed``,
+#: executions.sql), or an action's refusal (the codes of the immediate path).
+SkipReason = Literal[GuardReason, "cancelled", "contact_erased", "failed", RuleRefusal]
 
 
 # --- at event time ---------------------------------------------------------------------------------------
@@ -229,10 +238,10 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
     def refused(self, ctx: Connection[Any], item: dict[str, Any], refusal: Exception) -> None:
         row = _relock(ctx, item, self.until)
         if row is not None:
-            code = getattr(refusal, "code", None)
-            _finish(ctx, row, "skipped", code or "rejected", None, self.swept, self.clock.now())
+            reason, detail = refusal_of(refusal)
+            _finish(ctx, row, "skipped", reason, None, self.swept, self.clock.now(), detail=detail)
             context = _context(row) | {"lease_until": self.until.isoformat()}
-            log.info("delayed rule refused", extra=context | {"reason": code})
+            log.info("delayed rule refused", extra=context | {"reason": reason})
 
     def attempt(self, item: dict[str, Any]) -> int:
         return int(item["attempts"]) + 1
@@ -365,7 +374,7 @@ def _failed(
 
 def _guard(
     row: dict[str, Any], rule: ActiveRule | None, holds: bool, stale_after: timedelta, now: datetime
-) -> str | None:
+) -> GuardReason | None:
     """The guard chain, in order: the first reason to skip, or None to run the actions."""
     if not row["rule_active"] or rule is None:
         return "rule_inactive"
@@ -386,17 +395,21 @@ def _guard(
 def _finish(
     conn: Connection[Any],
     row: dict[str, Any],
-    status: str,
-    reason: str | None,
+    status: Literal["executed", "skipped"],
+    reason: SkipReason | None,
     message_id: uuid.UUID | None,
     swept: Swept,
     now: datetime,
+    *,
+    detail: str | None = None,
 ) -> None:
+    """An execution executed, or skipped for ``reason`` (stored with its ``detail``)."""
+    skip_reason = stored(reason, detail) if reason is not None else None
     params = {
         "project_id": row["project_id"],
         "id": row["id"],
         "status": status,
-        "skip_reason": reason,
+        "skip_reason": skip_reason,
         "message_id": message_id,
         "now": now,
     }
@@ -409,6 +422,8 @@ def _finish(
 
 
 ExecutionStatus = Literal["pending", "executed", "skipped"]
+#: The skip reasons this version writes (a stored one it does not know reads as ``other``).
+SKIP_REASONS: Final[frozenset[SkipReason]] = frozenset(get_args(SkipReason))
 
 
 class Execution(msgspec.Struct, kw_only=True, frozen=True):
@@ -419,12 +434,26 @@ class Execution(msgspec.Struct, kw_only=True, frozen=True):
     episode_key: str
     due_at: datetime
     status: ExecutionStatus
-    skip_reason: str | None
+    #: Why a skipped execution was skipped (null otherwise); ``other`` for a code this version does not
+    #: know (its stored text is the detail).
+    skip_reason: Literal[SkipReason, Other] | None
+    #: What the reason is about (the placeholder of ``missing_variable``), if anything.
+    skip_detail: str | None
     executed_at: datetime | None
     message_id: uuid.UUID | None
     attempts: int
     created_at: datetime
     updated_at: datetime
+
+
+def _execution(*, skip_reason: str | None, **columns: Any) -> Execution:
+    """An execution from its row, its stored ``code:detail`` skip reason split in two."""
+    reason, detail = split(skip_reason, SKIP_REASONS)
+    return Execution(skip_reason=reason, skip_detail=detail, **columns)
+
+
+#: Row factory of an execution's columns (list_executions, cancel).
+EXECUTION_ROW = kwargs_row(_execution)
 
 
 def list_executions(
@@ -446,7 +475,7 @@ def list_executions(
         "limit": limit,
         "after": after,
     }
-    with conn.cursor(row_factory=class_row(Execution)) as cur:
+    with conn.cursor(row_factory=EXECUTION_ROW) as cur:
         return cur.execute(QUERIES["list_executions"], params).fetchall()
 
 
@@ -462,7 +491,7 @@ def cancel_execution(
     never run. 404 for another rule's or project's; 409 once it is no longer pending (it ran, or was
     skipped)."""
     params = {"project_id": project_id, "rule_id": rule_id, "id": execution_id, "now": now}
-    with conn.cursor(row_factory=class_row(Execution)) as cur:
+    with conn.cursor(row_factory=EXECUTION_ROW) as cur:
         cancelled = cur.execute(QUERIES["cancel"], params).fetchone()
     if cancelled is None:
         if conn.execute(QUERIES["execution_exists"], params).fetchone() is None:

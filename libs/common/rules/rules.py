@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
 import msgspec
 import psycopg
@@ -33,11 +33,12 @@ from psycopg_pool import ConnectionPool
 from libs.common.contracts.limits import MAX_RULE_ACTIONS, MAX_RULES_PER_PROJECT, Name
 from libs.common.core import validation
 from libs.common.core.effects import Invalidate, after_commit
-from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.core.errors import InvalidInput, NotFound, Refusals
 from libs.common.core.invalidation import on_invalidation
+from libs.common.core.reasons import Other, split
 from libs.common.core.sql import load_queries
 from libs.common.followups.project_settings import get_settings
-from libs.common.rules.actions import Action, validate_actions
+from libs.common.rules.actions import Action, RuleRefusal, check_action_count, validate_actions
 from libs.common.rules.conditions import (
     Node,
     check_event_fields,
@@ -69,6 +70,9 @@ Event = Literal[
 MAX_DELAY_MINUTES = 43_200
 #: How long a process keeps a project's rules without hearing of a change.
 CACHE_TTL_SECONDS = 30.0
+
+#: Why a delay counted in business hours is refused without a delay.
+_DELAY_NEEDED = "delay_in_business_hours needs execution_delay_minutes"
 
 DelayMinutes = Annotated[int, msgspec.Meta(ge=1, le=MAX_DELAY_MINUTES)]
 Position = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
@@ -123,11 +127,21 @@ class Rule(msgspec.Struct, kw_only=True, frozen=True):
     updated_at: datetime
 
 
+#: What a rule did with a trigger: ran its actions, recorded a delayed execution, or was refused.
+RuleRunOutcome = Literal["executed", "scheduled", "rejected"]
+#: The refusals this version records (a stored one it does not know reads as ``other``).
+RULE_REFUSALS: Final[frozenset[RuleRefusal]] = frozenset(get_args(RuleRefusal))
+
+
 class RuleRun(msgspec.Struct, kw_only=True, frozen=True):
     #: The trigger's public id (random: it tells nothing of other projects' volume).
     trigger_id: uuid.UUID
-    outcome: str
-    detail: str | None
+    outcome: RuleRunOutcome
+    #: Why a ``rejected`` run was refused (null otherwise); ``other`` for a code this version does not know
+    #: (its stored text is the detail).
+    reason: Literal[RuleRefusal, Other] | None
+    #: What the reason is about (the placeholder of ``missing_variable``), if anything.
+    reason_detail: str | None
     ran_at: datetime
 
 
@@ -141,14 +155,36 @@ def runs_after(minutes: int | None) -> str:
     return " ".join(part for part in parts if part)
 
 
+def check_rule(data: RuleCreate | RuleUpdate) -> Node | None:
+    """The checks of a rule's body that need nothing stored, every error at once (one InvalidInput): its
+    name, its conditions (and the event fields they name, when the body gives the event), its number of
+    actions, a delay in business hours that has a delay (when the body gives both). Returns the parsed
+    conditions (None: the body leaves them as they are)."""
+    refusals = Refusals()
+    if isinstance(data.name, str):
+        with refusals.check():
+            validation.name(data.name)
+    conditions = None
+    if data.conditions is not msgspec.UNSET:
+        with refusals.check():
+            conditions = parse_conditions(data.conditions)
+            if isinstance(data.event, str):
+                check_event_fields(conditions, data.event)
+    if isinstance(data.actions, list):
+        with refusals.check():
+            check_action_count(data.actions)
+    if data.delay_in_business_hours is True and data.execution_delay_minutes is None:
+        refusals.add("delay_in_business_hours", _DELAY_NEEDED)
+    refusals.raise_any()
+    return conditions
+
+
 def _check_delay(conn: Connection[Any], project_id: uuid.UUID, minutes: int | None, business: bool) -> None:
     """A delay in business hours needs a delay, and the project's business hours to count it in."""
     if not business:
         return
     if minutes is None:
-        raise InvalidInput(
-            "delay_in_business_hours needs execution_delay_minutes", field="delay_in_business_hours"
-        )
+        raise InvalidInput(_DELAY_NEEDED, field="delay_in_business_hours")
     if get_settings(conn, project_id).business_hours is None:
         raise InvalidInput(
             "the project has no business hours: set them with PUT /v1/settings (business_hours) first",
@@ -169,8 +205,8 @@ def _row(conn: Connection[Any], query: str, params: dict[str, Any]) -> Rule | No
 
 
 def create_rule(conn: Connection[Any], project_id: uuid.UUID, data: RuleCreate, *, now: datetime) -> Rule:
-    conditions = parse_conditions(data.conditions)
-    check_event_fields(conditions, data.event)
+    conditions = check_rule(data)
+    assert conditions is not None  # a new rule's conditions are given (None: always)
     _check_delay(conn, project_id, data.execution_delay_minutes, data.delay_in_business_hours)
     params = {
         "project_id": project_id,
@@ -229,11 +265,8 @@ def update_rule(
     current = _row(conn, "lock_rule", {"project_id": project_id, "id": rule_id})
     if current is None:
         raise NotFound("rule not found", field="rule_id")
-    conditions = (
-        parse_conditions(current.conditions, stored=True)
-        if data.conditions is msgspec.UNSET
-        else parse_conditions(data.conditions)
-    )
+    given = check_rule(data)
+    conditions = parse_conditions(current.conditions, stored=True) if given is None else given
     check_event_fields(conditions, current.event if data.event is msgspec.UNSET else data.event)
     actions = (
         current.actions if data.actions is msgspec.UNSET else validate_actions(conn, project_id, data.actions)
@@ -287,7 +320,11 @@ def rule_runs(
         rows = cur.execute(
             QUERIES["rule_runs"], {"project_id": project_id, "rule_id": rule_id, "limit": limit}
         ).fetchall()
-    return msgspec.convert(rows, list[RuleRun])
+    runs = []
+    for row in rows:  # the stored ``code:detail`` split in two
+        reason, detail = split(row.pop("detail"), RULE_REFUSALS)
+        runs.append(row | {"reason": reason, "reason_detail": detail})
+    return msgspec.convert(runs, list[RuleRun])
 
 
 # --- the per-process cache ---------------------------------------------------------------------------------

@@ -47,13 +47,14 @@ from libs.common.core.jobs import (
     run_batch,
 )
 from libs.common.core.metrics import FOLLOWUP_TRIGGERS
+from libs.common.core.reasons import stored
 from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
 from libs.common.followups.stops import count_stopped
-from libs.common.rules.actions import BUSINESS_ERRORS, Done, Subject, run_actions
+from libs.common.rules.actions import BUSINESS_ERRORS, Done, RuleRefusal, Subject, refusal_of, run_actions
 from libs.common.rules.executions import ToSchedule, schedule
 from libs.common.rules.matching import match
-from libs.common.rules.rules import RULES, ActiveRule
+from libs.common.rules.rules import RULES, ActiveRule, RuleRunOutcome
 
 log = logging.getLogger(__name__)
 
@@ -254,12 +255,7 @@ def _settle_group(
     if delayed:
         recorded = schedule(conn, project_id, delayed, now=now)
         runs = [
-            {
-                "trigger_id": item.subject.trigger_id,
-                "rule_id": str(item.rule.id),
-                "outcome": "scheduled",
-                "detail": None,
-            }
+            _rule_run({"trigger_id": item.subject.trigger_id, "rule_id": str(item.rule.id)}, "scheduled")
             for item in recorded
         ]
         conn.execute(QUERIES["insert_rule_runs"], {"project_id": project_id, "runs": Jsonb(runs), "now": now})
@@ -339,14 +335,15 @@ def _run(
             with savepoint(conn):  # a rule rolled back drops its after-commit effects too
                 done = run_actions(conn, rule.id, rule.actions, subject, now=now)
         except BUSINESS_ERRORS as refusal:
-            runs.append(run | {"outcome": "rejected", "detail": refusal.code})
+            reason, detail = refusal_of(refusal)
+            runs.append(_rule_run(run, "rejected", reason, detail))
             processed.outcomes[(trigger.type, "rejected")] += 1
-            log.info("rule rejected", extra=context | {"rule_id": str(rule.id), "reason": refusal.code})
+            log.info("rule rejected", extra=context | {"rule_id": str(rule.id), "reason": reason})
             continue
         except Exception as exc:
             failed = Failed(exc, about=rule)
             break
-        runs.append(run | {"outcome": "executed", "detail": None})
+        runs.append(_rule_run(run, "executed"))
         processed.outcomes[(trigger.type, "executed")] += 1
         processed.done.webhook_delivery_ids += done.webhook_delivery_ids
         processed.done.message_ids += done.message_ids
@@ -358,6 +355,17 @@ def _run(
     if failed is None:
         conn.execute(QUERIES["mark_processed"], project | {"ids": [trigger.id]})
     return failed
+
+
+def _rule_run(
+    run: dict[str, Any],
+    outcome: RuleRunOutcome,
+    reason: RuleRefusal | None = None,
+    detail: str | None = None,
+) -> dict[str, Any]:
+    """A row of ``rule_runs`` of the project (``run`` names its trigger and rule): its outcome, and a
+    refusal's reason stored with its detail (``missing_variable:vars.plan``)."""
+    return run | {"outcome": outcome, "detail": stored(reason, detail) if reason is not None else None}
 
 
 def _failed(

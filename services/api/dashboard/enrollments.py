@@ -72,7 +72,7 @@ def timeline(detail: EnrollmentDetail, steps: list[Any]) -> list[TimelineEntry]:
         if run is not None:
             if run.outcome == "queued":
                 detail_text = f"due {moment(run.due_at)}" + (
-                    f" · {label_of(run.reason, 'reason')}" if run.reason else ""
+                    f" · {label_of(run.reason, 'reason', run.reason_detail)}" if run.reason else ""
                 )
                 entries.append(
                     TimelineEntry("done", f"{label}: queued", run.ran_at, detail_text, messages.get(index))
@@ -83,7 +83,7 @@ def timeline(detail: EnrollmentDetail, steps: list[Any]) -> list[TimelineEntry]:
                         "skipped",
                         f"{label}: skipped",
                         run.ran_at,
-                        f"reason: {label_of(run.reason or 'unknown', 'reason')}",
+                        f"reason: {label_of(run.reason or 'unknown', 'reason', run.reason_detail)}",
                     )
                 )
         elif live and index == enrollment.step_index:

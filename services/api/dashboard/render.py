@@ -90,15 +90,23 @@ def moment(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def instant(value: datetime) -> str:
+    """A moment as a machine reads it (a ``<time>``'s ``datetime``): ``2025-03-01T14:05:07.000Z``."""
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 @jinja2.pass_context
-def when(context: jinja2.runtime.Context, value: datetime | None) -> str:
+def when(context: jinja2.runtime.Context, value: datetime | None) -> Markup | str:
     """A moment as the dashboard shows it: to the second, and how far from the page's ``now`` (the
-    runtime's clock when the page was drawn): ``2025-03-01 14:05:07 UTC (in 25 s)``."""
+    runtime's clock when the page was drawn): ``2025-03-01 14:05:07 UTC (in 25 s)``, a ``<time>`` whose
+    ``.relative`` part the page's script keeps true as time passes (``static/dashboard.js``)."""
     text = moment(value)
     now = context.get("now")
     if value is None or value.utcoffset() is None or not isinstance(now, datetime):
         return text
-    return f"{text} ({relative(value, now)})"
+    return Markup('<time datetime="{}">{} <span class="relative">({})</span></time>').format(
+        instant(value), text, relative(value, now)
+    )
 
 
 #: What a status (or a stopped enrollment's reason) says, as its colour: went well, went badly, waits.
@@ -158,7 +166,9 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, moment=moment, duration=duration, short=short, label=label, step=step_of)
+    env.filters.update(
+        when=when, moment=moment, instant=instant, duration=duration, short=short, label=label, step=step_of
+    )
     env.globals.update(tone=tone, percent=percent, navigation=NAVIGATION, field_id=field_id, allows=allows)
     return env
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from libs.common.core.reasons import stored
 from libs.common.followups.definition import (
     FIRST_STEP_REFUSES,
     AiStep,
@@ -317,4 +318,5 @@ def preview(
         rendered = render_message(source, context)
     except TemplateError as exc:
         return Preview(None, None, f"The text is not a valid template: {exc}")
-    return Preview(rendered.text, rendered.skip_reason, note)
+    skipped = stored(rendered.skip_reason, rendered.skip_detail) if rendered.skip_reason else None
+    return Preview(rendered.text, skipped, note)

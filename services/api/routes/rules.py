@@ -115,7 +115,7 @@ class RulesController(Controller):
         status: FromQuery[ExecutionStatus | None] = None,
     ) -> Page[Execution]:
         """A delayed rule's executions, newest first: due_at, status (pending, executed, skipped),
-        skip_reason, executed_at, message_id."""
+        skip_reason (a code) and skip_detail, executed_at, message_id."""
         with transaction(runtime_of(request)) as conn:
             rules.get_rule(conn, project_id, rule_id)
             rows = executions.list_executions(
@@ -151,7 +151,8 @@ class RulesController(Controller):
         rule_id: FromPath[uuid.UUID],
         limit: PageLimit = 50,
     ) -> Items[RuleRun]:
-        """What the rule did with its latest triggers (executed, or rejected and why), newest first."""
+        """What the rule did with its latest triggers (executed, scheduled, or rejected: ``reason`` and
+        ``reason_detail`` say why), newest first."""
         with transaction(runtime_of(request)) as conn:
             return as_items(rules.rule_runs(conn, project_id, rule_id, limit=limit))
 

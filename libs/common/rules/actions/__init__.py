@@ -26,11 +26,14 @@ from libs.common.core.errors import InvalidInput
 from libs.common.rules.actions.base import (
     BUSINESS_ERRORS,
     MAX_ITEMS,
+    ActionRefusal,
     ActionRejected,
     BaseAction,
     Done,
+    RuleRefusal,
     Subject,
     form,
+    refusal_of,
 )
 from libs.common.rules.actions.contact import AddContactTag, RemoveContactTag
 from libs.common.rules.actions.conversation import (
@@ -55,6 +58,7 @@ __all__ = [
     "MAX_ITEMS",
     "MAX_SNOOZE_MINUTES",
     "Action",
+    "ActionRefusal",
     "ActionRejected",
     "AddContactTag",
     "AddLabel",
@@ -68,12 +72,15 @@ __all__ = [
     "EnrollInSequence",
     "RemoveContactTag",
     "RemoveLabel",
+    "RuleRefusal",
     "SendMessage",
     "SendWebhook",
     "SnoozeUntil",
     "Subject",
     "action_type",
+    "check_action_count",
     "form",
+    "refusal_of",
     "run_actions",
     "validate_actions",
 ]
@@ -109,13 +116,18 @@ def action_type(action: BaseAction) -> str:
     return kind
 
 
-def validate_actions(conn: Connection[Any], project_id: uuid.UUID, actions: list[Action]) -> list[Action]:
-    """Check every action against the project (its sequences) and its own rules; errors name
-    ``actions.<i>.<field>``."""
+def check_action_count(actions: list[Action]) -> None:
+    """A rule has 1 to :data:`MAX_ACTIONS` actions."""
     if not actions:
         raise InvalidInput("a rule needs at least one action", field="actions")
     if len(actions) > MAX_ACTIONS:
         raise InvalidInput(f"a rule has at most {MAX_ACTIONS} actions", field="actions")
+
+
+def validate_actions(conn: Connection[Any], project_id: uuid.UUID, actions: list[Action]) -> list[Action]:
+    """Check every action against the project (its sequences) and its own rules; errors name
+    ``actions.<i>.<field>``."""
+    check_action_count(actions)
     for index, action in enumerate(actions):
         action.validate(conn, project_id, f"actions.{index}")
     return actions

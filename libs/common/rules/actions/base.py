@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from psycopg import Connection
@@ -16,8 +16,9 @@ from psycopg import Connection
 from libs.common.contracts.limits import MAX_ACTION_LABELS, NOT_BLANK
 from libs.common.core import validation
 from libs.common.core.errors import Conflict, FollowupsError, InvalidInput
-from libs.common.followups.enrollments import EnrollmentRejected
+from libs.common.followups.enrollments import EnrollmentRejected, EnrollmentRejection
 from libs.common.followups.stops import Stopped
+from libs.common.followups.templates import TemplateSkip
 from libs.common.platform import conversations
 
 #: Most labels or tags one action changes.
@@ -46,16 +47,45 @@ def form(label: str, *, widget: str | None = None, parts: dict[str, Any] | None 
     return msgspec.Meta(extra={"form": extra})
 
 
+#: Why an action refuses to act (:class:`ActionRejected`'s codes): no conversation to act on, the contact
+#: erased, opted out, without consent, outside the service window without an approved template, or a text
+#: that cannot be rendered (``missing_variable`` with the placeholder as detail, ``missing_anchor``,
+#: ``message_too_long``).
+ActionRefusal = Literal[
+    "no_conversation",
+    "contact_erased",
+    "opted_out",
+    "no_consent",
+    "outside_service_window",
+    TemplateSkip,
+]
+#: Why a rule's run was refused, as its run and a delayed execution record it (with the detail of
+#: ``missing_variable``): an action's refusal, or ``enroll()``'s.
+RuleRefusal = Literal[ActionRefusal, EnrollmentRejection]
+
+
 class ActionRejected(Conflict):
     """The action was refused for a business reason (an outcome, not an error)."""
 
-    def __init__(self, code: str, message: str | None = None) -> None:
+    code: ActionRefusal
+
+    def __init__(self, code: ActionRefusal, message: str | None = None, *, detail: str | None = None) -> None:
         super().__init__(message or code.replace("_", " "))
         self.code = code
+        #: What the refusal is about (the placeholder of ``missing_variable``).
+        self.detail = detail
 
 
 #: Refusals by the domain that are outcomes of a rule, not failures.
 BUSINESS_ERRORS: tuple[type[FollowupsError], ...] = (ActionRejected, EnrollmentRejected)
+
+
+def refusal_of(refusal: Exception) -> tuple[RuleRefusal, str | None]:
+    """The code and the detail of one of :data:`BUSINESS_ERRORS`."""
+    if isinstance(refusal, ActionRejected):
+        return refusal.code, refusal.detail
+    assert isinstance(refusal, EnrollmentRejected), refusal
+    return refusal.code, None
 
 
 @dataclass(frozen=True)

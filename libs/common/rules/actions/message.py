@@ -19,6 +19,7 @@ from libs.common.followups.definition import WhatsAppTemplate, check_whatsapp_te
 from libs.common.followups.templates import (
     TOO_LONG_REASON,
     RenderContext,
+    Rendered,
     TemplateError,
     parse_template,
     render,
@@ -126,16 +127,17 @@ def _body(text: str, context: RenderContext) -> str:
         raise ActionRejected(
             TOO_LONG_REASON, f"the message is longer than {MAX_MESSAGE_LENGTH} characters once filled in"
         )
-    return _text_of(rendered.text, rendered.skip_reason)
+    return _text_of(rendered)
 
 
 def _parameter(template: str, context: RenderContext) -> str:
     """A WhatsApp template's parameter (as the release renders one: no length limit of a message)."""
-    rendered = render(template, context)
-    return _text_of(rendered.text, rendered.skip_reason)
+    return _text_of(render(template, context))
 
 
-def _text_of(text: str | None, skip_reason: str | None) -> str:
-    if text is None:
-        raise ActionRejected(skip_reason or "missing_value", f"the message lacks {skip_reason}")
-    return text
+def _text_of(rendered: Rendered) -> str:
+    if rendered.text is None:
+        assert rendered.skip_reason is not None  # no text: it says why
+        lacks = rendered.skip_detail or "an anchor time"  # missing_variable names its placeholder
+        raise ActionRejected(rendered.skip_reason, f"the message lacks {lacks}", detail=rendered.skip_detail)
+    return rendered.text

@@ -6,7 +6,39 @@
 //   instead: what the page shows outside the element (an enrollment's status, its Pause and Stop) is stale.
 // select[data-autosubmit]: changing it presses the form's "Update" button (name=_op value=refresh), so the
 //   form is drawn again for the new choice (an action's type shows that type's fields).
+// time[datetime] > .relative: how far the time is ("in 25 s", "3 min ago"), said again every second, as
+//   from the server's clock (<body data-now>, when the page was drawn) plus the time since: every page's
+//   times stay true, those of a refreshed part too.
 "use strict";
+
+const UNITS = [["d", 86400], ["h", 3600], ["min", 60], ["s", 1]];
+
+// As services/api/dashboard/render.py's relative(): the largest whole unit.
+function relative(seconds) {
+  const size = Math.abs(seconds);
+  for (const [unit, length] of UNITS) {
+    if (size >= length) {
+      const amount = `${Math.floor(size / length)} ${unit}`;
+      return seconds > 0 ? `in ${amount}` : `${amount} ago`;
+    }
+  }
+  return "now";
+}
+
+function tickRelativeTimes() {
+  const drawn = Date.parse(document.body.getAttribute("data-now") || "");
+  const skew = Number.isNaN(drawn) ? 0 : drawn - Date.now(); // the server's clock less this one's
+  const tick = () => {
+    const now = Date.now() + skew;
+    document.querySelectorAll("time[datetime] > .relative").forEach((element) => {
+      const at = Date.parse(element.parentElement.getAttribute("datetime"));
+      if (Number.isNaN(at)) return;
+      const text = `(${relative((at - now) / 1000)})`;
+      if (element.textContent !== text) element.textContent = text;
+    });
+  };
+  setInterval(tick, 1000);
+}
 
 function refresh(element) {
   const url = element.getAttribute("data-refresh");
@@ -39,6 +71,7 @@ document.addEventListener("DOMContentLoaded", () => {
       if (button) button.click();
     });
   });
+  tickRelativeTimes();
   const summary = document.querySelector(".error-summary");
   if (summary) summary.focus();
 });
