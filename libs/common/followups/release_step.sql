@@ -35,8 +35,8 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
        END AS month_messages,
        CASE WHEN fs.max_per_contact_24h IS NOT NULL THEN
            ARRAY(SELECT m.created_at FROM messages m
-                 WHERE m.project_id = c.project_id AND m.contact_id = c.id AND m.direction = 'outbound' AND m.source = 'followup'
-                   AND m.status <> 'CANCELLED' AND m.created_at > %(now)s - interval '24 hours'
+                 WHERE m.project_id = c.project_id AND m.contact_id = c.id AND m.direction = 'outbound'
+                   AND m.source = 'followup' AND m.status <> 'CANCELLED' AND m.created_at > %(now)s - interval '24 hours'
                  ORDER BY m.created_at DESC
                  LIMIT fs.max_per_contact_24h)
        END AS recent_followups,
@@ -80,8 +80,9 @@ UPDATE followup_instance_pacing SET next_release_at = greatest(next_release_at, 
 WHERE project_id = %(project_id)s AND number_id = %(number_id)s
 
 -- name: insert_step_run
--- The step run: its primary key (project, enrollment, step) makes a second send of a step impossible. (A queued
--- step's followup_sent activity is written by the platform with its message, in the message's statement.)
+-- The step run: its primary key (project, enrollment, step) makes a second send of a step impossible. (A
+-- queued step's followup_sent activity is written by the platform with its message, in the message's
+-- statement.)
 INSERT INTO followup_step_runs (enrollment_id, step_index, project_id, outcome, reason, message_id, due_at,
                                 ran_at)
 VALUES (%(enrollment_id)s, %(step_index)s, %(project_id)s, %(outcome)s, %(reason)s, %(message_id)s,
