@@ -21,16 +21,23 @@
 
 7. Throughput against the backlog: steps/s draining 5,000 and then 100,000 enrollments due at once.
 
+8. Fair across projects: one project with 100,000 steps due at once while 50 small projects each receive a
+   steady trickle (steps falling due at ``--fair-rate`` per second across them for ``--fair-seconds``),
+   released by W processes each running the release service's loop (turns across projects): the small
+   projects' release lag p99, and the big project's drain rate over the same backlog drained alone (in the
+   full run, step 7's figure).
+
 Every seed of due enrollments comes with a message history (each contact wrote once and was answered, two
 days before) and is analysed: the tables and their statistics are a running system's, not empty ones.
 
 The last line is `release: steps_per_s=<n> ceiling_tps=<n> ratio=<r> lag_p99_ms=<n> claim_ratio_1m_10k=<r>
 constrained_steps_per_s=<n> constrained_ratio=<r> paced_steps_per_s=<n> paced_ceiling=<n> paced_ratio=<r>
-lag_p99_ms_steady=<n> steps_per_s_5k=<n> steps_per_s_100k=<n> backlog_ratio_100k_5k=<r>`.
+lag_p99_ms_steady=<n> steps_per_s_5k=<n> steps_per_s_100k=<n> backlog_ratio_100k_5k=<r>
+small_project_lag_p99_ms=<n> big_project_steps_per_s=<n> fair_drain_ratio=<r>`.
 
-Parts alone: ``--steady-only``, ``--backlog-only``, and ``--statements`` (the release transaction's
-statements through pgbench one at a time with one client: each one's mean latency, as ``pgbench -r``
-reports it).
+Parts alone: ``--steady-only``, ``--backlog-only``, ``--fairness-only``, and ``--statements`` (the release
+transaction's statements through pgbench one at a time with one client: each one's mean latency, as
+``pgbench -r`` reports it).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from benchmarks.seed import seed_due_enrollments, seed_history, seed_project, wi
 from libs.common.core import outbox
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
+from libs.common.core.jobs import RoundRobin
 from libs.common.core.loops import PollingLoop
 from libs.common.core.settings import DatabaseSettings, FollowupSettings, WorkerSettings
 from libs.common.followups import release_claim, release_step, transitions
@@ -105,10 +113,11 @@ def _seed(url: str, count: int, settings: dict[str, Any] | None = None) -> None:
 def _worker(url: str, ready: Any, go: Any) -> None:
     pool = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=1))
     settings = FollowupSettings()
+    turns = RoundRobin()
     ready.release()
     go.wait()
     while True:
-        if release.release_batch(pool, SYSTEM_CLOCK, settings, limit=1000):
+        if release.release_batch(pool, SYSTEM_CLOCK, settings, limit=1000, turns=turns):
             continue
         # nothing due now: done, unless paced follow-ups wait for their slots (poll like the loop does)
         with pool.connection() as conn:
@@ -153,9 +162,10 @@ def _steady_worker(url: str, ready: Any, go: Any, stop: Any, next_due: bool) -> 
     """The release service's loop, as `followups worker release` runs it (without a broker to nudge it)."""
     pool = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=1))
     settings = FollowupSettings()
+    turns = RoundRobin()
     loop = PollingLoop(
         "release",
-        lambda: release.release_batch(pool, SYSTEM_CLOCK, settings),
+        lambda: release.release_batch(pool, SYSTEM_CLOCK, settings, turns=turns),
         poll_interval=WorkerSettings().poll_interval_seconds,
         idle_max_sleep=WorkerSettings().idle_max_sleep_seconds,
         next_due=(lambda: release.seconds_until_next_due(pool, SYSTEM_CLOCK)) if next_due else None,
@@ -216,6 +226,86 @@ def run_steady(url: str, rate: int, seconds: int, workers: int, *, next_due: boo
         process.join()
     assert len(lags) == total, f"released {len(lags)} of {total}"
     return percentile(lags, 99)
+
+
+# --- fair across projects -------------------------------------------------------------------------------
+
+
+def run_fairness(
+    url: str, big: int, small_projects: int, rate: int, seconds: int, workers: int
+) -> tuple[float, float]:
+    """One project with ``big`` steps due at once and ``small_projects`` projects receiving ``rate`` steps a
+    second between them for ``seconds``, released by ``workers`` loops: (the small projects' lag p99 in ms,
+    the big project's steps/s)."""
+    _reset(url)
+    trickle = rate * seconds
+    with psycopg.connect(url) as conn:
+        big_id, sequence_id = seed_project(conn)
+        seed_due_enrollments(conn, big_id, sequence_id, big, due_at=datetime.now(UTC))
+        seed_history(conn, big_id, before=datetime.now(UTC))
+        small_ids = []
+        for i in range(small_projects):
+            project_id, sequence_id = seed_project(conn)
+            count = trickle // small_projects + (1 if i < trickle % small_projects else 0)
+            seed_due_enrollments(
+                conn, project_id, sequence_id, count, due_at=datetime.now(UTC) + timedelta(days=1)
+            )
+            small_ids.append(project_id)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+    context = multiprocessing.get_context("spawn")
+    ready, go, stop = context.Semaphore(0), context.Event(), context.Event()
+    processes = [
+        context.Process(target=_steady_worker, args=(url, ready, go, stop, True)) for _ in range(workers)
+    ]
+    start_all(processes, ready)
+    go.set()
+    # the trickle starts with the drain: the small projects' steps fall due in turn, one every 1/rate s
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            """
+            UPDATE followup_enrollments e
+            SET next_run_at = now() + interval '1 second' + s.i * %(gap)s * interval '1 second',
+                step_due_at = NULL
+            FROM (SELECT id, row_number() OVER (ORDER BY random()) - 1 AS i FROM followup_enrollments
+                  WHERE project_id = ANY(%(small)s)) s
+            WHERE e.id = s.id
+            """,
+            {"gap": 1 / rate, "small": small_ids},
+        )
+    total = big + trickle
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            done = conn.execute("SELECT count(*) FROM followup_step_runs").fetchone()
+            if done is not None and done[0] >= total:
+                break
+            time.sleep(0.5)
+        lags = [
+            float(row[0])
+            for row in conn.execute(
+                "SELECT extract(epoch FROM ran_at - due_at) * 1000 FROM followup_step_runs"
+                " WHERE project_id = ANY(%s) ORDER BY 1",
+                (small_ids,),
+            )
+        ]
+        row = conn.execute(
+            "SELECT extract(epoch FROM max(ran_at) - min(ran_at)) FROM followup_step_runs"
+            " WHERE project_id = %s",
+            (big_id,),
+        ).fetchone()
+    stop.set()
+    for process in processes:
+        process.join()
+    assert len(lags) == trickle, f"released {len(lags)} of {trickle}"
+    drained_in = float(row[0]) if row and row[0] else float("nan")
+    return percentile(lags, 99), big / drained_in
+
+
+def _fairness_keys(small_lag_p99: float, big_rate: float, single_rate: float) -> str:
+    return (
+        f"small_project_lag_p99_ms={small_lag_p99:.0f} big_project_steps_per_s={big_rate:.0f} "
+        f"fair_drain_ratio={big_rate / single_rate:.2f}"
+    )
 
 
 # --- the pure-SQL ceiling -------------------------------------------------------------------------------
@@ -358,6 +448,9 @@ def _pgbench(
         raise SystemExit("pgbench is needed for the ceiling (Debian: postgresql-client)")
     _reset(url)
     _seed(url, count)
+    with psycopg.connect(url) as conn:
+        project = conn.execute("SELECT id FROM projects").fetchone()
+    assert project is not None
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
         script.write(script_text)
     parts = urlsplit(url)
@@ -377,6 +470,8 @@ def _pgbench(
             str(count // clients),
             "-f",
             script.name,
+            "-D",
+            f"project_id={project[0]}",
             "-h",
             parts.hostname or "127.0.0.1",
             "-p",
@@ -435,7 +530,8 @@ def claim_latency(url: str, not_due: int, samples: int = 300) -> float:
     with psycopg.connect(url) as conn:
         for _ in range(samples):
             started = time.perf_counter()
-            conn.execute(release_claim.QUERIES["claim_due_enrollment"], {"now": now}).fetchone()
+            claim = release_claim.QUERIES["claim_due_enrollment"]
+            conn.execute(claim, {"project_id": project_id, "now": now}).fetchone()
             timings.append((time.perf_counter() - started) * 1000)
             conn.rollback()
     return statistics.median(timings)
@@ -464,6 +560,19 @@ def main() -> None:
         "--backlog-only", action="store_true", help="steps/s draining the small and the large backlog only"
     )
     parser.add_argument(
+        "--fair-big", type=int, default=100_000, help="the big project's backlog (due at once)"
+    )
+    parser.add_argument("--fair-projects", type=int, default=50, help="small projects with a trickle")
+    parser.add_argument(
+        "--fair-rate", type=int, default=25, help="the small projects' steps falling due per second"
+    )
+    parser.add_argument("--fair-seconds", type=int, default=60, help="length of the small projects' trickle")
+    parser.add_argument(
+        "--fairness-only",
+        action="store_true",
+        help="the big backlog drained alone, then beside the small projects' trickle, only",
+    )
+    parser.add_argument(
         "--statements", action="store_true", help="the cost of each statement of the step (pgbench -r) only"
     )
     parser.add_argument("--database", default=BENCH_DATABASE, help="the benchmark's own database (dropped)")
@@ -482,6 +591,14 @@ def main() -> None:
         with bench_database(args.database) as url:
             backlog = run_backlogs(url, args.backlog_small, args.backlog_large, args.workers)
         print(f"release: {_backlog_keys(args.backlog_small, args.backlog_large, *backlog)}")
+        return
+
+    if args.fairness_only:
+        with bench_database(args.database) as url:
+            single = run_release(url, args.fair_big, args.workers)[0]
+            print(f"  backlog of {args.fair_big} alone: {single:.0f} steps/s")
+            fair = _fairness(url, args)
+        print(f"release: {_fairness_keys(*fair, single)}")
         return
 
     if args.steady_only:
@@ -521,6 +638,10 @@ def main() -> None:
         steady = run_steady(url, args.steady_rate, args.steady_seconds, args.workers)
         print(f"  steady {args.steady_rate}/s for {args.steady_seconds} s: lag p99 {steady:.0f} ms")
         backlog = run_backlogs(url, args.backlog_small, args.backlog_large, args.workers)
+        fair = _fairness(url, args)
+        single = backlog[1]
+        if args.fair_big != args.backlog_large:
+            single = run_release(url, args.fair_big, args.workers)[0]
     print(
         f"  claim median: {small:.3f} ms with {args.claim_small} not due,"
         f" {large:.3f} ms with {args.claim_large}"
@@ -531,8 +652,20 @@ def main() -> None:
         f"constrained_steps_per_s={constrained:.0f} constrained_ratio={constrained_ratio:.2f} "
         f"paced_steps_per_s={paced:.1f} paced_ceiling={paced_ceiling:.0f} "
         f"paced_ratio={paced / paced_ceiling:.2f} lag_p99_ms_steady={steady:.0f} "
-        f"{_backlog_keys(args.backlog_small, args.backlog_large, *backlog)}"
+        f"{_backlog_keys(args.backlog_small, args.backlog_large, *backlog)} {_fairness_keys(*fair, single)}"
     )
+
+
+def _fairness(url: str, args: argparse.Namespace) -> tuple[float, float]:
+    small_lag_p99, big_rate = run_fairness(
+        url, args.fair_big, args.fair_projects, args.fair_rate, args.fair_seconds, args.workers
+    )
+    print(
+        f"  {args.fair_big} due in one project beside {args.fair_projects} projects trickling"
+        f" {args.fair_rate}/s: small projects' lag p99 {small_lag_p99:.0f} ms,"
+        f" the big one drained at {big_rate:.0f} steps/s"
+    )
+    return small_lag_p99, big_rate
 
 
 def run_backlogs(url: str, small: int, large: int, workers: int) -> tuple[float, float, float]:

@@ -20,7 +20,7 @@ from tests.conftest import with_database
 HOT_INDEXES = {
     "followup_enrollments_one_live_idx": "UNIQUE INDEX",
     "followup_enrollments_dedupe_idx": "UNIQUE INDEX",
-    "followup_enrollments_claim_idx": "INDEX",
+    "followup_enrollments_project_claim_idx": "INDEX",
     "followup_enrollments_live_contact_idx": "INDEX",
     "rule_pending_executions_due_idx": "INDEX",
     "rule_pending_executions_episode_key": "UNIQUE INDEX",
@@ -83,8 +83,8 @@ def test_claim_and_stop_indexes_are_partial_on_live_status(db_url: str) -> None:
                 "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'followup_enrollments'"
             )
         )
-    assert "WHERE (status = 'active'::text)" in defs["followup_enrollments_claim_idx"]
-    assert "(next_run_at)" in defs["followup_enrollments_claim_idx"]
+    assert "WHERE (status = 'active'::text)" in defs["followup_enrollments_project_claim_idx"]
+    assert "(project_id, next_run_at)" in defs["followup_enrollments_project_claim_idx"]
     assert "(contact_id)" in defs["followup_enrollments_live_contact_idx"]
     assert "'active'::text, 'paused'::text" in defs["followup_enrollments_live_contact_idx"]
     assert "(project_id, sequence_id, contact_id)" in defs["followup_enrollments_one_live_idx"]

@@ -206,19 +206,33 @@ def test_the_queued_follow_ups_to_cancel_are_found_by_the_queued_contact_index(
         assert len(queued) == 1
 
 
-def test_the_release_claim_uses_the_claim_index(pool: ConnectionPool, seeded: Seeded) -> None:
+def test_the_release_claim_uses_the_project_claim_index(pool: ConnectionPool, seeded: Seeded) -> None:
     query = RELEASE_QUERIES["claim_due_enrollment"]
+    params = {"project_id": seeded.project_id, "now": NOW}
     with pool.connection() as conn, conn.transaction(force_rollback=True):
-        for nodes in (explain(conn, query, {"now": NOW}), explain_generic(conn, query)):
-            assert "followup_enrollments_claim_idx" in index_names(nodes), nodes
+        for nodes in (explain(conn, query, params), explain_generic(conn, query)):
+            assert index_names(nodes) == {"followup_enrollments_project_claim_idx"}, nodes
             assert "followup_enrollments" not in seq_scanned(nodes)
 
 
-def test_the_release_loops_next_due_time_uses_the_claim_index(pool: ConnectionPool, seeded: Seeded) -> None:
+def test_the_walk_of_the_projects_with_due_enrollments_is_a_skip_scan(
+    pool: ConnectionPool, seeded: Seeded
+) -> None:
+    """Each step of the walk and each due check is a descent of the project-led claim index: no backlog
+    is read, and the table is never scanned."""
+    query = RELEASE_QUERIES["due_projects"]
+    params = {"now": NOW, "after": uuid.UUID(int=0), "projects": 100}
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        for nodes in (explain(conn, query, params), explain_generic(conn, query)):
+            assert index_names(nodes) == {"followup_enrollments_project_claim_idx"}, nodes
+            assert "followup_enrollments" not in seq_scanned(nodes)
+
+
+def test_the_release_loops_next_due_time_walks_the_claim_index(pool: ConnectionPool, seeded: Seeded) -> None:
     query = RELEASE_QUERIES["next_due"]
     with pool.connection() as conn, conn.transaction(force_rollback=True):
         for nodes in (explain(conn, query, {"now": NOW}), explain_generic(conn, query)):
-            assert "followup_enrollments_claim_idx" in index_names(nodes), nodes
+            assert index_names(nodes) == {"followup_enrollments_project_claim_idx"}, nodes
             assert "followup_enrollments" not in seq_scanned(nodes)
 
 

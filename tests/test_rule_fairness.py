@@ -14,9 +14,10 @@ from typing import Any
 
 import psycopg
 from litestar.testing import TestClient
+from psycopg.rows import tuple_row
 
 from libs.common.contracts.limits import MAX_CONDITION_NODES, MAX_GROUP_CHILDREN, MAX_RULES_PER_PROJECT
-from libs.common.core.jobs import RoundRobin
+from libs.common.core.jobs import RoundRobin, claim_in_turns
 from libs.common.core.runtime import Runtime
 from libs.common.platform.projects import create_project
 from libs.common.rules.rules import RULES, RuleCache
@@ -127,7 +128,10 @@ def _claimed(runtime: Runtime, fairness: RoundRobin, limit: int) -> list[tuple[i
     """What one claim takes (ids and projects), rolled back; ``fairness`` learns where it stopped."""
     with runtime.pool.connection() as conn:
         params = {"now": runtime.clock.now()} | fairness.params(limit)
-        found = [(row[0], row[3]) for row in conn.execute(QUERIES["claim_triggers"], params).fetchall()]
+        claimed = claim_in_turns(
+            conn, QUERIES["trigger_shares"], QUERIES["claim_triggers"], params, tuple_row
+        )
+        found = [(row[0], row[3]) for row in claimed]
         conn.rollback()
     fairness.served(list(dict.fromkeys(project_id for _, project_id in found)))
     return found

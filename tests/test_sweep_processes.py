@@ -26,11 +26,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from benchmarks.sweep import seed_executions, seed_project_and_rule
 from libs.common.core.clock import SYSTEM_CLOCK, ManualClock
-from libs.common.core.jobs import RoundRobin
+from libs.common.core.jobs import RoundRobin, claim_in_turns
 from libs.common.rules import executions
 from libs.common.rules.executions import LEASE, QUERIES, Swept, sweep
 from tests.helpers import Process, rows, start_worker, stop_all, wait_until
@@ -246,11 +247,10 @@ def test_a_lease_that_ran_out_is_taken_over_but_never_run_twice(
     # When sweeper A claims them all and stalls: it is running the first, holding its row lock
     until_a = start + LEASE
     with pool.connection() as conn:
+        params = {"now": start, "until": until_a} | RoundRobin().params(100)
         claimed = [
             row[0]
-            for row in conn.execute(
-                QUERIES["claim_due"], {"now": start, "until": until_a} | RoundRobin().params(100)
-            )
+            for row in claim_in_turns(conn, QUERIES["due_shares"], QUERIES["claim_due"], params, tuple_row)
         ]
     assert len(claimed) == 10
     first, rest = claimed[0], claimed[1:]
@@ -297,7 +297,7 @@ def test_a_row_taken_over_after_the_lease_is_run_by_the_new_holder_only(
     for now in (start, later):
         with pool.connection() as conn:
             params = {"now": now, "until": now + LEASE} | RoundRobin().params(100)
-            claimed = conn.execute(QUERIES["claim_due"], params)
+            claimed = claim_in_turns(conn, QUERIES["due_shares"], QUERIES["claim_due"], params, tuple_row)
             leases.append((now, [row[0] for row in claimed]))
     (_, [id_a]), (_, [id_b]) = leases
     assert id_a == id_b

@@ -1,19 +1,36 @@
 """The release loop's work: release due enrollments one transaction at a time (the domain's
-:func:`~libs.common.followups.release.release_one`: claim, step, commit, count), up to a batch."""
+:func:`~libs.common.followups.release.release_one`: claim, step, commit, count), up to a batch, in turns
+across projects.
+
+A batch walks the projects with due enrollments from where this loop's previous batch stopped (a
+:class:`~libs.common.core.jobs.RoundRobin`, wrapping around), at most a batch's size of them, and releases
+up to an even share of the batch from each (the batch over their number, at least one, at most
+:data:`TURN`): a project with 100,000 due steps gets one share per turn like a project with one, so its
+backlog delays no other project's step by more than a turn. Each claim names its project (one shard on
+Citus)."""
 
 from __future__ import annotations
 
+import math
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
+from libs.common.core.jobs import RoundRobin
 from libs.common.core.settings import FollowupSettings
-from libs.common.followups.release import release_one, seconds_until_next_due
+from libs.common.followups.release import due_projects, release_one, seconds_until_next_due
 from libs.common.followups.release_step import Released
 
 __all__ = ["release_batch", "release_one", "seconds_until_next_due"]
+
+#: The most steps of one project a batch releases (a turn): the batch then ends and the next walks the
+#: projects again, so a step that fell due meanwhile in another project waits at most about a turn's steps
+#: (tens of milliseconds), not a backlog's share of a large batch. The walk costs two index descents per
+#: project with active enrollments.
+TURN = 16
 
 
 def release_batch(
@@ -24,15 +41,27 @@ def release_batch(
     *,
     ai_lease: timedelta | None = None,
     on_lease: Callable[[Released], None] | None = None,
+    turns: RoundRobin | None = None,
 ) -> int:
-    """Release due enrollments one transaction at a time, up to ``limit``; returns how many were handled.
-    ``on_lease`` hears of each AI step leased (after its commit)."""
+    """Release due enrollments one transaction at a time, up to ``limit``, in turns across projects (from
+    where ``turns``, the loop's own, stopped; a new one starts from the first project); returns how many
+    were handled. ``on_lease`` hears of each AI step leased (after its commit)."""
+    turns = turns if turns is not None else RoundRobin()
+    projects = due_projects(pool, clock, after=turns.after, projects=limit)
     handled = 0
-    while handled < limit:
-        released = release_one(pool, clock, settings, ai_lease)
-        if released is None:
-            break
-        if released.action == "lease" and on_lease is not None:
-            on_lease(released)
-        handled += 1
+    served: list[uuid.UUID] = []
+    for project_id in projects:
+        served.append(project_id)
+        # an even share of what is left of the batch (what a project with fewer due steps leaves goes to
+        # the ones after it); the batch is one turn: the next one walks again, so a project whose step fell
+        # due meanwhile waits a turn at most, not a backlog
+        share = min(TURN, math.ceil((limit - handled) / (len(projects) - len(served) + 1)))
+        for _ in range(share):
+            released = release_one(pool, clock, settings, ai_lease, project_id=project_id)
+            if released is None:
+                break  # none of the project's due enrollments is left (or free)
+            if released.action == "lease" and on_lease is not None:
+                on_lease(released)
+            handled += 1
+    turns.served(served)
     return handled

@@ -9,6 +9,7 @@ from typing import Any
 import dramatiq
 
 from libs.common.contracts import actors
+from libs.common.core.jobs import RoundRobin
 from libs.common.core.loops import PollingLoop
 from libs.common.core.runtime import Runtime, Service
 from libs.common.followups.release_step import Released
@@ -43,10 +44,11 @@ def build(runtime: Runtime) -> Service:
                 "ai step not sent", extra={"enrollment_id": str(released.enrollment_id)}, exc_info=True
             )
 
+    turns = RoundRobin()  # the loop's turns across projects, kept from one batch to the next
     loop = PollingLoop(
         RELEASE_LOOP,
         lambda: release_batch(
-            runtime.pool, runtime.clock, settings.followup, ai_lease=ai_lease, on_lease=leased
+            runtime.pool, runtime.clock, settings.followup, ai_lease=ai_lease, on_lease=leased, turns=turns
         ),
         poll_interval=settings.worker.poll_interval_seconds,
         idle_max_sleep=settings.worker.idle_max_sleep_seconds,

@@ -36,7 +36,10 @@ project. A :class:`RoundRobin` (the rules' queues: triggers, delayed executions,
 among the projects with pending work: each takes at most its share (the batch over their number, at least
 one item), at most ``limit`` projects a batch, walked from where this queue's previous batch in this process
 stopped, so a project's backlog of any size delays another project's single item by one batch at most,
-and a thousand projects with work each get their turn.
+and a thousand projects with work each get their turn. Such a claim is two steps (:func:`claim_in_turns`):
+one read without locks walks the projects and gives each its share, then each project's claim is a
+statement of its own with an equality on ``project_id`` (on Citus, routed to one shard), all of them sent
+in one round trip.
 """
 
 from __future__ import annotations
@@ -48,9 +51,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, LiteralString, TypeVar
 
 from psycopg import Connection
+from psycopg.rows import RowFactory
 from psycopg_pool import ConnectionPool
 
 from libs.common.core import effects
@@ -165,6 +169,37 @@ class RoundRobin(Fairness):
         ``after``, then from the first: whatever order they are given in)."""
         if project_ids:
             self.after = max(project_ids, key=lambda project_id: (project_id <= self.after, project_id))
+
+
+R = TypeVar("R")
+
+
+def claim_in_turns(
+    conn: Connection[Any],
+    shares: LiteralString,
+    claim: LiteralString,
+    params: dict[str, Any],
+    row_factory: RowFactory[R],
+) -> list[R]:
+    """A claim in turns across projects: ``shares`` (a read without locks, across projects) answers the
+    projects in turn with each one's share of the batch; then ``claim`` runs once per project with
+    ``project_id`` and ``share`` added to ``params`` (a statement naming one project: routed to one shard on
+    Citus), every claim in one pipeline (one round trip). Rows come in the projects' order."""
+    turns = conn.execute(shares, params).fetchall()
+    if not turns:
+        return []
+    claimed: list[R] = []
+    with conn.cursor(row_factory=row_factory) as cur:
+        cur.executemany(
+            claim,
+            [params | {"project_id": project_id, "share": share} for project_id, share in turns],
+            returning=True,
+        )
+        while True:
+            claimed += cur.fetchall()
+            if not cur.nextset():
+                break
+    return claimed
 
 
 @dataclass(frozen=True)

@@ -943,10 +943,6 @@ CREATE INDEX followup_bulk_jobs_open_idx ON public.followup_bulk_jobs USING btre
 
 CREATE INDEX followup_bulk_jobs_project_idx ON public.followup_bulk_jobs USING btree (project_id, created_at, id);
 
--- Name: followup_enrollments_claim_idx; Type: INDEX
-
-CREATE INDEX followup_enrollments_claim_idx ON public.followup_enrollments USING btree (next_run_at) WHERE (status = 'active'::text);
-
 -- Name: followup_enrollments_contact_idx; Type: INDEX
 
 CREATE INDEX followup_enrollments_contact_idx ON public.followup_enrollments USING btree (contact_id, sequence_id);
@@ -970,6 +966,10 @@ CREATE INDEX followup_enrollments_live_project_idx ON public.followup_enrollment
 -- Name: followup_enrollments_one_live_idx; Type: INDEX
 
 CREATE UNIQUE INDEX followup_enrollments_one_live_idx ON public.followup_enrollments USING btree (project_id, sequence_id, contact_id) WHERE ((status = ANY (ARRAY['active'::text, 'paused'::text])) AND (sequence_id IS NOT NULL));
+
+-- Name: followup_enrollments_project_claim_idx; Type: INDEX
+
+CREATE INDEX followup_enrollments_project_claim_idx ON public.followup_enrollments USING btree (project_id, next_run_at) WHERE (status = 'active'::text);
 
 -- Name: followup_enrollments_project_enrolled_idx; Type: INDEX
 

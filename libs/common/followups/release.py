@@ -1,6 +1,7 @@
-"""The release of one due enrollment: claim the oldest (:mod:`~libs.common.followups.release_claim`),
+"""The release of one due enrollment: claim a project's oldest (:mod:`~libs.common.followups.release_claim`),
 release its step (:mod:`~libs.common.followups.release_step`), commit, then count what happened
-(:func:`observe`). The release service's loop calls :func:`release_one` until nothing is due, then sleeps
+(:func:`observe`). The release service's loop walks the projects with due enrollments in turns
+(:func:`due_projects`) and calls :func:`release_one` for each, until nothing is due, then sleeps
 :func:`seconds_until_next_due`."""
 
 from __future__ import annotations
@@ -12,16 +13,25 @@ from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
 from libs.common.core.db import server_unavailable
+from libs.common.core.jobs import FIRST_PROJECT
 from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
 from libs.common.core.settings import FollowupSettings
 from libs.common.followups.release_claim import claim_due_enrollment, seconds_until_due
+from libs.common.followups.release_claim import due_projects as _due_projects
 from libs.common.followups.release_step import Released, record_failure, release_claimed
 
 
 def release_one(
-    pool: ConnectionPool, clock: Clock, settings: FollowupSettings, ai_lease: timedelta | None = None
+    pool: ConnectionPool,
+    clock: Clock,
+    settings: FollowupSettings,
+    ai_lease: timedelta | None = None,
+    *,
+    project_id: uuid.UUID | None = None,
 ) -> Released | None:
-    """Release the oldest due enrollment, if any; returns what happened, or None when nothing is due.
+    """Release the project's oldest due enrollment, if any; returns what happened, or None when none is due.
+    Without ``project_id``, of the first project with a due enrollment (in id order; a read without locks
+    first).
 
     ``ai_lease`` (a model is configured): an AI step is leased for that long and returned as ``lease``; the
     caller sends it to the ai_steps service once committed."""
@@ -31,7 +41,12 @@ def release_one(
         # Pipeline mode: a statement whose result is read waits for it; the writes that follow the last
         # read travel together with the COMMIT in one round trip.
         with pool.connection() as conn, conn.pipeline():
-            row = claim_due_enrollment(conn, now)
+            if project_id is None:
+                first = _due_projects(conn, now, after=FIRST_PROJECT, projects=1)
+                if not first:
+                    return None
+                project_id = first[0]
+            row = claim_due_enrollment(conn, project_id, now)
             if row is None:
                 return None
             claimed = (row.project_id, row.id)
@@ -45,6 +60,12 @@ def release_one(
         released = record_failure(pool, *claimed, exc, now, settings)
     observe(released)
     return released
+
+
+def due_projects(pool: ConnectionPool, clock: Clock, *, after: uuid.UUID, projects: int) -> list[uuid.UUID]:
+    """The projects with a due enrollment, in turns from ``after`` (at most ``projects``)."""
+    with pool.connection() as conn:
+        return _due_projects(conn, clock.now(), after=after, projects=projects)
 
 
 def seconds_until_next_due(pool: ConnectionPool, clock: Clock) -> float | None:

@@ -1,6 +1,10 @@
-"""The release claim: the oldest due enrollment, locked ``FOR UPDATE SKIP LOCKED`` (other workers' rows are
-skipped), what the release step reads of it, and when the next one falls due (the release loop sleeps
-until then). Also the leased AI step's enrollment, read for its model call."""
+"""The release claim: a project's oldest due enrollment, locked ``FOR UPDATE SKIP LOCKED`` (other workers'
+rows are skipped), what the release step reads of it, the projects with due enrollments in turns (the
+release loop serves them one after another), and when the next one falls due (the loop sleeps until then).
+Also the leased AI step's enrollment, read for its model call.
+
+Every claim names its project (an equality on ``project_id``: on Citus, a statement routed to one shard);
+only the reads without locks (the walk of the projects, the next due time) span projects."""
 
 from __future__ import annotations
 
@@ -55,11 +59,21 @@ class LeasedStep(msgspec.Struct, kw_only=True, frozen=True):
     variables: dict[str, Any]
 
 
-def claim_due_enrollment(conn: Connection[Any], now: datetime) -> ClaimedEnrollment | None:
-    """Claim the oldest due active enrollment whose lease is free (locked until the caller's transaction
-    ends); None when nothing is due."""
+def claim_due_enrollment(
+    conn: Connection[Any], project_id: uuid.UUID, now: datetime
+) -> ClaimedEnrollment | None:
+    """Claim the project's oldest due active enrollment whose lease is free (locked until the caller's
+    transaction ends); None when none of its enrollments is due (or every due one is another worker's)."""
+    params = {"project_id": project_id, "now": now}
     with conn.cursor(row_factory=class_row(ClaimedEnrollment)) as cur:
-        return cur.execute(QUERIES["claim_due_enrollment"], {"now": now}).fetchone()
+        return cur.execute(QUERIES["claim_due_enrollment"], params).fetchone()
+
+
+def due_projects(conn: Connection[Any], now: datetime, *, after: uuid.UUID, projects: int) -> list[uuid.UUID]:
+    """The projects with a due active enrollment, in turns: those after ``after`` in id order, then from the
+    first (wrapping around), at most ``projects`` of them (read without locks)."""
+    params = {"now": now, "after": after, "projects": projects}
+    return [row[0] for row in conn.execute(QUERIES["due_projects"], params)]
 
 
 def seconds_until_due(conn: Connection[Any], now: datetime) -> float | None:

@@ -276,8 +276,7 @@ def _one_chunk(pool: ConnectionPool, clock: Clock, chunk: int, runtime: Runtime 
     """One chunk of the oldest unfinished job: (contacts handled, whether a job was there to move on)."""
     now = clock.now()
     with committed(pool, runtime) as conn:
-        with conn.cursor(row_factory=dict_row) as cur:
-            job = cur.execute(QUERIES["lock_next_job"]).fetchone()
+        job = _lock_next_job(conn)
         if job is None:
             return 0, False
         context = {"job_id": str(job["id"]), "project_id": str(job["project_id"])}
@@ -297,6 +296,22 @@ def _one_chunk(pool: ConnectionPool, clock: Clock, chunk: int, runtime: Runtime 
             extra=context | {"contacts": len(items), "processed": job["processed"] + len(items)},
         )
     return len(items), True
+
+
+#: Jobs read in turn order for one chunk: the first no other worker holds is the one moved on.
+CANDIDATES = 16
+
+
+def _lock_next_job(conn: Connection[Any]) -> dict[str, Any] | None:
+    """The next unfinished job in turns across projects that no other worker holds, locked for the chunk
+    (the candidates are read across projects without locks, then each locked by its project and id)."""
+    candidates = conn.execute(QUERIES["next_jobs"], {"candidates": CANDIDATES}).fetchall()
+    with conn.cursor(row_factory=dict_row) as cur:
+        for project_id, job_id in candidates:
+            job = cur.execute(QUERIES["lock_job"], {"project_id": project_id, "id": job_id}).fetchone()
+            if job is not None:
+                return job
+    return None
 
 
 def _enroll_chunk(

@@ -41,25 +41,32 @@ LIMIT %(limit)s
 UPDATE followup_bulk_jobs SET cancel_requested = true, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s AND status IN ('queued', 'running')
 
--- name: lock_next_job
--- The next unfinished job no other worker is processing, in turns across projects: the project whose open
--- jobs moved least recently, then its job that moved least recently (each chunk moves its job's
--- updated_at), so jobs take turns a chunk at a time and a project's hundred jobs do not keep another's one
--- waiting. Its row stays locked for the chunk, so one worker at a time moves a job on, and a worker that
--- dies releases it with its transaction.
+-- name: next_jobs
+-- The unfinished jobs in turns across projects (read without locks; each is then locked by lock_job): the
+-- project whose open jobs moved least recently, then its job that moved least recently (each chunk moves
+-- its job's updated_at), so jobs take turns a chunk at a time and a project's hundred jobs do not keep
+-- another's one waiting. A few candidates: a job another worker holds is passed over for the next.
 WITH turn AS (
     SELECT project_id, max(updated_at) AS moved FROM followup_bulk_jobs
     WHERE status IN ('queued', 'running')
     GROUP BY project_id
 )
-SELECT j.id, j.project_id, j.sequence_id, j.variables, j.anchor_at, j.anchor_attribute, j.cursor, j.total,
-       j.processed, j.enrolled, j.skipped, j.cancel_requested, j.progress_at
+SELECT j.project_id, j.id
 FROM followup_bulk_jobs j
 JOIN turn ON turn.project_id = j.project_id
 WHERE j.status IN ('queued', 'running')
 ORDER BY turn.moved, j.updated_at, j.created_at, j.id
-LIMIT 1
-FOR UPDATE OF j SKIP LOCKED
+LIMIT %(candidates)s
+
+-- name: lock_job
+-- A candidate job, locked for the chunk if no other worker holds it and it is still unfinished (one worker
+-- at a time moves a job on; a worker that dies releases it with its transaction). One project: routed to
+-- one shard.
+SELECT id, project_id, sequence_id, variables, anchor_at, anchor_attribute, cursor, total, processed,
+       enrolled, skipped, cancel_requested, progress_at
+FROM followup_bulk_jobs
+WHERE project_id = %(project_id)s AND id = %(id)s AND status IN ('queued', 'running')
+FOR UPDATE SKIP LOCKED
 
 -- name: next_items
 -- The job's next chunk of contacts after its cursor.

@@ -48,6 +48,7 @@ from libs.common.core.jobs import (
     OwnTransactions,
     Retry,
     RoundRobin,
+    claim_in_turns,
     run_batch,
 )
 from libs.common.core.metrics import RULE_EXECUTION_LAG, RULE_EXECUTIONS, RULE_PENDING_EXECUTIONS
@@ -221,9 +222,9 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
     def claim(self, limit: int, fairness: Fairness) -> list[dict[str, Any]]:
         now = self.clock.now()
         self.until = now + LEASE
-        with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        with self.pool.connection() as conn:
             params = {"now": now, "until": self.until} | fairness.params(limit)
-            claimed = cur.execute(QUERIES["claim_due"], params).fetchall()
+            claimed = claim_in_turns(conn, QUERIES["due_shares"], QUERIES["claim_due"], params, dict_row)
             fairness.served(list(dict.fromkeys(item["project_id"] for item in claimed)))
             self.holds = _conditions(conn, claimed)
         return claimed

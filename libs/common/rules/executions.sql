@@ -26,13 +26,12 @@ WHERE v.project_id = %(project_id)s AND v.id = ANY(%(ids)s::uuid[])
 -- The time zone a project's business hours are in.
 SELECT timezone FROM projects WHERE id = %(project_id)s
 
--- name: claim_due
--- A batch of due pending executions in turns across projects (jobs.RoundRobin, as the triggers' claim): the
--- projects with pending executions after %(after)s, wrapping around, at most %(projects)s of them; of each,
--- its executions ready first (an execution is ready from the later of its due time and its lease's end: a
--- backoff is a lease) up to its share of the batch (fair_share), from the project's ready index, so another
--- project's backlog or backed-off executions are never read. Leased to this sweeper; rows locked by another
--- sweeper are skipped within each project's share.
+-- name: due_shares
+-- The projects with pending executions in turns (jobs.RoundRobin, as the triggers' shares): those after
+-- %(after)s, wrapping around, at most %(projects)s of them, and the share of the batch each may take
+-- (fair_share), counted from each project's ready index (an execution is ready from the later of its due
+-- time and its lease's end: a backoff is a lease), so another project's backlog or backed-off executions
+-- are never read. Read without locks: each project's claim locks its own.
 WITH walked AS (
     SELECT project_id, turn
     FROM projects_in_turn('rule_pending_executions', $$q.status = 'pending'$$, %(after)s, %(projects)s)
@@ -46,20 +45,24 @@ WITH walked AS (
     FROM walked w
 ), share AS (
     SELECT fair_share(%(limit)s::integer, array_agg(due ORDER BY due)) AS n FROM counted
-), due AS (
-    SELECT w.project_id, d.id
-    FROM walked w
-    CROSS JOIN LATERAL (
-        SELECT e.id FROM rule_pending_executions e
-        WHERE e.project_id = w.project_id AND e.status = 'pending'
-          AND greatest(e.due_at, coalesce(e.locked_until, e.due_at)) <= %(now)s
-        ORDER BY greatest(e.due_at, coalesce(e.locked_until, e.due_at)), e.id
-        LIMIT (SELECT n FROM share)
-        FOR UPDATE SKIP LOCKED
-    ) d
+)
+SELECT w.project_id, s.n AS share
+FROM walked w CROSS JOIN share s
+ORDER BY w.turn
+
+-- name: claim_due
+-- One project's executions ready first, up to its share of the batch, leased to this sweeper; rows locked
+-- by another sweeper are skipped. One project: a claim routed to one shard.
+WITH due AS (
+    SELECT e.id FROM rule_pending_executions e
+    WHERE e.project_id = %(project_id)s AND e.status = 'pending'
+      AND greatest(e.due_at, coalesce(e.locked_until, e.due_at)) <= %(now)s
+    ORDER BY greatest(e.due_at, coalesce(e.locked_until, e.due_at)), e.id
+    LIMIT %(share)s
+    FOR UPDATE SKIP LOCKED
 )
 UPDATE rule_pending_executions e SET locked_until = %(until)s
-FROM due WHERE e.project_id = due.project_id AND e.id = due.id
+FROM due WHERE e.project_id = %(project_id)s AND e.id = due.id
 RETURNING e.id, e.project_id, e.rule_id, e.trigger_id, e.attempts
 
 -- name: lock_leased

@@ -44,6 +44,7 @@ from libs.common.core.jobs import (
     OwnTransactions,
     Retry,
     RoundRobin,
+    claim_in_turns,
     run_batch,
 )
 from libs.common.core.metrics import FOLLOWUP_TRIGGERS
@@ -197,9 +198,10 @@ def _claim(batch: _Batch, limit: int, fairness: Fairness) -> list[_ToRun]:
     delayed rules only schedule) are processed at once, the others leased until ``batch.until``; returns
     those, with the rules each runs. ``batch.ids`` receives every trigger claimed."""
     with batch.pool.connection() as conn:
-        with conn.cursor(row_factory=class_row(_Claimed)) as cur:
-            params = {"now": batch.now} | fairness.params(limit)
-            claimed = cur.execute(QUERIES["claim_triggers"], params).fetchall()
+        params = {"now": batch.now} | fairness.params(limit)
+        claimed = claim_in_turns(
+            conn, QUERIES["trigger_shares"], QUERIES["claim_triggers"], params, class_row(_Claimed)
+        )
         if not claimed:
             return []
         fairness.served(list(dict.fromkeys(t.project_id for t in claimed)))

@@ -15,18 +15,16 @@ SELECT %(project_id)s, %(type)s, %(contact_id)s, %(conversation_id)s,
        %(now)s, %(now)s
 RETURNING public_id
 
--- name: claim_triggers
--- A batch of due triggers in turns across projects (jobs.RoundRobin): the projects with pending triggers
--- after %(after)s in id order, wrapping around, at most %(projects)s of them (projects_in_turn: a skip scan
--- of the pending index, one descent a project); of each, its oldest due triggers up to its share of the batch
--- (fair_share: what the projects with less than an even share leave goes to the others), from the same
--- index. Triggers locked by another worker are skipped within each project's share. Rows come in the order
--- the projects were walked.
+-- name: trigger_shares
+-- The projects with pending triggers in turns (jobs.RoundRobin), and the share of a batch each may take:
+-- those after %(after)s in id order, wrapping around, at most %(projects)s of them (projects_in_turn: a skip
+-- scan of the pending index, one descent a project); the share water-filled from each one's due triggers
+-- (fair_share: what the projects with less than an even share leave goes to the others), counted from the
+-- same index up to four times an even share. Read without locks: each project's claim locks its own.
 WITH walked AS (
     SELECT project_id, turn
     FROM projects_in_turn('followup_triggers', 'q.processed_at IS NULL', %(after)s, %(projects)s)
 ), counted AS (
-    -- each project's due triggers, counted up to four times an even share (index entries only)
     SELECT w.project_id,
            (SELECT count(*) FROM (
                 SELECT 1 FROM followup_triggers t
@@ -36,19 +34,20 @@ WITH walked AS (
 ), share AS (
     SELECT fair_share(%(limit)s::integer, array_agg(due ORDER BY due)) AS n FROM counted
 )
-SELECT d.id, d.public_id, d.type, d.project_id, d.contact_id, d.conversation_id, d.payload, d.occurred_at,
-       d.attempts
-FROM walked w
-CROSS JOIN LATERAL (
-    SELECT t.id, t.public_id, t.type, t.project_id, t.contact_id, t.conversation_id, t.payload,
-           t.occurred_at, t.attempts, t.next_attempt_at
-    FROM followup_triggers t
-    WHERE t.project_id = w.project_id AND t.processed_at IS NULL AND t.next_attempt_at <= %(now)s
-    ORDER BY t.next_attempt_at, t.id
-    LIMIT (SELECT n FROM share)
-    FOR UPDATE SKIP LOCKED
-) d
-ORDER BY w.turn, d.next_attempt_at, d.id
+SELECT w.project_id, s.n AS share
+FROM walked w CROSS JOIN share s
+ORDER BY w.turn
+
+-- name: claim_triggers
+-- One project's oldest due triggers, up to its share of the batch, from the pending index; triggers locked
+-- by another worker are skipped. One project: a claim routed to one shard.
+SELECT t.id, t.public_id, t.type, t.project_id, t.contact_id, t.conversation_id, t.payload, t.occurred_at,
+       t.attempts
+FROM followup_triggers t
+WHERE t.project_id = %(project_id)s AND t.processed_at IS NULL AND t.next_attempt_at <= %(now)s
+ORDER BY t.next_attempt_at, t.id
+LIMIT %(share)s
+FOR UPDATE SKIP LOCKED
 
 -- name: lease
 -- A project's triggers whose rules run next, each in a transaction of its own: no other worker claims them
