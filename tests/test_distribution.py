@@ -187,20 +187,16 @@ EXCEPTIONS: dict[str, str] = {
     "libs/common/rules/executions.sql::due_shares": _WALK,
     "libs/common/rules/executions.sql::count_pending": f"the pending gauge counts every project's ({_PARTB})",
     "libs/common/rules/bulk.sql::next_jobs": _WALK,
+    "libs/common/platform/send_lane.sql::queued_shares": _WALK,
+    "libs/common/channels/send_lane.sql::channels_in_turn": _WALK,
     "libs/common/rules/webhooks.sql::due_deliveries": _PARTB,
     "libs/common/rules/webhooks.sql::give_up_exhausted": f"swept with the deliveries' claim ({_PARTB})",
     "libs/common/core/outbox.sql::unpublished_events": f"the outbox relay ({_PARTB})",
     "libs/common/core/outbox.sql::mark_published": f"the outbox relay's batch ({_PARTB})",
     "libs/common/core/outbox.sql::oldest_unpublished_age": f"the outbox relay's lag gauge ({_PARTB})",
-    "libs/common/platform/send_lane.sql::pick_queued_messages": _LANE,
-    "libs/common/platform/send_lane.sql::pick_queued_for_numbers": _LANE,
     "libs/common/platform/send_lane.sql::queued_per_number": _LANE,
-    "send_lane.CLAIM_QUEUED_MESSAGES": _LANE,
-    "send_lane.CLAIM_QUEUED_FOR_NUMBERS": _LANE,
-    "libs/common/channels/send_lane.sql::lock_channels": _LANE,
     "libs/common/channels/send_lane.sql::expire_leases": f"{_LANE}: its numbers' batch",
     "libs/common/channels/send_lane.sql::expired_sends": f"{_LANE}: its numbers' batch",
-    "libs/common/channels/send_lane.sql::claim_retries": _LANE,
     "libs/common/channels/send_lane.sql::start_sends": f"{_LANE}: its messages' batch",
     "libs/common/channels/send_lane.sql::served": f"{_LANE}: its numbers' batch",
     # the project is not known yet
@@ -340,11 +336,17 @@ def _items(tokens: list[str], i: int) -> tuple[list[str], int]:
     return [re.sub(r" as \w+$", "", item) for item in items], i
 
 
+#: The SQL functions that walk the projects of a queue table (named by their first argument) across
+#: projects: a call reads that table, never tied to one project.
+_WALKING = re.compile(r"\b(?:projects_in_turn|project_shares)\s*\(\s*'(\w+)'", re.IGNORECASE)
+
+
 def verdict(text: str, tenants: frozenset[str]) -> Verdict:
     """Whether each tenant reference of a statement is tied, by equalities on project_id, to a bound
     parameter (a fragment, composed with others in the code, need only be joined on project_id)."""
     normalized = _normalized(text)
     refs = references(normalized, tenants)
+    walked = [table for table in _WALKING.findall(_COMMENT.sub(" ", text)) if table in tenants]
     fragment = not _STATEMENT.match(normalized)
     # the equalities: a graph over qualifiers ("" is a bare project_id) and "?" (a parameter)
     parent: dict[str, str] = {}
@@ -369,7 +371,7 @@ def verdict(text: str, tenants: frozenset[str]) -> Verdict:
     for ref in refs:
         if ref.qualifier == ref.table:  # not aliased: a bare project_id is its too
             union(ref.table, "")
-    untied: list[str] = []
+    untied: list[str] = [f"{table} (walked across projects)" for table in walked]
     needed: Counter[str] = Counter()
     for ref in refs:
         if ref.inserted:
@@ -481,6 +483,10 @@ def test_every_statement_has_an_equality_on_project_id() -> None:
             ["m (2 uses, 1 equalities on project_id)"],
         ),
         ("INSERT INTO outbox (project_id, type) VALUES (%(project_id)s, 'x')", []),
+        (
+            "SELECT project_id, share FROM project_shares('messages', $$q.status = 'QUEUED'$$, %(after)s)",
+            ["messages (walked across projects)"],
+        ),
         ("INSERT INTO outbox (type) VALUES (%(type)s)", ["outbox (inserted without a project_id)"]),
         (
             "UPDATE followup_triggers SET x = 1 FROM unnest(%(p)s::uuid[], %(i)s::bigint[])"

@@ -236,21 +236,22 @@ def test_the_release_loops_next_due_time_walks_the_claim_index(pool: ConnectionP
             assert "followup_enrollments" not in seq_scanned(nodes)
 
 
-def test_the_send_lane_claim_walks_a_send_queue_index_in_order(pool: ConnectionPool, seeded: Seeded) -> None:
-    """All projects: the send queue (priority, age); one project: its own queue in the same order."""
+def test_the_send_lane_claim_walks_the_projects_queued_index_in_order(
+    pool: ConnectionPool, seeded: Seeded
+) -> None:
+    """One project's claim (a claim for all projects is one per project in turn): its own queue, priority
+    then age, from the queued project index; the shares read the same index, one descent a project."""
     query = send_lane.CLAIM_QUEUED_MESSAGES
+    params = {"project_id": seeded.project_id, "number_id": None, "share": 50, "now": NOW}
     with pool.connection() as conn, conn.transaction(force_rollback=True):
-        for project_id, index in (
-            (seeded.project_id, "messages_queued_project_idx"),
-            (None, "messages_send_queue_idx"),
-        ):
-            params = {"project_id": project_id, "number_id": None, "limit": 50, "now": NOW}
-            nodes = explain(conn, query, params)
-            assert index in index_names(nodes), nodes
-            assert "messages" not in seq_scanned(nodes)
-        claimed = conn.execute(
-            query, {"project_id": seeded.project_id, "number_id": None, "limit": 50, "now": NOW}
-        )
+        nodes = explain(conn, query, params)
+        assert "messages_queued_project_idx" in index_names(nodes), nodes
+        assert "messages" not in seq_scanned(nodes)
+        shares = send_lane.QUERIES["queued_shares"]
+        share_params = {"after": uuid.UUID(int=0), "projects": 50, "limit": 50, "number_id": None, "now": NOW}
+        nodes = explain(conn, shares, share_params)
+        assert "messages" not in seq_scanned(nodes)
+        claimed = conn.execute(query, params)
         assert len(claimed.fetchall()) == 50
 
 

@@ -42,12 +42,13 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from psycopg import Connection
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from libs.common.channels.providers import Outcome, Providers, Rejected, Retry, Sent, Unconfirmed
 from libs.common.channels.setup import Channel, webhook_path
 from libs.common.contracts.platform_events import MessageStatus
 from libs.common.core import effects
+from libs.common.core.db import fetch_each
 from libs.common.core.jobs import Backoff
 from libs.common.core.metrics import SEND_LANE_IN_FLIGHT, SEND_LANE_SEND_SECONDS, SEND_LANE_SENDS
 from libs.common.core.runtime import Runtime
@@ -155,9 +156,10 @@ class SendLane:
         return len(sends)
 
     def _claim(self, conn: Connection[Any], free: int, now: datetime) -> list[_Send]:
-        with conn.cursor(row_factory=dict_row) as cur:
-            params = {"limit": MAX_NUMBERS_PER_CLAIM, "now": now}
-            rows = cur.execute(QUERIES["lock_channels"], params).fetchall()
+        # the numbers in turn, read across projects; then each locked by its project and id (one round trip)
+        candidates = conn.execute(QUERIES["channels_in_turn"], {"limit": MAX_NUMBERS_PER_CLAIM}).fetchall()
+        each = [{"project_id": p, "number_id": n, "now": now} for p, n in candidates]
+        rows = fetch_each(conn, QUERIES["lock_channel"], each, dict_row)
         if not rows:
             return []
         in_flight = {(r["project_id"], r["number_id"]): r.pop("in_flight") for r in rows}
@@ -224,14 +226,21 @@ class SendLane:
         wanted = {key: min(q, due[key]) for key, q in quotas.items() if due.get(key)}
         if not wanted:
             return []
-        params = {
-            "project_ids": [p for p, _ in wanted],
-            "number_ids": [n for _, n in wanted],
-            "quotas": list(wanted.values()),
-            "now": now,
-            "lease_until": lease_until,
-        }
-        attempts: dict[Key, int] = {(p, m): a for p, m, a in conn.execute(QUERIES["claim_retries"], params)}
+        numbers: dict[uuid.UUID, dict[uuid.UUID, int]] = {}
+        for (project_id, number_id), quota in wanted.items():
+            numbers.setdefault(project_id, {})[number_id] = quota
+        each = [  # one statement per project, all in one round trip
+            {
+                "project_id": project_id,
+                "number_ids": list(quotas_of),
+                "quotas": list(quotas_of.values()),
+                "now": now,
+                "lease_until": lease_until,
+            }
+            for project_id, quotas_of in numbers.items()
+        ]
+        claimed = fetch_each(conn, QUERIES["claim_retries"], each, tuple_row)
+        attempts: dict[Key, int] = {(p, m): a for p, m, a in claimed}
         by_project: dict[uuid.UUID, list[uuid.UUID]] = {}
         for project_id, message_id in attempts:
             by_project.setdefault(project_id, []).append(message_id)

@@ -1,7 +1,15 @@
--- name: lock_channels
--- The numbers with a channel, the least recently served first, each locked for this claim (SKIP LOCKED:
--- another replica claiming for a number skips it, so the bound per number holds across replicas), with
--- its sends in flight and its retries due.
+-- name: channels_in_turn
+-- The numbers with a channel, the least recently served first (read across projects without locks; each is
+-- then locked by lock_channel).
+SELECT c.project_id, c.number_id
+FROM channel_numbers c
+ORDER BY c.served_at NULLS FIRST, c.number_id
+LIMIT %(limit)s
+
+-- name: lock_channel
+-- A number with a channel, locked for this claim (SKIP LOCKED: another replica claiming for it skips it, so
+-- the bound per number holds across replicas; nothing when it does), with its sends in flight and its
+-- retries due. One project: routed to one shard.
 SELECT c.project_id, c.number_id, c.provider, c.account_id, c.sender, c.credentials, c.created_at,
        c.updated_at,
        (SELECT count(*) FROM channel_sends s
@@ -10,8 +18,7 @@ SELECT c.project_id, c.number_id, c.provider, c.account_id, c.sender, c.credenti
         WHERE s.project_id = c.project_id AND s.number_id = c.number_id AND s.state = 'retry'
           AND s.next_attempt_at <= %(now)s) AS retries_due
 FROM channel_numbers c
-ORDER BY c.served_at NULLS FIRST, c.number_id
-LIMIT %(limit)s
+WHERE c.project_id = %(project_id)s AND c.number_id = %(number_id)s
 FOR UPDATE OF c SKIP LOCKED
 
 -- name: expire_leases
@@ -33,13 +40,14 @@ WHERE s.project_id = n.project_id AND s.number_id = n.number_id
 RETURNING s.project_id, s.message_id, s.state, s.last_error
 
 -- name: claim_retries
--- Take up to each number's quota of its due retries (the oldest due first): leased, attempt counted.
+-- Take up to each of the project's numbers' quota of its due retries (the oldest due first): leased, attempt
+-- counted. One project: routed to one shard.
 WITH picked AS (
     SELECT s.project_id, s.message_id
-    FROM unnest(%(project_ids)s::uuid[], %(number_ids)s::uuid[], %(quotas)s::int[]) AS q(project_id, number_id, quota)
+    FROM unnest(%(number_ids)s::uuid[], %(quotas)s::int[]) AS q(number_id, quota)
     CROSS JOIN LATERAL (
         SELECT project_id, message_id FROM channel_sends
-        WHERE project_id = q.project_id AND number_id = q.number_id
+        WHERE project_id = %(project_id)s AND number_id = q.number_id
           AND state = 'retry' AND next_attempt_at <= %(now)s
         ORDER BY next_attempt_at
         LIMIT q.quota
@@ -48,7 +56,7 @@ WITH picked AS (
 )
 UPDATE channel_sends s
 SET state = 'sending', attempts = s.attempts + 1, next_attempt_at = %(lease_until)s
-FROM picked WHERE s.project_id = picked.project_id AND s.message_id = picked.message_id
+FROM picked WHERE s.project_id = %(project_id)s AND s.message_id = picked.message_id
 RETURNING s.project_id, s.message_id, s.attempts
 
 -- name: start_sends

@@ -58,6 +58,7 @@ from psycopg.rows import RowFactory
 from psycopg_pool import ConnectionPool
 
 from libs.common.core import effects
+from libs.common.core.db import fetch_each
 
 if TYPE_CHECKING:
     from libs.common.core.runtime import Runtime
@@ -180,26 +181,17 @@ def claim_in_turns(
     claim: LiteralString,
     params: dict[str, Any],
     row_factory: RowFactory[R],
+    *,
+    prepare: bool | None = None,
 ) -> list[R]:
     """A claim in turns across projects: ``shares`` (a read without locks, across projects) answers the
     projects in turn with each one's share of the batch; then ``claim`` runs once per project with
     ``project_id`` and ``share`` added to ``params`` (a statement naming one project: routed to one shard on
-    Citus), every claim in one pipeline (one round trip). Rows come in the projects' order."""
+    Citus), every claim in one pipeline (one round trip). Rows come in the projects' order. ``prepare``
+    False: the claims are never prepared statements (:func:`~libs.common.core.db.fetch_each`)."""
     turns = conn.execute(shares, params).fetchall()
-    if not turns:
-        return []
-    claimed: list[R] = []
-    with conn.cursor(row_factory=row_factory) as cur:
-        cur.executemany(
-            claim,
-            [params | {"project_id": project_id, "share": share} for project_id, share in turns],
-            returning=True,
-        )
-        while True:
-            claimed += cur.fetchall()
-            if not cur.nextset():
-                break
-    return claimed
+    each = [params | {"project_id": project_id, "share": share} for project_id, share in turns]
+    return fetch_each(conn, claim, each, row_factory, prepare=prepare)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,30 @@ CREATE FUNCTION public.message_counter_deltas(changed public.messages, sign inte
     WHERE changed.status = 'QUEUED'
 $$;
 
+-- Name: project_shares(regclass, text, text, uuid, integer, integer, timestamp with time zone, uuid); Type: FUNCTION
+
+CREATE FUNCTION public.project_shares(queue regclass, pending text, ready text, after uuid, most integer, batch integer, now timestamp with time zone, filter uuid DEFAULT NULL::uuid) RETURNS TABLE(project_id uuid, share integer)
+    LANGUAGE plpgsql STABLE ROWS 20
+    AS $_$
+BEGIN
+    RETURN QUERY EXECUTE format($shares$
+        WITH walked AS (
+            SELECT w.project_id, w.turn FROM projects_in_turn(%1$L::regclass, %2$L, $3, $4) w
+        ), counted AS (
+            SELECT w.project_id,
+                   (SELECT count(*) FROM (
+                        SELECT 1 FROM %1$s q
+                        WHERE q.project_id = w.project_id AND %2$s AND %3$s
+                        LIMIT (SELECT least($5, ceil(4.0 * $5 / count(*))) FROM walked)) x) AS due
+            FROM walked w
+        ), shared AS (
+            SELECT fair_share($5, array_agg(due ORDER BY due)) AS n FROM counted
+        )
+        SELECT w.project_id, s.n FROM walked w CROSS JOIN shared s ORDER BY w.turn
+    $shares$, queue, pending, ready) USING now, filter, after, most, batch;
+END
+$_$;
+
 -- Name: projects_in_turn(regclass, text, uuid, integer); Type: FUNCTION
 
 CREATE FUNCTION public.projects_in_turn(queue regclass, pending text, after uuid, most integer) RETURNS TABLE(project_id uuid, turn integer)

@@ -2,7 +2,10 @@
 
 A send lane (the service that talks to the messaging provider) claims QUEUED outbound messages, QUEUED
 to PROCESSING under ``FOR UPDATE SKIP LOCKED`` in priority then age order, then reports what happened
-to each: SENT, DELIVERED, READ or FAILED. Statuses are idempotent and monotonic: a status that would go
+to each: SENT, DELIVERED, READ or FAILED. Every claim is one project's statement (on Citus, routed to one
+shard): a claim for all projects takes them in turns, each project its share (one read across projects
+gives the shares, then each project's claim, all in one round trip), and a claim number by number is one
+statement per project. Statuses are idempotent and monotonic: a status that would go
 backwards (READ, then SENT) is ignored and logged.
 
 Until a message is claimed, a stop path (a reply, say) may still cancel it; once claimed it is the send
@@ -23,7 +26,9 @@ from psycopg.rows import class_row
 from libs.common.contracts.actors import MAX_CLAIM
 from libs.common.contracts.events import STATUS_REPORTED, MessageClaimed, MessageFailed, MessageSent
 from libs.common.contracts.platform_events import ReportedStatus
+from libs.common.core.db import fetch_each
 from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.core.jobs import RoundRobin, claim_in_turns
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import load_queries
 
@@ -34,6 +39,9 @@ QUERIES = load_queries("libs.common.platform", "send_lane.sql")
 CLAIM_QUEUED_MESSAGES = QUERIES["pick_queued_messages"] + "\n" + QUERIES["claim_picked"]
 CLAIM_QUEUED_FOR_NUMBERS = QUERIES["pick_queued_for_numbers"] + "\n" + QUERIES["claim_picked"]
 
+
+#: Where this process's claims for all projects resume: in turns across the projects with QUEUED messages.
+TURNS = RoundRobin()
 
 #: Progress order of an outbound message; FAILED and CANCELLED end it.
 RANK = {"QUEUED": 0, "PROCESSING": 1, "SENT": 2, "DELIVERED": 3, "READ": 4}
@@ -99,13 +107,22 @@ class MessageState(msgspec.Struct, kw_only=True, frozen=True):
 def claim_messages(
     conn: Connection[Any], project_id: uuid.UUID | None, request: ClaimRequest, *, now: datetime
 ) -> list[ClaimedMessage]:
-    """Claim up to ``limit`` QUEUED outbound messages (all projects when ``project_id`` is None)."""
-    params = {"project_id": project_id, "number_id": request.number_id, "limit": request.limit, "now": now}
-    with conn.cursor(row_factory=class_row(ClaimedMessage)) as cur:
-        # never a prepared statement: its generic plan cannot see which optional filters are NULL, guesses
-        # a handful of rows, and reads and sorts the whole QUEUED backlog instead of walking the send-queue
-        # index in order; a fresh plan per claim folds the NULL filters away and keeps the claim cost flat
-        claimed = cur.execute(CLAIM_QUEUED_MESSAGES, params, prepare=False).fetchall()
+    """Claim up to ``limit`` QUEUED outbound messages of the project, priority then age order; with
+    ``project_id`` None, of all projects in turns (each its share of ``limit``)."""
+    params = {"number_id": request.number_id, "limit": request.limit, "now": now}
+    rows = class_row(ClaimedMessage)
+    # never a prepared statement: its generic plan cannot see whether the number filter is NULL, guesses a
+    # handful of rows, and reads and sorts the whole QUEUED backlog instead of walking the queued index in
+    # order; a fresh plan per claim folds the NULL filter away and keeps the claim cost flat
+    if project_id is not None:
+        one = params | {"project_id": project_id, "share": request.limit}
+        claimed = fetch_each(conn, CLAIM_QUEUED_MESSAGES, [one], rows, prepare=False)
+    else:
+        shares = QUERIES["queued_shares"]
+        claimed = claim_in_turns(
+            conn, shares, CLAIM_QUEUED_MESSAGES, params | TURNS.params(request.limit), rows, prepare=False
+        )
+        TURNS.served(list(dict.fromkeys(m.project_id for m in claimed)))
     _claimed(conn, claimed, now)
     return claimed
 
@@ -116,16 +133,19 @@ def claim_for_numbers(
     """Claim QUEUED outbound messages number by number: up to each number's quota, its oldest of the
     highest priority first (each number of each project probed on its own index range: fair across
     numbers and projects, whatever one of them has queued)."""
-    if not quotas:
-        return []
-    params = {
-        "project_ids": [q.project_id for q in quotas],
-        "number_ids": [q.number_id for q in quotas],
-        "quotas": [q.quota for q in quotas],
-        "now": now,
-    }
-    with conn.cursor(row_factory=class_row(ClaimedMessage)) as cur:
-        claimed = cur.execute(CLAIM_QUEUED_FOR_NUMBERS, params).fetchall()
+    by_project: dict[uuid.UUID, list[NumberQuota]] = {}
+    for quota in quotas:
+        by_project.setdefault(quota.project_id, []).append(quota)
+    params = [  # one statement per project, all in one round trip
+        {
+            "project_id": project_id,
+            "number_ids": [q.number_id for q in numbers],
+            "quotas": [q.quota for q in numbers],
+            "now": now,
+        }
+        for project_id, numbers in by_project.items()
+    ]
+    claimed = fetch_each(conn, CLAIM_QUEUED_FOR_NUMBERS, params, class_row(ClaimedMessage))
     _claimed(conn, claimed, now)
     return claimed
 

@@ -1,13 +1,23 @@
+-- name: queued_shares
+-- The projects with QUEUED messages in turns (jobs.RoundRobin): those after %(after)s in id order, wrapping
+-- around, at most %(projects)s of them, and the share of a claim of %(limit)s each may take, counted from
+-- the queued project index (project_shares). Read without locks: each project's claim locks its own (an
+-- all-projects claim).
+SELECT project_id, share
+FROM project_shares('messages', $$q.status = 'QUEUED'$$,
+                    $$q.direction = 'outbound' AND ($2 IS NULL OR q.number_id = $2)$$,
+                    %(after)s, %(projects)s, %(limit)s, %(now)s, %(number_id)s)
+
 -- name: pick_queued_messages
--- The first half of a claim (:data:`CLAIM_QUEUED_MESSAGES`): QUEUED outbound messages in priority then age
--- order, locked (SKIP LOCKED: claimers never wait for each other).
+-- The first half of a claim (:data:`CLAIM_QUEUED_MESSAGES`): the project's QUEUED outbound messages in
+-- priority then age order, up to %(share)s, locked (SKIP LOCKED: claimers never wait for each other). One
+-- project: a claim routed to one shard.
 WITH picked AS (
-    SELECT project_id, id FROM messages
-    WHERE status = 'QUEUED' AND direction = 'outbound'
-      AND (%(project_id)s::uuid IS NULL OR project_id = %(project_id)s::uuid)
+    SELECT id FROM messages
+    WHERE project_id = %(project_id)s AND status = 'QUEUED' AND direction = 'outbound'
       AND (%(number_id)s::uuid IS NULL OR number_id = %(number_id)s::uuid)
     ORDER BY priority, created_at
-    LIMIT %(limit)s
+    LIMIT %(share)s
     FOR UPDATE SKIP LOCKED
 )
 
@@ -16,7 +26,7 @@ WITH picked AS (
 -- status event; returns what the send lane needs to send them, in priority then age order.
 , claimed AS (
     UPDATE messages m SET status = 'PROCESSING', status_changed_at = %(now)s
-    FROM picked WHERE m.project_id = picked.project_id AND m.id = picked.id
+    FROM picked WHERE m.project_id = %(project_id)s AND m.id = picked.id
     RETURNING m.id, m.project_id, m.contact_id, m.conversation_id, m.number_id, m.priority, m.body, m.media_url,
               m.media_kind, m.source, m.followup_enrollment_id, m.template_name, m.template_language,
               m.template_parameters, m.created_at
@@ -27,7 +37,7 @@ WITH picked AS (
 SELECT claimed.id, claimed.project_id, claimed.contact_id, c.phone, claimed.conversation_id, claimed.number_id,
        claimed.priority, claimed.body, claimed.media_url, claimed.media_kind, claimed.source,
        claimed.followup_enrollment_id, claimed.template_name, claimed.template_language, claimed.template_parameters, claimed.created_at
-FROM claimed JOIN contacts c ON c.project_id = claimed.project_id AND c.id = claimed.contact_id
+FROM claimed JOIN contacts c ON c.project_id = %(project_id)s AND c.id = claimed.contact_id
 ORDER BY claimed.priority, claimed.created_at
 
 -- name: lock_message
@@ -58,15 +68,16 @@ SELECT id, status, provider_message_id, error, error_code, status_changed_at, fo
 FROM updated
 
 -- name: pick_queued_for_numbers
--- The first half of a claim (:data:`CLAIM_QUEUED_FOR_NUMBERS`): QUEUED outbound messages number by number,
--- up to each number's quota (one probe of the queued-number index per number: no project's or number's
--- backlog delays another's), priority then age order within a number, locked (SKIP LOCKED).
+-- The first half of a claim (:data:`CLAIM_QUEUED_FOR_NUMBERS`): one project's QUEUED outbound messages
+-- number by number, up to each number's quota (one probe of the queued-number index per number: no number's
+-- backlog delays another's), priority then age order within a number, locked (SKIP LOCKED). One project: a
+-- claim routed to one shard.
 WITH picked AS (
-    SELECT m.project_id, m.id
-    FROM unnest(%(project_ids)s::uuid[], %(number_ids)s::uuid[], %(quotas)s::int[]) AS q(project_id, number_id, quota)
+    SELECT m.id
+    FROM unnest(%(number_ids)s::uuid[], %(quotas)s::int[]) AS q(number_id, quota)
     CROSS JOIN LATERAL (
-        SELECT project_id, id FROM messages
-        WHERE project_id = q.project_id AND number_id = q.number_id
+        SELECT id FROM messages
+        WHERE project_id = %(project_id)s AND number_id = q.number_id
           AND status = 'QUEUED' AND direction = 'outbound'
         ORDER BY priority, created_at
         LIMIT q.quota

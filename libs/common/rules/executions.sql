@@ -29,26 +29,13 @@ SELECT timezone FROM projects WHERE id = %(project_id)s
 -- name: due_shares
 -- The projects with pending executions in turns (jobs.RoundRobin, as the triggers' shares): those after
 -- %(after)s, wrapping around, at most %(projects)s of them, and the share of the batch each may take
--- (fair_share), counted from each project's ready index (an execution is ready from the later of its due
--- time and its lease's end: a backoff is a lease), so another project's backlog or backed-off executions
--- are never read. Read without locks: each project's claim locks its own.
-WITH walked AS (
-    SELECT project_id, turn
-    FROM projects_in_turn('rule_pending_executions', $$q.status = 'pending'$$, %(after)s, %(projects)s)
-), counted AS (
-    SELECT w.project_id,
-           (SELECT count(*) FROM (
-                SELECT 1 FROM rule_pending_executions e
-                WHERE e.project_id = w.project_id AND e.status = 'pending'
-                  AND greatest(e.due_at, coalesce(e.locked_until, e.due_at)) <= %(now)s
-                LIMIT (SELECT least(%(limit)s, ceil(4.0 * %(limit)s / count(*))) FROM walked)) x) AS due
-    FROM walked w
-), share AS (
-    SELECT fair_share(%(limit)s::integer, array_agg(due ORDER BY due)) AS n FROM counted
-)
-SELECT w.project_id, s.n AS share
-FROM walked w CROSS JOIN share s
-ORDER BY w.turn
+-- (project_shares), counted from each project's ready index (an execution is ready from the later of its
+-- due time and its lease's end: a backoff is a lease), so another project's backlog or backed-off
+-- executions are never read. Read without locks: each project's claim locks its own.
+SELECT project_id, share
+FROM project_shares('rule_pending_executions', $$q.status = 'pending'$$,
+                    'greatest(q.due_at, coalesce(q.locked_until, q.due_at)) <= $1',
+                    %(after)s, %(projects)s, %(limit)s, %(now)s)
 
 -- name: claim_due
 -- One project's executions ready first, up to its share of the batch, leased to this sweeper; rows locked

@@ -17,26 +17,12 @@ RETURNING public_id
 
 -- name: trigger_shares
 -- The projects with pending triggers in turns (jobs.RoundRobin), and the share of a batch each may take:
--- those after %(after)s in id order, wrapping around, at most %(projects)s of them (projects_in_turn: a skip
--- scan of the pending index, one descent a project); the share water-filled from each one's due triggers
--- (fair_share: what the projects with less than an even share leave goes to the others), counted from the
--- same index up to four times an even share. Read without locks: each project's claim locks its own.
-WITH walked AS (
-    SELECT project_id, turn
-    FROM projects_in_turn('followup_triggers', 'q.processed_at IS NULL', %(after)s, %(projects)s)
-), counted AS (
-    SELECT w.project_id,
-           (SELECT count(*) FROM (
-                SELECT 1 FROM followup_triggers t
-                WHERE t.project_id = w.project_id AND t.processed_at IS NULL AND t.next_attempt_at <= %(now)s
-                LIMIT (SELECT least(%(limit)s, ceil(4.0 * %(limit)s / count(*))) FROM walked)) x) AS due
-    FROM walked w
-), share AS (
-    SELECT fair_share(%(limit)s::integer, array_agg(due ORDER BY due)) AS n FROM counted
-)
-SELECT w.project_id, s.n AS share
-FROM walked w CROSS JOIN share s
-ORDER BY w.turn
+-- those after %(after)s in id order, wrapping around, at most %(projects)s of them, each one's due triggers
+-- counted from the pending index (project_shares: a skip scan, one descent a project; the batch
+-- water-filled). Read without locks: each project's claim locks its own.
+SELECT project_id, share
+FROM project_shares('followup_triggers', 'q.processed_at IS NULL', 'q.next_attempt_at <= $1',
+                    %(after)s, %(projects)s, %(limit)s, %(now)s)
 
 -- name: claim_triggers
 -- One project's oldest due triggers, up to its share of the batch, from the pending index; triggers locked
