@@ -168,32 +168,34 @@ def test_the_scaling_docs_distribute_every_table_in_an_order_its_foreign_keys_al
 
 # --- (b) the statements ---------------------------------------------------------------------------------
 
-_PARTB = "claims by project: issue 26 part B"
-_LANE = f"the send lane's claim ({_PARTB})"
+_UNLOCKED = "no row locked: a multi-shard read or set-based write, which Citus runs on every node"
+_LANE = f"the send lane's batch of numbers, by (project, number) keys ({_UNLOCKED})"
 #: A claim's walk across projects: read without locks (a multi-shard read is allowed), it names the projects
 #: whose own claims follow, each with an equality on project_id.
-_WALK = f"the walk across projects before each project's own claim, read without locks ({_PARTB})"
+_WALK = f"the walk across projects before each project's own claim ({_UNLOCKED})"
 
-#: The statements on tenant tables without an equality on project_id, each with its reason: the claims
-#: that walk several projects (and what settles their batches: issue 26 part B makes each claim take one
-#: project), and the few lookups that cannot know the project yet. A key is ``path::query`` (a named query)
-#: or ``path::`` and a piece of the statement's text (a ``.py`` statement).
+#: The statements on tenant tables without an equality on project_id, each with its reason: the walks
+#: before the claims by project, and the other statements across projects that lock no row (none takes a
+#: row lock across projects: every claim is one project's), and the few lookups that cannot know the
+#: project yet. A key is ``path::query`` (a named query) or ``path::`` and a piece of the statement's text
+#: (a ``.py`` statement).
 EXCEPTIONS: dict[str, str] = {
-    # claims by project: issue 26 part B
+    # across projects, no row locked
     "libs/common/followups/release_claim.sql::due_projects": _WALK,
     "libs/common/followups/release_claim.sql::next_due": f"the release loop's sleep: every project's next "
-    f"due time, read without locks ({_PARTB})",
+    f"due time ({_UNLOCKED})",
     "libs/common/rules/triggers.sql::trigger_shares": _WALK,
     "libs/common/rules/executions.sql::due_shares": _WALK,
-    "libs/common/rules/executions.sql::count_pending": f"the pending gauge counts every project's ({_PARTB})",
+    "libs/common/rules/executions.sql::count_pending": f"the pending gauge, every project's ({_UNLOCKED})",
     "libs/common/rules/bulk.sql::next_jobs": _WALK,
     "libs/common/platform/send_lane.sql::queued_shares": _WALK,
     "libs/common/channels/send_lane.sql::channels_in_turn": _WALK,
-    "libs/common/rules/webhooks.sql::due_deliveries": _PARTB,
-    "libs/common/rules/webhooks.sql::give_up_exhausted": f"swept with the deliveries' claim ({_PARTB})",
-    "libs/common/core/outbox.sql::unpublished_events": f"the outbox relay ({_PARTB})",
-    "libs/common/core/outbox.sql::mark_published": f"the outbox relay's batch ({_PARTB})",
-    "libs/common/core/outbox.sql::oldest_unpublished_age": f"the outbox relay's lag gauge ({_PARTB})",
+    "libs/common/rules/webhooks.sql::due_deliveries": f"the due deliveries, each then claimed by (project, "
+    f"id) ({_UNLOCKED})",
+    "libs/common/rules/webhooks.sql::give_up_exhausted": f"swept with the deliveries' claim ({_UNLOCKED})",
+    "libs/common/core/outbox.sql::unpublished_events": f"the outbox relay, one at a time ({_UNLOCKED})",
+    "libs/common/core/outbox.sql::mark_published": f"the outbox relay's batch ({_UNLOCKED})",
+    "libs/common/core/outbox.sql::oldest_unpublished_age": f"the outbox relay's lag gauge ({_UNLOCKED})",
     "libs/common/platform/send_lane.sql::queued_per_number": _LANE,
     "libs/common/channels/send_lane.sql::expire_leases": f"{_LANE}: its numbers' batch",
     "libs/common/channels/send_lane.sql::expired_sends": f"{_LANE}: its numbers' batch",

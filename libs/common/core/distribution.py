@@ -4,7 +4,8 @@ Every table is a tenant table, distributed by :data:`DISTRIBUTION_COLUMN` and co
 except the few global tables named in :data:`REFERENCE_TABLES` (a copy on every node). Migration 0024 made
 ``project_id`` lead every primary key, unique constraint and unique index of a tenant table and both sides
 of every foreign key between two of them; every statement on a tenant table has an equality on
-``project_id`` (but the claims that walk several projects: issue 26 part B). ``tests/test_distribution.py``
+``project_id`` (but the walks before each project's claim and the few statements across projects that lock
+no row: docs/scaling.md, "Claims by project"). ``tests/test_distribution.py``
 reads the catalog and every statement and holds them to it.
 """
 
