@@ -1,17 +1,19 @@
 """The relay's batches on RabbitMQ: a batch is published whole and its confirms are awaited together; its
 rows are marked only once every message of it is confirmed, so a nack or a connection lost mid-batch marks
 none of them and the batch goes again (duplicates allowed, losses not); each aggregate's events arrive in
-the order they were written."""
+the order they were written. And the backlog gauge tells the truth while a backlog drains."""
 
 from __future__ import annotations
 
 import random
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import pika
 import pytest
+from prometheus_client import REGISTRY
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.events import Event
@@ -20,6 +22,7 @@ from libs.common.core.clock import ManualClock
 from libs.common.core.outbox import (
     AmqpPublisher,
     Envelope,
+    LogPublisher,
     PublishFailed,
     relay_batch,
     write_events,
@@ -27,6 +30,8 @@ from libs.common.core.outbox import (
 from tests.conftest import Project
 from tests.helpers import EventsConsumer, rows
 from tests.tcp_proxy import TcpProxy
+
+GAUGE = "followups_outbox_oldest_unpublished_seconds"
 
 
 class Counted(Event, kw_only=True, frozen=True):
@@ -284,3 +289,51 @@ def test_a_connection_lost_mid_batch_marks_nothing_and_the_batch_goes_again(
         in_order(receive(consumer, pool), things=30, each=10)
     finally:
         consumer.close()
+
+
+def gauge() -> float:
+    value = REGISTRY.get_sample_value(GAUGE)
+    assert value is not None
+    return value
+
+
+def oldest_waiting(pool: ConnectionPool) -> float:
+    """The truth the gauge stands for: how long the oldest unpublished event has waited."""
+    found = rows(
+        pool,
+        "SELECT extract(epoch FROM now() - occurred_at) FROM outbox WHERE published_at IS NULL"
+        " ORDER BY id LIMIT 1",
+    )
+    return float(found[0][0]) if found else 0.0
+
+
+def test_the_backlog_gauge_tells_the_oldest_waiting_event_while_a_backlog_drains(
+    pool: ConnectionPool, project: Project
+) -> None:
+    # Given 10 events written a minute apart, the oldest ten minutes ago
+    now = datetime.now(UTC)
+    with pool.connection() as conn:
+        for minute in range(10):
+            occurred_at = now - timedelta(minutes=10 - minute)
+            write_events(
+                conn, project.id, [Counted(thing_id=uuid.uuid4(), seq=minute)], occurred_at=occurred_at
+            )
+    seen: list[float] = []
+
+    class Looking(LogPublisher):
+        def publish(self, envelopes: list[Envelope]) -> None:
+            seen.append(gauge())  # while the batch is published it waits still
+            super().publish(envelopes)
+
+    # When the relay publishes them 3 at a time, Then while a batch is published the gauge tells its first
+    # event's wait, and once the batch is marked the wait of the first one left, until none is left
+    publisher = Looking()
+    for left in (7, 4, 1, 0):
+        truth_before = oldest_waiting(pool)
+        relay_batch(pool, publisher, limit=3)
+        assert seen[-1] == pytest.approx(truth_before, abs=1.0)
+        assert gauge() == pytest.approx(oldest_waiting(pool), abs=1.0)
+        assert unpublished(pool) == left
+    assert gauge() == 0.0
+    assert relay_batch(pool, publisher, limit=3) == 0
+    assert gauge() == 0.0

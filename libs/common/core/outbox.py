@@ -44,6 +44,7 @@ starts, an info when it ends) instead of at every poll, and the events wait in t
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -242,11 +243,18 @@ def relay_batch(pool: ConnectionPool, publisher: Publisher, *, limit: int = 500)
 
 
 def _relay_locked(conn: Connection[Any], publisher: Publisher, limit: int) -> list[Envelope]:
-    """Read, publish and mark one batch, holding the relay lock but no transaction while publishing."""
-    rows = conn.execute(QUERIES["unpublished_events"], {"limit": limit}).fetchall()
-    _observe_backlog(conn)
+    """Read, publish and mark one batch, holding the relay lock but no transaction while publishing.
+
+    The backlog gauge comes with the read, which takes one row more than the batch: the batch's first row
+    is the oldest waiting event while it is published, the row after it the oldest left once it is marked
+    (none: nothing waits). No scan of its own, which would step over every row published since the last
+    vacuum at each batch."""
+    rows = conn.execute(QUERIES["unpublished_events"], {"limit": limit + 1}).fetchall()
+    read_at = time.monotonic()
+    batch, rest = rows[:limit], rows[limit:]
+    OUTBOX_OLDEST_UNPUBLISHED.set(batch[0][-1] if batch else 0.0)
     conn.commit()  # nothing but the session lock is held while RabbitMQ is waited for
-    if not rows:
+    if not batch:
         return []
     envelopes = [
         Envelope(
@@ -258,15 +266,15 @@ def _relay_locked(conn: Connection[Any], publisher: Publisher, limit: int) -> li
             subject=f"{aggregate_type}/{aggregate_id}",
             data=data,
         )
-        for _, event_id, type_, project_id, aggregate_type, aggregate_id, data, occurred_at in rows
+        for _, event_id, type_, project_id, aggregate_type, aggregate_id, data, occurred_at, _ in batch
     ]
     try:
         publisher.publish(envelopes)
     except Exception as exc:
         raise PublishFailed(repr(exc)) from exc
-    conn.execute(QUERIES["mark_published"], {"ids": [row[0] for row in rows]})
-    _observe_backlog(conn)
+    conn.execute(QUERIES["mark_published"], {"ids": [row[0] for row in batch]})
     conn.commit()
+    OUTBOX_OLDEST_UNPUBLISHED.set(rest[0][-1] + time.monotonic() - read_at if rest else 0.0)
     return envelopes
 
 
