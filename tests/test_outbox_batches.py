@@ -155,10 +155,9 @@ def test_a_batch_is_published_whole_and_marked_only_once_every_message_is_confir
     try:
         # When the relay publishes them as one batch
         assert relay_batch(pool, publisher, limit=300) == 300
-        # Then the messages went out without waiting for each one's confirm: far more than one was
-        # unconfirmed at a time, and RabbitMQ answered them in fewer frames than messages
+        # Then the messages went out without waiting for each one's confirm: a chunk of them at least was
+        # unconfirmed when RabbitMQ's first answer was read
         assert watched.most_unconfirmed >= confirms.WRITE_CHUNK
-        assert len(watched.answers) < 300
         # and no row was marked before the last confirm: every answer came with the 300 rows unmarked, the
         # publish returned with every message confirmed and still none marked; then all of them were
         assert all(left == 300 for _, _, left in watched.answers)
