@@ -113,10 +113,11 @@ def write_events(
     conn.execute(QUERIES["insert_events"], params)
 
 
-def purge_published(conn: Connection[Any], *, now: datetime, limit: int) -> int:
-    """Delete at most ``limit`` events published more than 7 days ago; returns how many went (the retention
-    job calls it a batch per transaction)."""
-    return conn.execute(QUERIES["published_outbox"], {"now": now, "limit": limit}).rowcount
+def purge_published(conn: Connection[Any], project_id: uuid.UUID, *, now: datetime, limit: int) -> int:
+    """Delete at most ``limit`` of the project's events published more than 7 days ago; returns how many
+    went (the retention job calls it a batch per transaction, project by project)."""
+    params = {"project_id": project_id, "now": now, "limit": limit}
+    return conn.execute(QUERIES["published_outbox"], params).rowcount
 
 
 def erase_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> None:

@@ -1,25 +1,12 @@
 -- name: queued_shares
 -- The projects with QUEUED messages in turns (jobs.RoundRobin): those after %(after)s in id order, wrapping
--- around, at most %(projects)s of them (projects_in_turn: a skip scan of the queued project index), and the
--- share of a claim of %(limit)s each may take (fair_share over each one's queue, counted up to four times an
--- even share). Read without locks: each project's claim locks its own (an all-projects claim).
-WITH walked AS (
-    SELECT project_id, turn
-    FROM projects_in_turn('messages', $$q.status = 'QUEUED'$$, %(after)s, %(projects)s)
-), counted AS (
-    SELECT w.project_id,
-           (SELECT count(*) FROM (
-                SELECT 1 FROM messages m
-                WHERE m.project_id = w.project_id AND m.status = 'QUEUED' AND m.direction = 'outbound'
-                  AND (%(number_id)s::uuid IS NULL OR m.number_id = %(number_id)s::uuid)
-                LIMIT (SELECT least(%(limit)s, ceil(4.0 * %(limit)s / count(*))) FROM walked)) x) AS due
-    FROM walked w
-), share AS (
-    SELECT fair_share(%(limit)s::integer, array_agg(due ORDER BY due)) AS n FROM counted
-)
-SELECT w.project_id, s.n AS share
-FROM walked w CROSS JOIN share s
-ORDER BY w.turn
+-- around, at most %(projects)s of them, and the share of a claim of %(limit)s each may take, counted from
+-- the queued project index (project_shares). Read without locks: each project's claim locks its own (an
+-- all-projects claim).
+SELECT project_id, share
+FROM project_shares('messages', $$q.status = 'QUEUED'$$,
+                    $$q.direction = 'outbound' AND ($2 IS NULL OR q.number_id = $2)$$,
+                    %(after)s, %(projects)s, %(limit)s, %(now)s, %(number_id)s)
 
 -- name: pick_queued_messages
 -- The first half of a claim (:data:`CLAIM_QUEUED_MESSAGES`): the project's QUEUED outbound messages in
@@ -69,7 +56,7 @@ WITH updated AS (
     SET status = %(status)s, status_changed_at = %(now)s,
         provider_message_id = coalesce(%(provider_message_id)s, provider_message_id),
         error = coalesce(%(error)s, error), error_code = coalesce(%(error_code)s, error_code)
-    WHERE id = %(id)s
+    WHERE project_id = %(project_id)s AND id = %(id)s
     RETURNING id, project_id, status, provider_message_id, error, error_code, status_changed_at, followup_enrollment_id,
               contact_id, conversation_id
 ), status_events AS (
@@ -103,7 +90,7 @@ WITH picked AS (
 SELECT m.id, m.project_id, m.contact_id, c.phone, m.conversation_id, m.number_id, m.priority, m.body,
        m.media_url, m.media_kind, m.source, m.followup_enrollment_id, m.template_name, m.template_language,
        m.template_parameters, m.created_at
-FROM messages m JOIN contacts c ON c.id = m.contact_id
+FROM messages m JOIN contacts c ON c.project_id = m.project_id AND c.id = m.contact_id
 WHERE m.project_id = %(project_id)s AND m.id = ANY(%(ids)s::uuid[])
   AND m.status = 'PROCESSING' AND m.direction = 'outbound'
 
@@ -132,6 +119,6 @@ WITH given AS (
     RETURNING m.id, m.project_id, m.status, m.provider_message_id, m.error, m.followup_enrollment_id
 ), status_events AS (
     INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
-    SELECT project_id, id, status, %(now)s FROM updated
+    SELECT %(project_id)s, id, status, %(now)s FROM updated
 )
 SELECT id, provider_message_id, followup_enrollment_id FROM updated

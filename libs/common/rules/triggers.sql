@@ -17,26 +17,12 @@ RETURNING public_id
 
 -- name: trigger_shares
 -- The projects with pending triggers in turns (jobs.RoundRobin), and the share of a batch each may take:
--- those after %(after)s in id order, wrapping around, at most %(projects)s of them (projects_in_turn: a skip
--- scan of the pending index, one descent a project); the share water-filled from each one's due triggers
--- (fair_share: what the projects with less than an even share leave goes to the others), counted from the
--- same index up to four times an even share. Read without locks: each project's claim locks its own.
-WITH walked AS (
-    SELECT project_id, turn
-    FROM projects_in_turn('followup_triggers', 'q.processed_at IS NULL', %(after)s, %(projects)s)
-), counted AS (
-    SELECT w.project_id,
-           (SELECT count(*) FROM (
-                SELECT 1 FROM followup_triggers t
-                WHERE t.project_id = w.project_id AND t.processed_at IS NULL AND t.next_attempt_at <= %(now)s
-                LIMIT (SELECT least(%(limit)s, ceil(4.0 * %(limit)s / count(*))) FROM walked)) x) AS due
-    FROM walked w
-), share AS (
-    SELECT fair_share(%(limit)s::integer, array_agg(due ORDER BY due)) AS n FROM counted
-)
-SELECT w.project_id, s.n AS share
-FROM walked w CROSS JOIN share s
-ORDER BY w.turn
+-- those after %(after)s in id order, wrapping around, at most %(projects)s of them, each one's due triggers
+-- counted from the pending index (project_shares: a skip scan, one descent a project; the batch
+-- water-filled). Read without locks: each project's claim locks its own.
+SELECT project_id, share
+FROM project_shares('followup_triggers', 'q.processed_at IS NULL', 'q.next_attempt_at <= $1',
+                    %(after)s, %(projects)s, %(limit)s, %(now)s)
 
 -- name: claim_triggers
 -- One project's oldest due triggers, up to its share of the batch, from the pending index; triggers locked
@@ -50,32 +36,32 @@ LIMIT %(share)s
 FOR UPDATE SKIP LOCKED
 
 -- name: lease
--- Triggers whose rules run next, each in a transaction of its own: no other worker claims them meanwhile.
-UPDATE followup_triggers SET next_attempt_at = %(until)s WHERE id = ANY(%(ids)s)
+-- A project's triggers whose rules run next, each in a transaction of its own: no other worker claims them
+-- meanwhile.
+UPDATE followup_triggers SET next_attempt_at = %(until)s WHERE project_id = %(project_id)s AND id = ANY(%(ids)s)
 
 -- name: lock_leased
 -- A trigger under this worker's lease, locked while its rules run; nothing when it was processed meanwhile,
 -- or taken over by another worker after the lease ran out (the lease's end and the attempts are its token).
 SELECT id FROM followup_triggers
-WHERE id = %(id)s AND processed_at IS NULL AND next_attempt_at = %(until)s AND attempts = %(attempts)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND processed_at IS NULL AND next_attempt_at = %(until)s AND attempts = %(attempts)s
 FOR UPDATE
 
 -- name: already_run
--- The rules that already ran for these triggers (a retried trigger skips them).
-SELECT trigger_id, rule_id FROM rule_runs WHERE trigger_id = ANY(%(ids)s)
+-- The rules that already ran for these triggers of the project (a retried trigger skips them).
+SELECT trigger_id, rule_id FROM rule_runs WHERE project_id = %(project_id)s AND trigger_id = ANY(%(ids)s)
 
 -- name: insert_rule_runs
--- What each rule did with its trigger.
-INSERT INTO rule_runs (trigger_id, rule_id, project_id, outcome, detail, ran_at)
-SELECT r.trigger_id, r.rule_id, r.project_id, r.outcome, r.detail, %(now)s
-FROM jsonb_to_recordset(%(runs)s::jsonb)
-     AS r(trigger_id bigint, rule_id uuid, project_id uuid, outcome text, detail text)
-ON CONFLICT (trigger_id, rule_id) DO NOTHING
+-- What each rule of the project did with its trigger.
+INSERT INTO rule_runs (project_id, trigger_id, rule_id, outcome, detail, ran_at)
+SELECT %(project_id)s, r.trigger_id, r.rule_id, r.outcome, r.detail, %(now)s
+FROM jsonb_to_recordset(%(runs)s::jsonb) AS r(trigger_id bigint, rule_id uuid, outcome text, detail text)
+ON CONFLICT (project_id, trigger_id, rule_id) DO NOTHING
 
 -- name: mark_processed
--- Triggers every matching rule ran for.
+-- A project's triggers every matching rule ran for.
 UPDATE followup_triggers SET processed_at = %(now)s, outcome = 'processed', last_error = NULL
-WHERE id = ANY(%(ids)s)
+WHERE project_id = %(project_id)s AND id = ANY(%(ids)s)
 
 -- name: mark_failed
 -- A trigger whose attempt failed unexpectedly: retried after a backoff, or given up after its last attempt
@@ -86,5 +72,5 @@ SET attempts = attempts + 1,
     next_attempt_at = %(next_attempt_at)s,
     processed_at = CASE WHEN %(given_up)s::boolean THEN %(now)s::timestamptz END,
     outcome = CASE WHEN %(given_up)s::boolean THEN 'failed' END
-WHERE id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s
 RETURNING attempts, outcome
