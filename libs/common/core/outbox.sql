@@ -17,8 +17,9 @@ SELECT pg_try_advisory_lock(%(key)s)
 SELECT pg_advisory_unlock(%(key)s)
 
 -- name: unpublished_events
--- The oldest unpublished events, in id order.
-SELECT id, event_id, type, project_id, aggregate_type, aggregate_id, data, occurred_at
+-- The oldest unpublished events, in id order, each with how long it has waited (seconds: the backlog gauge).
+SELECT id, event_id, type, project_id, aggregate_type, aggregate_id, data, occurred_at,
+       extract(epoch FROM now() - occurred_at)::float8
 FROM outbox
 WHERE published_at IS NULL
 ORDER BY id
