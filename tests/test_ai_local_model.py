@@ -222,7 +222,9 @@ def test_twenty_steps_at_concurrency_four_are_each_sent_once_and_no_lease_expire
     assert len(attempts) == 20 and set(attempts) <= {1, 2}, f"a lease expired twice: {sorted(attempts)}"
     calls = ledger(pool, project.id)
     assert proxy.received() == len(calls) <= sum(attempts), "a lease's step was called for twice"
-    assert 2 <= proxy.max_in_flight <= 4
+    # the worker makes 4 calls at once; a call it gave up on (its timeout: the step fell back, ai_timeout)
+    # may still wait at the one server, which answers one at a time, while the worker makes the next
+    assert 2 <= proxy.max_in_flight <= 4 + outcomes.count("ai_timeout"), sorted(outcomes)
     print(f"real model: {attempts.count(2)} of 20 leased again")
     print(f"real model outcomes: {sorted(outcomes)}")
 

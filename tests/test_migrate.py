@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from followups.schema import HEADER, SCHEMA_PATH, tidy
 from libs.common.core.migrate import available_migrations, migrate
@@ -83,7 +87,7 @@ def test_claim_and_stop_indexes_are_partial_on_live_status(db_url: str) -> None:
     assert "(project_id, next_run_at)" in defs["followup_enrollments_project_claim_idx"]
     assert "(contact_id)" in defs["followup_enrollments_live_contact_idx"]
     assert "'active'::text, 'paused'::text" in defs["followup_enrollments_live_contact_idx"]
-    assert "(sequence_id, contact_id)" in defs["followup_enrollments_one_live_idx"]
+    assert "(project_id, sequence_id, contact_id)" in defs["followup_enrollments_one_live_idx"]
 
 
 def test_a_contacts_last_inbound_time_is_backfilled_from_its_messages(empty_url: str) -> None:
@@ -190,3 +194,127 @@ def test_the_canonical_schema_is_tidy() -> None:
     assert tidy(text) == text
     assert "CREATE TABLE public.followup_enrollments (" in text
     assert not any(line.startswith(("SET ", "-- Dumped")) for line in text.splitlines())
+
+
+#: What a row of each table is named by in the 0012-era snapshot (its key then), and the columns a later
+#: migration changed on purpose (webhook_deliveries.trigger_id became the trigger's public id, 0014).
+_KEYS_0012 = {
+    "activities": ("id",),
+    "ai_budget_ledger": ("id",),
+    "api_keys": ("id",),
+    "contacts": ("id",),
+    "conversations": ("project_id", "id"),
+    "deals": ("project_id", "id"),
+    "followup_bulk_job_items": ("job_id", "position"),
+    "followup_bulk_jobs": ("id",),
+    "followup_campaigns": ("project_id", "id"),
+    "followup_enrollments": ("id",),
+    "followup_instance_pacing": ("number_id",),
+    "followup_sequence_versions": ("id",),
+    "followup_sequences": ("id",),
+    "followup_settings": ("project_id",),
+    "followup_step_runs": ("enrollment_id", "step_index"),
+    "followup_triggers": ("id",),
+    "leads": ("project_id", "id"),
+    "message_counters": ("kind", "owner_id", "shard"),
+    "message_status_events": ("id",),
+    "messages": ("id",),
+    "numbers": ("id",),
+    "outbox": ("id",),
+    "projects": ("id",),
+    "rule_pending_executions": ("id",),
+    "rule_runs": ("trigger_id", "rule_id"),
+    "rules": ("id",),
+    "usage_counters": ("project_id", "month", "shard"),
+    "webhook_deliveries": ("id",),
+}
+_CHANGED_SINCE_0012 = {"webhook_deliveries": {"trigger_id"}}
+
+
+def _snapshot(conn: psycopg.Connection[Any], tables: dict[str, tuple[str, ...]]) -> dict[str, dict[Any, Any]]:
+    """Every row of each table as a dict of its columns, by its key (jsonb: comparable across migrations)."""
+    found: dict[str, dict[Any, Any]] = {}
+    for table, key in tables.items():
+        rows = [row[0] for row in conn.execute(f"SELECT to_jsonb(t) FROM {table} t")]
+        found[table] = {tuple(str(row[k]) for k in key): row for row in rows}
+    return found
+
+
+#: Rows of every kind the 0012 schema had (statements separated by ``;`` at a line's end, ids as named
+#: parameters).
+ROWS_0012 = (Path(__file__).parent / "rows_0012.sql").read_text(encoding="utf-8")
+
+
+def test_a_0012_database_keeps_every_row_its_project_and_its_relationships(empty_url: str) -> None:
+    """Migration 0024 rebuilds every key of the tenant tables with project_id first: a database migrated
+    to 0012 (before API key scopes, sessions, channels and the project-led keys) with rows of every kind
+    comes out with each row as it was, the project it had, a project_id given to the rows that had none
+    (a bulk job's contacts, the message counters), and every reference within the project."""
+    # Given a database migrated up to 0012, with two projects' rows of every kind
+    assert [m.version for m in migrate(empty_url, through=12)] == list(range(1, 13))
+    names = set(re.findall(r"%\((\w+)\)s", ROWS_0012)) - {"at", "definition"}
+    ids: dict[str, Any] = {name: uuid.uuid4() for name in names}
+    params = ids | {
+        "at": datetime(2030, 1, 1, 9, tzinfo=UTC),
+        "definition": Jsonb({"steps": [{"type": "message", "text": "hi"}]}),
+    }
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        for statement in ROWS_0012.split(";\n"):
+            conn.execute(statement.encode(), params)
+        before = _snapshot(conn, _KEYS_0012)
+    assert all(before[table] for table in _KEYS_0012), [t for t in _KEYS_0012 if not before[t]]
+    counters = {(row["kind"], row["owner_id"]) for row in before["message_counters"].values()}
+    assert counters == {("number_in_flight", str(ids["number"])), ("project_queued", str(ids["p"]))}
+
+    # When it is migrated to the end
+    assert [m.version for m in migrate(empty_url)] == [m.version for m in available_migrations()][12:]
+
+    # Then every row is there, each column as it was, with its project
+    with psycopg.connect(empty_url) as conn:
+        after = _snapshot(conn, _KEYS_0012)
+        public_trigger = conn.execute("SELECT public_id FROM followup_triggers").fetchone()
+    for table, rows_before in before.items():
+        assert after[table].keys() == rows_before.keys(), table
+        for key, row in rows_before.items():
+            kept = {c: v for c, v in after[table][key].items() if c in row}
+            changed = _CHANGED_SINCE_0012.get(table, set())
+            assert {c: v for c, v in kept.items() if c not in changed} == {
+                c: v for c, v in row.items() if c not in changed
+            }, (table, key)
+    # the rows without a project_id took their parent's
+    assert {row["project_id"] for row in after["followup_bulk_job_items"].values()} == {str(ids["p"])}
+    assert {row["project_id"] for row in after["message_counters"].values()} == {str(ids["p"])}
+    assert public_trigger is not None
+    assert after["webhook_deliveries"][(str(ids["delivery"]),)]["trigger_id"] == str(public_trigger[0])
+    # every row of a tenant table has its project (the other project's rows stay its own)
+    theirs = {str(ids[name]) for name in ("theirs", "their_sequence", "their_version", "their_enrollment")}
+    for table, rows_after in after.items():
+        for row in rows_after.values():
+            if table == "projects":
+                continue
+            project = str(ids["q"]) if theirs & {str(v) for v in row.values()} else str(ids["p"])
+            assert row["project_id"] == project, (table, row)
+    # and each reference is within the project: the foreign keys (project_id, ...) hold, and find their rows
+    with psycopg.connect(empty_url) as conn:
+        joined = conn.execute(
+            """
+            SELECT count(*) FROM followup_enrollments e
+            JOIN contacts c ON c.project_id = e.project_id AND c.id = e.contact_id
+            JOIN followup_sequence_versions v ON v.project_id = e.project_id AND v.id = e.version_id
+            JOIN followup_step_runs r ON r.project_id = e.project_id AND r.enrollment_id = e.id
+            JOIN messages m ON m.project_id = r.project_id AND m.id = r.message_id
+            JOIN message_status_events s ON s.project_id = m.project_id AND s.message_id = m.id
+            JOIN rule_pending_executions x ON x.project_id = e.project_id AND x.contact_id = c.id
+            JOIN rules u ON u.project_id = x.project_id AND u.id = x.rule_id
+            JOIN rule_runs rr ON rr.project_id = x.project_id AND rr.trigger_id = x.trigger_id
+                             AND rr.rule_id = u.id
+            JOIN followup_bulk_job_items i ON i.project_id = e.project_id AND i.contact_id = c.id
+            JOIN followup_bulk_jobs j ON j.project_id = i.project_id AND j.id = i.job_id
+                                     AND j.sequence_id = e.sequence_id
+            """
+        ).fetchone()
+        violations = conn.execute(
+            "SELECT conrelid::regclass, conname FROM pg_constraint WHERE contype = 'f' AND NOT convalidated"
+        ).fetchall()
+    assert joined == (2,)  # the queued step's message, once per status event
+    assert violations == []

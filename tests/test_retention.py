@@ -8,6 +8,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from prometheus_client import REGISTRY
 from psycopg_pool import ConnectionPool
@@ -16,6 +17,7 @@ from libs.common.core.clock import SYSTEM_CLOCK, ManualClock
 from libs.common.core.db import create_pool
 from libs.common.core.errors import DatabaseUnavailable
 from libs.common.core.settings import DatabaseSettings
+from libs.common.platform.projects import create_project
 from libs.common.retention import cleanup
 from libs.common.retention.cleanup import run_retention
 from libs.common.rules import purge as rules_purge
@@ -202,16 +204,18 @@ def test_a_run_cut_by_a_lost_database_stops_quietly_and_the_next_one_runs_throug
     """PostgreSQL lost mid-run (a failover): the run stops at that step with DatabaseUnavailable, logging
     no error and no traceback (the outage's one warning is the pool's); its advisory lock ends with its
     session, so the next run, once the server answers, takes it and runs every step."""
+    with psycopg.connect(db_url) as conn:
+        create_project(conn, "retention cut")  # a project: the steps run project by project
     proxy, url = proxied_postgres(db_url)
     proxied = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=4), name="retention-cut")
     first_table, first_purge, first_limit = cleanup.STEPS[0]
     calls: list[str] = []
 
-    def purge_then_lose_the_server(conn: Any, *, now: datetime, limit: int) -> int:
+    def purge_then_lose_the_server(conn: Any, project_id: uuid.UUID, *, now: datetime, limit: int) -> int:
         calls.append(first_table)
         if len(calls) == 1:
             proxy.down()  # every connection through the proxy drops, the lock's too
-        return first_purge(conn, now=now, limit=limit)
+        return first_purge(conn, project_id, now=now, limit=limit)
 
     monkeypatch.setattr(
         cleanup, "STEPS", ((first_table, purge_then_lose_the_server, first_limit), *cleanup.STEPS[1:])

@@ -141,7 +141,8 @@ def _seed(pool: ConnectionPool, project_id: uuid.UUID) -> None:
 
 
 @pytest.fixture(scope="module")
-def seeded_database(server_url: str, template_db: str) -> Iterator[str]:
+def seeded_database(server_url: str, template_db: str) -> Iterator[tuple[str, uuid.UUID]]:
+    """The seeded database's name and its project's id."""
     with database_from(server_url, template_db) as name:
         pool = create_pool(DatabaseSettings(url=with_database(server_url, name)), name="followups-seed")
         try:
@@ -150,12 +151,12 @@ def seeded_database(server_url: str, template_db: str) -> Iterator[str]:
             _seed(pool, project.project_id)
         finally:
             pool.close()
-        yield name
+        yield name, project.project_id
 
 
 @pytest.fixture
-def db_url(server_url: str, seeded_database: str) -> Iterator[str]:
-    with database_from(server_url, seeded_database) as name:
+def db_url(server_url: str, seeded_database: tuple[str, uuid.UUID]) -> Iterator[str]:
+    with database_from(server_url, seeded_database[0]) as name:
         yield with_database(server_url, name)
 
 
@@ -172,9 +173,12 @@ def db_url(server_url: str, seeded_database: str) -> Iterator[str]:
     ],
 )
 def test_each_retention_delete_walks_its_index(
-    pool: ConnectionPool, query: str, table: str, index: str
+    pool: ConnectionPool, seeded_database: tuple[str, uuid.UUID], query: str, table: str, index: str
 ) -> None:
+    """Each project's delete walks the project's part of its index (the sessions', a reference table's,
+    the whole index)."""
+    params = {"project_id": seeded_database[1], "now": NOW, "limit": 5000}
     with pool.connection() as conn:
-        nodes = explain(conn, QUERIES[query], {"now": NOW, "limit": 5000})
+        nodes = explain(conn, QUERIES[query], params)
     assert index in index_names(nodes), f"{query}: {index} not used"
     assert table not in seq_scanned(nodes), f"{query}: {table} read whole"

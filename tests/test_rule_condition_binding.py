@@ -3,6 +3,7 @@ attribute key, however hostile, ever reaches the SQL text."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from hypothesis import given, settings
@@ -117,4 +118,4 @@ def test_values_and_keys_are_bound_never_written_into_the_sql(pool: ConnectionPo
         assert conn.execute(query, params).fetchall() == []
         # written in as psycopg-quoted literals (how the triggers service matches), the server parses it too
         # (test_rule_condition_sql checks that it answers as the bound predicate does)
-        assert match(conn, [-1], [inline(conn, predicate, params)]) == {}
+        assert match(conn, uuid.uuid4(), [-1], [inline(conn, predicate, params)]) == {}

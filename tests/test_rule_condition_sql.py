@@ -417,7 +417,8 @@ def evaluate(conn: Connection[Any], nodes: list[Node], trigger_id: int) -> list[
     assert len(found) == 1
     # the triggers service matches with the values written in: the same answers
     literals = [inline(conn, *compile_conditions(node)) for node in nodes]
-    assert match(conn, [trigger_id], literals) == {trigger_id: list(found[0][0])}
+    project_id = _one(conn, "SELECT project_id FROM followup_triggers WHERE id = %s", (trigger_id,))
+    assert match(conn, project_id, [trigger_id], literals) == {trigger_id: list(found[0][0])}
     return list(found[0][0])
 
 

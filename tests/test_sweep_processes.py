@@ -256,7 +256,8 @@ def test_a_lease_that_ran_out_is_taken_over_but_never_run_twice(
     first, rest = claimed[0], claimed[1:]
     swept_a = Swept()
     with pool.connection() as conn_a:
-        assert conn_a.execute(QUERIES["lock_leased"], {"id": first, "until": until_a}).fetchone() is not None
+        lease = {"project_id": project_id, "id": first, "until": until_a}
+        assert conn_a.execute(QUERIES["lock_leased"], lease).fetchone() is not None
 
         # Then until the lease runs out, no other sweep takes any of them
         clock.set(start + LEASE - timedelta(seconds=1))
@@ -269,11 +270,12 @@ def test_a_lease_that_ran_out_is_taken_over_but_never_run_twice(
         assert swept_b.outcomes == {("executed", "none"): 9}
 
         # and A resumes: it finishes the row it holds
-        executions._execute(conn_a, first, until_a, True, STALE_AFTER, swept_a, start)
+        executions._execute(conn_a, lease, until_a, True, STALE_AFTER, swept_a, start)
     # and runs none of the rows taken over
     for execution_id in rest:
         with pool.connection() as conn_a:
-            executions._execute(conn_a, execution_id, until_a, True, STALE_AFTER, swept_a, start)
+            execution = {"project_id": project_id, "id": execution_id}
+            executions._execute(conn_a, execution, until_a, True, STALE_AFTER, swept_a, start)
     assert swept_a.outcomes == {("executed", "none"): 1}
     assert sweep(pool, clock, stale_after=STALE_AFTER).claimed == 0
 
@@ -299,16 +301,17 @@ def test_a_row_taken_over_after_the_lease_is_run_by_the_new_holder_only(
             leases.append((now, [row[0] for row in claimed]))
     (_, [id_a]), (_, [id_b]) = leases
     assert id_a == id_b
+    execution = {"project_id": project_id, "id": id_a}
 
     # When A runs it with its lease, nothing happens; when B does, it runs
     swept_a, swept_b = Swept(), Swept()
     with pool.connection() as conn:
-        executions._execute(conn, id_a, start + LEASE, True, STALE_AFTER, swept_a, start)
+        executions._execute(conn, execution, start + LEASE, True, STALE_AFTER, swept_a, start)
     with pool.connection() as conn:
-        executions._execute(conn, id_b, later + LEASE, True, STALE_AFTER, swept_b, later)
+        executions._execute(conn, execution, later + LEASE, True, STALE_AFTER, swept_b, later)
     # and A again, after B: still nothing
     with pool.connection() as conn:
-        executions._execute(conn, id_a, start + LEASE, True, STALE_AFTER, swept_a, start)
+        executions._execute(conn, execution, start + LEASE, True, STALE_AFTER, swept_a, start)
 
     # Then it ran once, by B
     assert swept_a.outcomes == {}

@@ -129,7 +129,7 @@ def test_a_name_resolving_to_loopback_fails_as_blocked_address_without_a_connect
         (f"http://mixed.example.test:{port}/hook", _resolving("mixed.example.test", "10.0.0.1", "::1")),
     ):
         delivery_id = _queue(pool, clock, project.id, url)
-        state = deliver(pool, delivery_id, now=clock.now(), resolve=resolve)
+        state = deliver(pool, project.id, delivery_id, now=clock.now(), resolve=resolve)
         assert state is not None, url
         assert (state.status, state.attempts, state.last_status_code) == ("pending", 1, None)
         assert state.last_error == "blocked_address"
@@ -144,7 +144,9 @@ def test_an_opened_network_lets_a_name_through_to_the_checked_address_with_its_o
     url = f"http://hooks.example.test:{port}/hook?x=1"
     delivery_id = _queue(pool, clock, project.id, url)
 
-    state = deliver(pool, delivery_id, now=clock.now(), resolve=_resolving("hooks.example.test", "127.0.0.1"))
+    state = deliver(
+        pool, project.id, delivery_id, now=clock.now(), resolve=_resolving("hooks.example.test", "127.0.0.1")
+    )
 
     assert state is not None and (state.status, state.last_status_code) == ("delivered", 200)
     [request] = receiver.requests
@@ -154,7 +156,9 @@ def test_an_opened_network_lets_a_name_through_to_the_checked_address_with_its_o
 
 def test_an_unknown_name_is_a_dns_error(pool: ConnectionPool, clock: ManualClock, project: Project) -> None:
     unknown = _queue(pool, clock, project.id, "http://nowhere.example.test/hook")
-    state = deliver(pool, unknown, now=clock.now(), resolve=_resolving("elsewhere.test", "127.0.0.1"))
+    state = deliver(
+        pool, project.id, unknown, now=clock.now(), resolve=_resolving("elsewhere.test", "127.0.0.1")
+    )
     assert state is not None and state.last_error == "dns_error"
 
 
@@ -266,7 +270,7 @@ def test_whatever_the_peer_sends_the_attempt_is_recorded_and_the_attempt_limit_h
     with _raw_server(poison) as url:
         delivery_id = _queue(pool, clock, project.id, url)
         for attempt in range(1, MAX_ATTEMPTS + 1):
-            state = deliver(pool, delivery_id, now=clock.now())
+            state = deliver(pool, project.id, delivery_id, now=clock.now())
             assert state is not None
             assert (state.attempts, state.last_error, state.last_status_code) == (
                 attempt,
@@ -275,7 +279,7 @@ def test_whatever_the_peer_sends_the_attempt_is_recorded_and_the_attempt_limit_h
             )
             assert state.status == ("failed" if attempt == MAX_ATTEMPTS else "pending")
             clock.advance(timedelta(hours=1))
-        assert deliver(pool, delivery_id, now=clock.now()) is None
+        assert deliver(pool, project.id, delivery_id, now=clock.now()) is None
     assert _delivery(pool, project.id, delivery_id).attempts == MAX_ATTEMPTS
 
 
@@ -291,7 +295,7 @@ def test_a_delivery_whose_last_attempt_was_never_recorded_is_given_up_not_claime
         clock.now(),
         delivery_id,
     )
-    assert deliver(pool, delivery_id, now=clock.now()) is None
+    assert deliver(pool, project.id, delivery_id, now=clock.now()) is None
     dispatcher = Dispatcher(pool, clock, timeout_s=1, concurrency=2, per_project=1)
     try:
         assert dispatcher.tick() == 0
@@ -312,7 +316,7 @@ def test_a_replay_under_a_new_delivery_id_fails_verification(
     [(secret,)] = rows(pool, "SELECT webhook_secret FROM projects WHERE id = %s", project.id)
     receiver.holds = secret
     delivery_id = _queue(pool, clock, project.id, receiver.url)
-    state = deliver(pool, delivery_id, now=clock.now())
+    state = deliver(pool, project.id, delivery_id, now=clock.now())
     assert state is not None and state.status == "delivered"
     [request] = receiver.requests
     stamp, signature = request.headers["X-Followups-Timestamp"], request.headers["X-Followups-Signature"]
@@ -325,11 +329,11 @@ def test_tls_to_a_plain_server_is_a_tls_error_and_a_non_ascii_path_is_percent_en
     pool: ConnectionPool, clock: ManualClock, project: Project, receiver: Receiver
 ) -> None:
     tls = _queue(pool, clock, project.id, receiver.url.replace("http://", "https://"))
-    state = deliver(pool, tls, now=clock.now())
+    state = deliver(pool, project.id, tls, now=clock.now())
     assert state is not None and (state.last_error, state.last_status_code) == ("tls_error", None)
 
     unicode = _queue(pool, clock, project.id, receiver.url + "/olá?q=ü")
-    state = deliver(pool, unicode, now=clock.now())
+    state = deliver(pool, project.id, unicode, now=clock.now())
     assert state is not None and state.status == "delivered"
     assert receiver.requests[-1].path == "/hook/ol%C3%A1?q=%C3%BC"
 
@@ -345,7 +349,7 @@ def test_a_lookup_that_hangs_is_cut_at_the_attempts_deadline(
 
     delivery_id = _queue(pool, clock, project.id, "http://slow-dns.example.test/hook")
     try:
-        state = deliver(pool, delivery_id, now=clock.now(), timeout_s=0.3, resolve=hanging)
+        state = deliver(pool, project.id, delivery_id, now=clock.now(), timeout_s=0.3, resolve=hanging)
     finally:
         answered.set()
     assert state is not None and (state.status, state.last_error) == ("pending", "timeout")

@@ -183,7 +183,7 @@ def test_a_delivery_arrives_signed_with_the_projects_secret(
     payload = {"event": "message.received", "text": "olá", "n": 3, "nested": {"a": [1, 2]}}
     delivery_id = _queue(pool, clock, project.id, receiver.url, payload, rule_id=rule_id)
 
-    state = deliver(pool, delivery_id, now=clock.now())
+    state = deliver(pool, project.id, delivery_id, now=clock.now())
 
     assert state is not None
     assert (state.status, state.attempts, state.last_status_code) == ("delivered", 1, 200)
@@ -218,7 +218,7 @@ def test_a_delivery_arrives_signed_with_the_projects_secret(
     assert (delivery.rule_id, delivery.trigger_id, delivery.url) == (rule_id, TRIGGER, receiver.url)
     assert delivery.payload == payload
     # delivered: not attempted again
-    assert deliver(pool, delivery_id, now=clock.advance(timedelta(hours=1))) is None
+    assert deliver(pool, project.id, delivery_id, now=clock.advance(timedelta(hours=1))) is None
     assert deliver_due(pool, clock) == 0
     assert len(receiver.requests) == 1
 
@@ -230,14 +230,14 @@ def test_a_500_is_retried_after_the_backoff_then_delivered(
     delivery_id = _queue(pool, clock, project.id, receiver.url)
     first = clock.now()
 
-    state = deliver(pool, delivery_id, now=first)
+    state = deliver(pool, project.id, delivery_id, now=first)
 
     assert state is not None
     assert (state.status, state.attempts, state.last_status_code) == ("pending", 1, 500)
     assert state.last_error == "http_500"
     assert state.next_attempt_at == first + timedelta(seconds=30)
     # not due before the backoff has passed
-    assert deliver(pool, delivery_id, now=clock.advance(timedelta(seconds=29))) is None
+    assert deliver(pool, project.id, delivery_id, now=clock.advance(timedelta(seconds=29))) is None
     assert deliver_due(pool, clock) == 0
     assert len(receiver.requests) == 1
 
@@ -274,7 +274,7 @@ def test_a_refused_connection_is_retried_not_raised(
 ) -> None:
     delivery_id = _queue(pool, clock, project.id, f"http://127.0.0.1:{_closed_port()}/hook")
 
-    state = deliver(pool, delivery_id, now=clock.now())
+    state = deliver(pool, project.id, delivery_id, now=clock.now())
 
     assert state is not None
     assert (state.status, state.attempts, state.last_status_code) == ("pending", 1, None)
@@ -288,7 +288,7 @@ def test_a_timeout_is_retried_not_raised(
     receiver.plan = ["sleep"]
     delivery_id = _queue(pool, clock, project.id, receiver.url)
 
-    state = deliver(pool, delivery_id, now=clock.now(), timeout_s=0.2)
+    state = deliver(pool, project.id, delivery_id, now=clock.now(), timeout_s=0.2)
     receiver.released.set()
 
     assert state is not None
@@ -303,7 +303,7 @@ def test_a_redirect_is_not_followed(
     receiver.plan = [302]
     delivery_id = _queue(pool, clock, project.id, receiver.url)
 
-    state = deliver(pool, delivery_id, now=clock.now())
+    state = deliver(pool, project.id, delivery_id, now=clock.now())
 
     assert state is not None
     assert (state.status, state.attempts, state.last_status_code) == ("pending", 1, 302)
@@ -329,7 +329,7 @@ def test_after_max_attempts_it_is_failed_and_no_longer_picked(
     assert delivery.delivered_at is None
     clock.advance(timedelta(days=1))
     assert deliver_due(pool, clock) == 0
-    assert deliver(pool, delivery_id, now=clock.now()) is None
+    assert deliver(pool, project.id, delivery_id, now=clock.now()) is None
     assert len(receiver.requests) == MAX_ATTEMPTS
 
 
@@ -344,7 +344,7 @@ def test_two_concurrent_deliveries_post_once(
 
     def attempt() -> None:
         start.wait()
-        results.append(deliver(pool, delivery_id, now=clock.now()))
+        results.append(deliver(pool, project.id, delivery_id, now=clock.now()))
 
     threads = [threading.Thread(target=attempt) for _ in range(2)]
     for thread in threads:
@@ -367,12 +367,16 @@ def test_a_late_result_after_the_lease_ran_out_is_not_recorded(
     delivery_id = _queue(pool, clock, project.id, receiver.url)
     first = clock.now()
     late: list[webhooks.DeliveryState | None] = []
-    slow = threading.Thread(target=lambda: late.append(deliver(pool, delivery_id, now=first, timeout_s=10)))
+    slow = threading.Thread(
+        target=lambda: late.append(deliver(pool, project.id, delivery_id, now=first, timeout_s=10))
+    )
     slow.start()
     try:
         _wait_for_requests(receiver, 1)
-        assert deliver(pool, delivery_id, now=first + timedelta(seconds=39)) is None  # still leased
-        state = deliver(pool, delivery_id, now=first + timedelta(seconds=40))
+        assert (
+            deliver(pool, project.id, delivery_id, now=first + timedelta(seconds=39)) is None
+        )  # still leased
+        state = deliver(pool, project.id, delivery_id, now=first + timedelta(seconds=40))
         assert state is not None
         assert (state.status, state.attempts) == ("delivered", 2)
     finally:
@@ -395,7 +399,7 @@ def test_list_and_get_page_by_id_within_the_project(
     unruled = {_queue(pool, clock, project.id, receiver.url) for _ in range(2)}
     theirs = _queue(pool, clock, other_project.id, receiver.url)
     delivered = sorted(ruled)[0]
-    assert deliver(pool, delivered, now=clock.now()) is not None
+    assert deliver(pool, project.id, delivered, now=clock.now()) is not None
 
     with pool.connection() as conn:
         pages, after = [], None
@@ -477,7 +481,10 @@ def test_a_rotated_secret_signs_beside_the_new_one_during_the_overlap_then_only_
     [(theirs_before,)] = rows(pool, "SELECT webhook_secret FROM projects WHERE id = %s", other_project.id)
     with _serving() as keeps_old, _serving() as takes_new:
         keeps_old.holds = old["secret"]
-        assert deliver(pool, _queue(pool, clock, project.id, keeps_old.url), now=clock.now()) is not None
+        assert (
+            deliver(pool, project.id, _queue(pool, clock, project.id, keeps_old.url), now=clock.now())
+            is not None
+        )
         [before] = keeps_old.requests
         assert _signatures(before) == [
             webhooks.sign(
@@ -499,7 +506,7 @@ def test_a_rotated_secret_signs_beside_the_new_one_during_the_overlap_then_only_
         # verifies it with the secret it holds
         clock.advance(timedelta(hours=23, minutes=59))
         for receiver in (keeps_old, takes_new):
-            state = deliver(pool, _queue(pool, clock, project.id, receiver.url), now=clock.now())
+            state = deliver(pool, project.id, _queue(pool, clock, project.id, receiver.url), now=clock.now())
             assert state is not None and (state.status, state.last_status_code) == ("delivered", 200)
         during = takes_new.requests[-1]
         stamp = during.headers["X-Followups-Timestamp"]
@@ -523,7 +530,7 @@ def test_a_rotated_secret_signs_beside_the_new_one_during_the_overlap_then_only_
         # And once the overlap ended only the new secret signs: the receiver still on the old one refuses it
         clock.advance(timedelta(minutes=1))
         assert _secret(client) == {"secret": rotated["secret"], "previous_valid_until": None}
-        refused = deliver(pool, _queue(pool, clock, project.id, keeps_old.url), now=clock.now())
+        refused = deliver(pool, project.id, _queue(pool, clock, project.id, keeps_old.url), now=clock.now())
         assert refused is not None and (refused.status, refused.last_status_code) == ("pending", 401)
         after = keeps_old.requests[-1]
         assert _signatures(after) == [
@@ -531,7 +538,7 @@ def test_a_rotated_secret_signs_beside_the_new_one_during_the_overlap_then_only_
                 rotated["secret"], after.headers["X-Followups-Timestamp"], after.body, delivery_id=_id(after)
             )
         ]
-        state = deliver(pool, _queue(pool, clock, project.id, takes_new.url), now=clock.now())
+        state = deliver(pool, project.id, _queue(pool, clock, project.id, takes_new.url), now=clock.now())
         assert state is not None and state.status == "delivered"
     # and the other project's secret did not change
     assert rows(pool, "SELECT webhook_secret FROM projects WHERE id = %s", other_project.id) == [
@@ -548,7 +555,9 @@ def test_a_rotation_without_overlap_ends_the_old_secret_at_once_and_two_are_vali
     second = _rotate(client, {"overlap_seconds": 0})
     assert _rotations("immediate") == counted + 1
     assert second["previous_valid_until"] is None
-    assert deliver(pool, _queue(pool, clock, project.id, receiver.url), now=clock.now()) is not None
+    assert (
+        deliver(pool, project.id, _queue(pool, clock, project.id, receiver.url), now=clock.now()) is not None
+    )
     assert _signatures(receiver.requests[-1]) == [
         webhooks.sign(
             second["secret"],
@@ -561,7 +570,9 @@ def test_a_rotation_without_overlap_ends_the_old_secret_at_once_and_two_are_vali
     third = _rotate(client, {"overlap_seconds": 3600})
     assert datetime.fromisoformat(third["previous_valid_until"]) == clock.now() + timedelta(hours=1)
     fourth = _rotate(client, {"overlap_seconds": 600})
-    assert deliver(pool, _queue(pool, clock, project.id, receiver.url), now=clock.now()) is not None
+    assert (
+        deliver(pool, project.id, _queue(pool, clock, project.id, receiver.url), now=clock.now()) is not None
+    )
     last = receiver.requests[-1]
     stamp = last.headers["X-Followups-Timestamp"]
     assert _signatures(last) == [

@@ -115,7 +115,7 @@ def run_step(
             log.info("ai step dropped before its call: fenced out", extra=context_ids)
             AI_REQUESTS.labels("followup", "fenced_out").inc()
             return None
-        step = version_definition(conn, context["version_id"]).steps[due.step_index]
+        step = version_definition(conn, due.project_id, context["version_id"]).steps[due.step_index]
         assert isinstance(step, AiStep)
         budget = project_settings.ai_token_budget(  # the operator's cap is an AI setting: the client's
             project_settings.get_settings(conn, due.project_id).ai_monthly_token_budget,
@@ -146,7 +146,7 @@ def run_step(
     try:
         with pool.connection() as conn:
             released = release_ai.release_drafted(
-                conn, due.enrollment_id, due.step_index, due.fence, draft, settings, now=now
+                conn, due.project_id, due.enrollment_id, due.step_index, due.fence, draft, settings, now=now
             )
             outcome: str = "fenced_out" if released is None else (draft.fallback_reason or "drafted")
             if called is not None:  # the tokens were spent, whatever became of the draft
@@ -163,7 +163,7 @@ def run_step(
                     },
                 )
     except Exception as exc:  # the second pass failed: counted like a release failure (backoff, then failed)
-        released = release_step.record_failure(pool, due.enrollment_id, exc, now, settings)
+        released = release_step.record_failure(pool, due.project_id, due.enrollment_id, exc, now, settings)
         outcome = "error"
     AI_REQUESTS.labels("followup", outcome).inc()
     if problem is not None and outcome == "ai_invalid_output":
@@ -177,7 +177,7 @@ def run_step(
 def _context(conn: Connection[Any], due: StepDue) -> dict[str, Any] | None:
     """What the prompt of a leased AI step needs, from its owners: the enrollment (still at the step, under
     the same fence) and its contact; None when fenced out."""
-    leased = leased_step(conn, due.enrollment_id, due.step_index, due.fence)
+    leased = leased_step(conn, due.project_id, due.enrollment_id, due.step_index, due.fence)
     if leased is None:
         return None
     try:

@@ -1,6 +1,7 @@
 """Infrastructure every context stands on: the clock, database access and named SQL, domain errors,
 settings, logs, metrics, input validation, polling loops, the process runtime, cron schedules, the broker,
-schema migrations, the transactional outbox, and recorded reasons (a code and its detail).
+schema migrations, the transactional outbox, recorded reasons (a code and its detail), and how the tables
+are distributed (by project, but the named reference tables).
 
 Owns: ``schema_migrations``, ``outbox``. May import: ``contracts`` (nothing else of ``libs.common``).
 """

@@ -1,9 +1,12 @@
 """The transactional outbox and its relay to the RabbitMQ topic exchange.
 
 Domain events are written with :func:`write_events` in the transaction that caused them. The relay
-(:func:`relay_batch`) reads unpublished rows in id order, publishes each to the topic exchange (routing
-key = event type) with publisher confirms, then marks them published. A crash between the two publishes
-again: delivery is at least once, and consumers deduplicate on the envelope ``id``.
+(:func:`relay_batch`) reads a batch of unpublished rows in id order (500), publishes the whole batch to the
+topic exchange (routing key = event type) with publisher confirms, waiting for the confirms together
+rather than for each message in turn (:class:`AmqpPublisher`), and marks the batch published once every
+message of it is confirmed. Anything else (a nack, a lost connection, an answer that does not come, a
+crash) marks nothing of the batch: it is published again, whole, by the next run. Delivery is at least
+once, and consumers deduplicate on the envelope ``id``; what a crash can duplicate is one batch.
 
 The relay never holds a transaction while it waits on RabbitMQ, and never waits on it for long: it reads
 the batch and commits, publishes outside any transaction (every answer bounded by
@@ -23,6 +26,16 @@ drops the lock), never returned to the pool holding it. Two relays can overlap o
 lost its connection mid-publish; both then publish the same rows in the same order: duplicates, which
 at-least-once allows, never a reordering of first deliveries.
 
+Batches keep each aggregate's order as one message at a time did: a batch is published in id order on one
+channel, and RabbitMQ keeps a channel's order into each queue; the next batch is read only once this one is
+confirmed and marked. A connection lost mid-batch loses what followed the last message RabbitMQ took (a
+connection is one ordered stream), and the next run publishes the batch again from its first row: the
+first delivery of each event still comes in id order. The one difference is a nack: RabbitMQ may refuse a
+message for one queue (a queue full with ``x-overflow: reject-publish``, a quorum queue without a
+majority) and take the ones after it in the batch, which were sent before the nack came back; that queue
+then holds them before the refused one, which comes with the batch's second publish (one confirm at a time
+stopped at the refused message instead).
+
 :class:`OutboxRelay` is the relay loop's tick: a RabbitMQ outage is logged once (a warning when it
 starts, an info when it ends) instead of at every poll, and the events wait in the outbox meanwhile
 (``followups_outbox_oldest_unpublished_seconds`` grows: the FollowUpOutboxBacklog alert).
@@ -31,6 +44,7 @@ starts, an info when it ends) instead of at every poll, and the events wait in t
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -49,6 +63,7 @@ from libs.common.core.broker import (
     close_connection,
     quiet_pika,
 )
+from libs.common.core.confirms import ConfirmWindow
 from libs.common.core.metrics import OUTBOX_OLDEST_UNPUBLISHED, OUTBOX_PUBLISHED
 from libs.common.core.outage import Outage
 from libs.common.core.sql import load_queries
@@ -98,10 +113,11 @@ def write_events(
     conn.execute(QUERIES["insert_events"], params)
 
 
-def purge_published(conn: Connection[Any], *, now: datetime, limit: int) -> int:
-    """Delete at most ``limit`` events published more than 7 days ago; returns how many went (the retention
-    job calls it a batch per transaction)."""
-    return conn.execute(QUERIES["published_outbox"], {"now": now, "limit": limit}).rowcount
+def purge_published(conn: Connection[Any], project_id: uuid.UUID, *, now: datetime, limit: int) -> int:
+    """Delete at most ``limit`` of the project's events published more than 7 days ago; returns how many
+    went (the retention job calls it a batch per transaction, project by project)."""
+    params = {"project_id": project_id, "now": now, "limit": limit}
+    return conn.execute(QUERIES["published_outbox"], params).rowcount
 
 
 def erase_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> None:
@@ -119,35 +135,47 @@ class Publisher(Protocol):
 
 
 class AmqpPublisher:
-    """Publishes to a durable RabbitMQ topic exchange with publisher confirms, waiting at most ``timeout``
-    seconds to connect and then for each answer (:func:`~libs.common.core.broker.answer_within`). A
-    connection that fails is dropped; the next batch connects to a live node of ``url`` (:class:`Nodes`)."""
+    """Publishes to a durable RabbitMQ topic exchange with publisher confirms: a batch is published whole,
+    then its confirms are waited for together (:class:`~libs.common.core.confirms.ConfirmWindow`), at most
+    ``confirm_window`` messages unconfirmed at a time (None: the whole batch; 1: one confirm per message,
+    the way it was before, kept for ``make bench-outbox``). :meth:`publish` returns only when every
+    message of the batch is confirmed, and raises otherwise (a nack, a lost connection, an answer not
+    within ``timeout`` seconds: :func:`~libs.common.core.broker.answer_within`). A connection that fails
+    is dropped; the next batch connects to a live node of ``url`` (:class:`Nodes`)."""
 
-    def __init__(self, url: str, exchange: str, *, timeout: float = AMQP_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self,
+        url: str,
+        exchange: str,
+        *,
+        timeout: float = AMQP_TIMEOUT_SECONDS,
+        confirm_window: int | None = None,
+    ) -> None:
         quiet_pika()
         self._nodes = Nodes(url, timeout=timeout)
         self._exchange = exchange
         self._timeout = timeout
+        self._window = confirm_window
         self._connection: Any = None
         self._channel: Any = None
+        self._confirms: ConfirmWindow | None = None
 
-    def _ensure(self) -> Any:
-        if self._channel is None or not self._channel.is_open:
+    def _ensure(self) -> ConfirmWindow:
+        if self._confirms is None or not self._channel.is_open:
             self.close()
             self._connection = self._nodes.connect()  # a live node; the exchange declared on each
             with answer_within(self._connection, self._timeout):
                 self._channel = self._connection.channel()
                 self._channel.exchange_declare(self._exchange, exchange_type="topic", durable=True)
-                self._channel.confirm_delivery()
-        return self._channel
+            self._confirms = ConfirmWindow(self._connection, self._channel, timeout=self._timeout)
+        return self._confirms
 
     def publish(self, envelopes: list[Envelope]) -> None:
         try:
-            channel = self._ensure()
-            for envelope in envelopes:
-                with answer_within(self._connection, self._timeout):
-                    channel.basic_publish(
-                        self._exchange,
+            self._ensure().publish_all(
+                self._exchange,
+                (
+                    (
                         envelope.type,
                         _encode(envelope),
                         pika.BasicProperties(
@@ -156,14 +184,17 @@ class AmqpPublisher:
                             message_id=str(envelope.id),
                             type=envelope.type,
                         ),
-                        mandatory=False,
                     )
+                    for envelope in envelopes
+                ),
+                window=self._window,
+            )
         except Exception:
-            self.close()
+            self.close()  # unconfirmed messages: a later answer must not count for the next batch
             raise
 
     def close(self) -> None:
-        connection, self._connection, self._channel = self._connection, None, None
+        connection, self._connection, self._channel, self._confirms = self._connection, None, None, None
         close_connection(connection, self._timeout)
 
 
@@ -213,11 +244,18 @@ def relay_batch(pool: ConnectionPool, publisher: Publisher, *, limit: int = 500)
 
 
 def _relay_locked(conn: Connection[Any], publisher: Publisher, limit: int) -> list[Envelope]:
-    """Read, publish and mark one batch, holding the relay lock but no transaction while publishing."""
-    rows = conn.execute(QUERIES["unpublished_events"], {"limit": limit}).fetchall()
-    _observe_backlog(conn)
+    """Read, publish and mark one batch, holding the relay lock but no transaction while publishing.
+
+    The backlog gauge comes with the read, which takes one row more than the batch: the batch's first row
+    is the oldest waiting event while it is published, the row after it the oldest left once it is marked
+    (none: nothing waits). No scan of its own, which would step over every row published since the last
+    vacuum at each batch."""
+    rows = conn.execute(QUERIES["unpublished_events"], {"limit": limit + 1}).fetchall()
+    read_at = time.monotonic()
+    batch, rest = rows[:limit], rows[limit:]
+    OUTBOX_OLDEST_UNPUBLISHED.set(batch[0][-1] if batch else 0.0)
     conn.commit()  # nothing but the session lock is held while RabbitMQ is waited for
-    if not rows:
+    if not batch:
         return []
     envelopes = [
         Envelope(
@@ -229,15 +267,15 @@ def _relay_locked(conn: Connection[Any], publisher: Publisher, limit: int) -> li
             subject=f"{aggregate_type}/{aggregate_id}",
             data=data,
         )
-        for _, event_id, type_, project_id, aggregate_type, aggregate_id, data, occurred_at in rows
+        for _, event_id, type_, project_id, aggregate_type, aggregate_id, data, occurred_at, _ in batch
     ]
     try:
         publisher.publish(envelopes)
     except Exception as exc:
         raise PublishFailed(repr(exc)) from exc
-    conn.execute(QUERIES["mark_published"], {"ids": [row[0] for row in rows]})
-    _observe_backlog(conn)
+    conn.execute(QUERIES["mark_published"], {"ids": [row[0] for row in batch]})
     conn.commit()
+    OUTBOX_OLDEST_UNPUBLISHED.set(rest[0][-1] + time.monotonic() - read_at if rest else 0.0)
     return envelopes
 
 

@@ -17,16 +17,17 @@ SELECT pg_try_advisory_lock(%(key)s)
 SELECT pg_advisory_unlock(%(key)s)
 
 -- name: unpublished_events
--- The oldest unpublished events, in id order.
-SELECT id, event_id, type, project_id, aggregate_type, aggregate_id, data, occurred_at
+-- The oldest unpublished events, in id order, each with how long it has waited (seconds: the backlog gauge).
+SELECT id, event_id, type, project_id, aggregate_type, aggregate_id, data, occurred_at,
+       extract(epoch FROM now() - occurred_at)::float8
 FROM outbox
 WHERE published_at IS NULL
 ORDER BY id
 LIMIT %(limit)s
 
 -- name: mark_published
--- Mark a published batch.
-UPDATE outbox SET published_at = now() WHERE id = ANY(%(ids)s)
+-- Mark a published batch (found by the unpublished index: the outbox's key leads with the project).
+UPDATE outbox SET published_at = now() WHERE id = ANY(%(ids)s) AND published_at IS NULL
 
 -- name: oldest_unpublished_age
 -- How long the oldest unpublished event has waited (seconds; nothing when none waits).
@@ -36,12 +37,13 @@ ORDER BY id
 LIMIT 1
 
 -- name: published_outbox
--- Outbox rows published more than 7 days ago, a batch at a time (the retention job): the batch is picked
--- through the published index and deleted by primary key.
+-- A project's outbox rows published more than 7 days ago, a batch at a time (the retention job): the batch
+-- is picked through the project's part of the published index and deleted by primary key.
 DELETE FROM outbox
-WHERE id = ANY(ARRAY(
+WHERE project_id = %(project_id)s AND id = ANY(ARRAY(
     SELECT id FROM outbox
-    WHERE published_at IS NOT NULL AND published_at < %(now)s::timestamptz - interval '7 days'
+    WHERE project_id = %(project_id)s AND published_at IS NOT NULL
+      AND published_at < %(now)s::timestamptz - interval '7 days'
     ORDER BY published_at
     LIMIT %(limit)s
 ))

@@ -9,25 +9,25 @@ CREATE FUNCTION public.count_messages() RETURNS trigger
     AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO message_counters AS mc (kind, owner_id, shard, messages)
-        SELECT d.kind, d.owner_id, d.shard, sum(d.delta)
+        INSERT INTO message_counters AS mc (project_id, kind, owner_id, shard, messages)
+        SELECT d.project_id, d.kind, d.owner_id, d.shard, sum(d.delta)
         FROM new_rows n, message_counter_deltas(n, 1) d
-        GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-        ON CONFLICT (kind, owner_id, shard) DO UPDATE SET messages = mc.messages + excluded.messages;
+        GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
+        ON CONFLICT (project_id, kind, owner_id, shard) DO UPDATE SET messages = mc.messages + excluded.messages;
     ELSIF TG_OP = 'UPDATE' THEN
-        INSERT INTO message_counters AS mc (kind, owner_id, shard, messages)
-        SELECT d.kind, d.owner_id, d.shard, sum(d.delta)
+        INSERT INTO message_counters AS mc (project_id, kind, owner_id, shard, messages)
+        SELECT d.project_id, d.kind, d.owner_id, d.shard, sum(d.delta)
         FROM (SELECT d.* FROM new_rows n, message_counter_deltas(n, 1) d
               UNION ALL
               SELECT d.* FROM old_rows o, message_counter_deltas(o, -1) d) d
-        GROUP BY 1, 2, 3 HAVING sum(d.delta) <> 0 ORDER BY 1, 2, 3
-        ON CONFLICT (kind, owner_id, shard) DO UPDATE SET messages = mc.messages + excluded.messages;
+        GROUP BY 1, 2, 3, 4 HAVING sum(d.delta) <> 0 ORDER BY 1, 2, 3, 4
+        ON CONFLICT (project_id, kind, owner_id, shard) DO UPDATE SET messages = mc.messages + excluded.messages;
     ELSE
-        INSERT INTO message_counters AS mc (kind, owner_id, shard, messages)
-        SELECT d.kind, d.owner_id, d.shard, sum(d.delta)
+        INSERT INTO message_counters AS mc (project_id, kind, owner_id, shard, messages)
+        SELECT d.project_id, d.kind, d.owner_id, d.shard, sum(d.delta)
         FROM old_rows o, message_counter_deltas(o, -1) d
-        GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-        ON CONFLICT (kind, owner_id, shard) DO UPDATE SET messages = mc.messages + excluded.messages;
+        GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
+        ON CONFLICT (project_id, kind, owner_id, shard) DO UPDATE SET messages = mc.messages + excluded.messages;
     END IF;
     RETURN NULL;
 END
@@ -78,14 +78,16 @@ WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.05', autovacuum_vacuum_
 
 -- Name: message_counter_deltas(public.messages, integer); Type: FUNCTION
 
-CREATE FUNCTION public.message_counter_deltas(changed public.messages, sign integer) RETURNS TABLE(kind text, owner_id uuid, shard smallint, delta integer)
+CREATE FUNCTION public.message_counter_deltas(changed public.messages, sign integer) RETURNS TABLE(project_id uuid, kind text, owner_id uuid, shard smallint, delta integer)
     LANGUAGE sql IMMUTABLE
     AS $$
-    SELECT 'number_in_flight', changed.number_id, (hashtext(changed.id::text) & 15)::smallint, sign
+    SELECT changed.project_id, 'number_in_flight', changed.number_id, (hashtext(changed.id::text) & 15)::smallint,
+           sign
     WHERE changed.status IN ('QUEUED', 'PROCESSING') AND changed.source = 'followup'
       AND changed.number_id IS NOT NULL
     UNION ALL
-    SELECT 'project_queued', changed.project_id, (hashtext(changed.id::text) & 15)::smallint, sign
+    SELECT changed.project_id, 'project_queued', changed.project_id, (hashtext(changed.id::text) & 15)::smallint,
+           sign
     WHERE changed.status = 'QUEUED'
 $$;
 
@@ -319,6 +321,7 @@ CREATE TABLE public.followup_bulk_job_items (
     phone text,
     outcome text,
     reason text,
+    project_id uuid NOT NULL,
     CONSTRAINT followup_bulk_job_items_outcome_check CHECK ((outcome = ANY (ARRAY['enrolled'::text, 'skipped'::text])))
 );
 
@@ -528,6 +531,7 @@ CREATE TABLE public.message_counters (
     owner_id uuid NOT NULL,
     shard smallint NOT NULL,
     messages bigint NOT NULL,
+    project_id uuid NOT NULL,
     CONSTRAINT message_counters_kind_check CHECK ((kind = ANY (ARRAY['number_in_flight'::text, 'project_queued'::text])))
 )
 WITH (fillfactor='50', autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500', autovacuum_vacuum_cost_delay='0');
@@ -707,12 +711,12 @@ CREATE TABLE public.webhook_deliveries (
 -- Name: activities activities_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.activities
-    ADD CONSTRAINT activities_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT activities_pkey PRIMARY KEY (project_id, id);
 
 -- Name: ai_budget_ledger ai_budget_ledger_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.ai_budget_ledger
-    ADD CONSTRAINT ai_budget_ledger_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT ai_budget_ledger_pkey PRIMARY KEY (project_id, id);
 
 -- Name: api_keys api_keys_key_hash_key; Type: CONSTRAINT
 
@@ -742,7 +746,7 @@ ALTER TABLE ONLY public.channel_sends
 -- Name: contacts contacts_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.contacts
-    ADD CONSTRAINT contacts_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT contacts_pkey PRIMARY KEY (project_id, id);
 
 -- Name: contacts contacts_project_phone_key; Type: CONSTRAINT
 
@@ -772,12 +776,12 @@ ALTER TABLE ONLY public.deals
 -- Name: followup_bulk_job_items followup_bulk_job_items_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.followup_bulk_job_items
-    ADD CONSTRAINT followup_bulk_job_items_pkey PRIMARY KEY (job_id, "position");
+    ADD CONSTRAINT followup_bulk_job_items_pkey PRIMARY KEY (project_id, job_id, "position");
 
 -- Name: followup_bulk_jobs followup_bulk_jobs_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.followup_bulk_jobs
-    ADD CONSTRAINT followup_bulk_jobs_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT followup_bulk_jobs_pkey PRIMARY KEY (project_id, id);
 
 -- Name: followup_campaigns followup_campaigns_pkey; Type: CONSTRAINT
 
@@ -787,27 +791,27 @@ ALTER TABLE ONLY public.followup_campaigns
 -- Name: followup_enrollments followup_enrollments_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.followup_enrollments
-    ADD CONSTRAINT followup_enrollments_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT followup_enrollments_pkey PRIMARY KEY (project_id, id);
 
 -- Name: followup_instance_pacing followup_instance_pacing_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.followup_instance_pacing
-    ADD CONSTRAINT followup_instance_pacing_pkey PRIMARY KEY (number_id);
+    ADD CONSTRAINT followup_instance_pacing_pkey PRIMARY KEY (project_id, number_id);
 
 -- Name: followup_sequence_versions followup_sequence_versions_number_key; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.followup_sequence_versions
-    ADD CONSTRAINT followup_sequence_versions_number_key UNIQUE (sequence_id, version);
+    ADD CONSTRAINT followup_sequence_versions_number_key UNIQUE (project_id, sequence_id, version);
 
 -- Name: followup_sequence_versions followup_sequence_versions_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.followup_sequence_versions
-    ADD CONSTRAINT followup_sequence_versions_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT followup_sequence_versions_pkey PRIMARY KEY (project_id, id);
 
 -- Name: followup_sequences followup_sequences_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.followup_sequences
-    ADD CONSTRAINT followup_sequences_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT followup_sequences_pkey PRIMARY KEY (project_id, id);
 
 -- Name: followup_settings followup_settings_pkey; Type: CONSTRAINT
 
@@ -817,12 +821,12 @@ ALTER TABLE ONLY public.followup_settings
 -- Name: followup_step_runs followup_step_runs_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.followup_step_runs
-    ADD CONSTRAINT followup_step_runs_pkey PRIMARY KEY (enrollment_id, step_index);
+    ADD CONSTRAINT followup_step_runs_pkey PRIMARY KEY (project_id, enrollment_id, step_index);
 
 -- Name: followup_triggers followup_triggers_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.followup_triggers
-    ADD CONSTRAINT followup_triggers_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT followup_triggers_pkey PRIMARY KEY (project_id, id);
 
 -- Name: leads leads_pkey; Type: CONSTRAINT
 
@@ -832,22 +836,22 @@ ALTER TABLE ONLY public.leads
 -- Name: message_counters message_counters_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.message_counters
-    ADD CONSTRAINT message_counters_pkey PRIMARY KEY (kind, owner_id, shard);
+    ADD CONSTRAINT message_counters_pkey PRIMARY KEY (project_id, kind, owner_id, shard);
 
 -- Name: message_status_events message_status_events_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.message_status_events
-    ADD CONSTRAINT message_status_events_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT message_status_events_pkey PRIMARY KEY (project_id, id);
 
 -- Name: messages messages_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.messages
-    ADD CONSTRAINT messages_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT messages_pkey PRIMARY KEY (project_id, id);
 
 -- Name: numbers numbers_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.numbers
-    ADD CONSTRAINT numbers_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT numbers_pkey PRIMARY KEY (project_id, id);
 
 -- Name: numbers numbers_project_phone_key; Type: CONSTRAINT
 
@@ -857,7 +861,7 @@ ALTER TABLE ONLY public.numbers
 -- Name: outbox outbox_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.outbox
-    ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT outbox_pkey PRIMARY KEY (project_id, id);
 
 -- Name: projects projects_pkey; Type: CONSTRAINT
 
@@ -867,22 +871,22 @@ ALTER TABLE ONLY public.projects
 -- Name: rule_pending_executions rule_pending_executions_episode_key; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.rule_pending_executions
-    ADD CONSTRAINT rule_pending_executions_episode_key UNIQUE (rule_id, conversation_id, episode_key);
+    ADD CONSTRAINT rule_pending_executions_episode_key UNIQUE (project_id, rule_id, conversation_id, episode_key);
 
 -- Name: rule_pending_executions rule_pending_executions_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.rule_pending_executions
-    ADD CONSTRAINT rule_pending_executions_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT rule_pending_executions_pkey PRIMARY KEY (project_id, id);
 
 -- Name: rule_runs rule_runs_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.rule_runs
-    ADD CONSTRAINT rule_runs_pkey PRIMARY KEY (trigger_id, rule_id);
+    ADD CONSTRAINT rule_runs_pkey PRIMARY KEY (project_id, trigger_id, rule_id);
 
 -- Name: rules rules_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.rules
-    ADD CONSTRAINT rules_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT rules_pkey PRIMARY KEY (project_id, id);
 
 -- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT
 
@@ -897,7 +901,7 @@ ALTER TABLE ONLY public.usage_counters
 -- Name: webhook_deliveries webhook_deliveries_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.webhook_deliveries
-    ADD CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (project_id, id);
 
 -- Name: activities_contact_idx; Type: INDEX
 
@@ -909,7 +913,7 @@ CREATE INDEX ai_budget_ledger_project_idx ON public.ai_budget_ledger USING btree
 
 -- Name: channel_numbers_number_idx; Type: INDEX
 
-CREATE UNIQUE INDEX channel_numbers_number_idx ON public.channel_numbers USING btree (number_id);
+CREATE INDEX channel_numbers_number_idx ON public.channel_numbers USING btree (number_id);
 
 -- Name: channel_sends_due_idx; Type: INDEX
 
@@ -949,7 +953,7 @@ CREATE INDEX followup_bulk_job_items_skipped_idx ON public.followup_bulk_job_ite
 
 -- Name: followup_bulk_jobs_finished_idx; Type: INDEX
 
-CREATE INDEX followup_bulk_jobs_finished_idx ON public.followup_bulk_jobs USING btree (finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'cancelled'::text, 'failed'::text]));
+CREATE INDEX followup_bulk_jobs_finished_idx ON public.followup_bulk_jobs USING btree (project_id, finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'cancelled'::text, 'failed'::text]));
 
 -- Name: followup_bulk_jobs_idempotency_idx; Type: INDEX
 
@@ -973,7 +977,7 @@ CREATE UNIQUE INDEX followup_enrollments_dedupe_idx ON public.followup_enrollmen
 
 -- Name: followup_enrollments_finished_idx; Type: INDEX
 
-CREATE INDEX followup_enrollments_finished_idx ON public.followup_enrollments USING btree (finished_at) WHERE (finished_at IS NOT NULL);
+CREATE INDEX followup_enrollments_finished_idx ON public.followup_enrollments USING btree (project_id, finished_at) WHERE (finished_at IS NOT NULL);
 
 -- Name: followup_enrollments_live_contact_idx; Type: INDEX
 
@@ -985,7 +989,7 @@ CREATE INDEX followup_enrollments_live_project_idx ON public.followup_enrollment
 
 -- Name: followup_enrollments_one_live_idx; Type: INDEX
 
-CREATE UNIQUE INDEX followup_enrollments_one_live_idx ON public.followup_enrollments USING btree (sequence_id, contact_id) WHERE ((status = ANY (ARRAY['active'::text, 'paused'::text])) AND (sequence_id IS NOT NULL));
+CREATE UNIQUE INDEX followup_enrollments_one_live_idx ON public.followup_enrollments USING btree (project_id, sequence_id, contact_id) WHERE ((status = ANY (ARRAY['active'::text, 'paused'::text])) AND (sequence_id IS NOT NULL));
 
 -- Name: followup_enrollments_project_claim_idx; Type: INDEX
 
@@ -1005,7 +1009,7 @@ CREATE INDEX followup_sequences_project_idx ON public.followup_sequences USING b
 
 -- Name: followup_triggers_processed_idx; Type: INDEX
 
-CREATE INDEX followup_triggers_processed_idx ON public.followup_triggers USING btree (processed_at) WHERE (processed_at IS NOT NULL);
+CREATE INDEX followup_triggers_processed_idx ON public.followup_triggers USING btree (project_id, processed_at) WHERE (processed_at IS NOT NULL);
 
 -- Name: followup_triggers_project_pending_idx; Type: INDEX
 
@@ -1085,7 +1089,7 @@ CREATE UNIQUE INDEX numbers_one_default_idx ON public.numbers USING btree (proje
 
 -- Name: outbox_published_idx; Type: INDEX
 
-CREATE INDEX outbox_published_idx ON public.outbox USING btree (published_at) WHERE (published_at IS NOT NULL);
+CREATE INDEX outbox_published_idx ON public.outbox USING btree (project_id, published_at) WHERE (published_at IS NOT NULL);
 
 -- Name: outbox_unpublished_idx; Type: INDEX
 
@@ -1101,7 +1105,7 @@ CREATE INDEX rule_pending_executions_conversation_idx ON public.rule_pending_exe
 
 -- Name: rule_pending_executions_done_idx; Type: INDEX
 
-CREATE INDEX rule_pending_executions_done_idx ON public.rule_pending_executions USING btree (updated_at) WHERE (status <> 'pending'::text);
+CREATE INDEX rule_pending_executions_done_idx ON public.rule_pending_executions USING btree (project_id, updated_at) WHERE (status <> 'pending'::text);
 
 -- Name: rule_pending_executions_due_idx; Type: INDEX
 
@@ -1133,7 +1137,7 @@ CREATE INDEX rules_project_position_idx ON public.rules USING btree (project_id,
 
 -- Name: webhook_deliveries_done_idx; Type: INDEX
 
-CREATE INDEX webhook_deliveries_done_idx ON public.webhook_deliveries USING btree (updated_at) WHERE (status <> 'pending'::text);
+CREATE INDEX webhook_deliveries_done_idx ON public.webhook_deliveries USING btree (project_id, updated_at) WHERE (status <> 'pending'::text);
 
 -- Name: webhook_deliveries_due_idx; Type: INDEX
 
@@ -1158,7 +1162,7 @@ CREATE TRIGGER messages_counted_on_update AFTER UPDATE ON public.messages REFERE
 -- Name: activities activities_contact_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.activities
-    ADD CONSTRAINT activities_contact_id_fkey FOREIGN KEY (contact_id) REFERENCES public.contacts(id) ON DELETE CASCADE;
+    ADD CONSTRAINT activities_contact_id_fkey FOREIGN KEY (project_id, contact_id) REFERENCES public.contacts(project_id, id) ON DELETE CASCADE;
 
 -- Name: activities activities_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1178,7 +1182,7 @@ ALTER TABLE ONLY public.api_keys
 -- Name: channel_numbers channel_numbers_number_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.channel_numbers
-    ADD CONSTRAINT channel_numbers_number_id_fkey FOREIGN KEY (number_id) REFERENCES public.numbers(id) ON DELETE CASCADE;
+    ADD CONSTRAINT channel_numbers_number_id_fkey FOREIGN KEY (project_id, number_id) REFERENCES public.numbers(project_id, id) ON DELETE CASCADE;
 
 -- Name: channel_numbers channel_numbers_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1193,12 +1197,12 @@ ALTER TABLE ONLY public.contacts
 -- Name: conversations conversations_contact_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.conversations
-    ADD CONSTRAINT conversations_contact_id_fkey FOREIGN KEY (contact_id) REFERENCES public.contacts(id) ON DELETE CASCADE;
+    ADD CONSTRAINT conversations_contact_id_fkey FOREIGN KEY (project_id, contact_id) REFERENCES public.contacts(project_id, id) ON DELETE CASCADE;
 
 -- Name: conversations conversations_number_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.conversations
-    ADD CONSTRAINT conversations_number_id_fkey FOREIGN KEY (number_id) REFERENCES public.numbers(id) ON DELETE SET NULL;
+    ADD CONSTRAINT conversations_number_id_fkey FOREIGN KEY (project_id, number_id) REFERENCES public.numbers(project_id, id) ON DELETE SET NULL (number_id);
 
 -- Name: conversations conversations_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1218,7 +1222,7 @@ ALTER TABLE ONLY public.dashboard_sessions
 -- Name: deals deals_contact_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.deals
-    ADD CONSTRAINT deals_contact_id_fkey FOREIGN KEY (contact_id) REFERENCES public.contacts(id) ON DELETE CASCADE;
+    ADD CONSTRAINT deals_contact_id_fkey FOREIGN KEY (project_id, contact_id) REFERENCES public.contacts(project_id, id) ON DELETE CASCADE;
 
 -- Name: deals deals_lead_id_fkey; Type: FK CONSTRAINT
 
@@ -1233,7 +1237,7 @@ ALTER TABLE ONLY public.deals
 -- Name: followup_bulk_job_items followup_bulk_job_items_job_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.followup_bulk_job_items
-    ADD CONSTRAINT followup_bulk_job_items_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.followup_bulk_jobs(id) ON DELETE CASCADE;
+    ADD CONSTRAINT followup_bulk_job_items_job_id_fkey FOREIGN KEY (project_id, job_id) REFERENCES public.followup_bulk_jobs(project_id, id) ON DELETE CASCADE;
 
 -- Name: followup_bulk_jobs followup_bulk_jobs_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1243,7 +1247,7 @@ ALTER TABLE ONLY public.followup_bulk_jobs
 -- Name: followup_bulk_jobs followup_bulk_jobs_sequence_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.followup_bulk_jobs
-    ADD CONSTRAINT followup_bulk_jobs_sequence_id_fkey FOREIGN KEY (sequence_id) REFERENCES public.followup_sequences(id) ON DELETE CASCADE;
+    ADD CONSTRAINT followup_bulk_jobs_sequence_id_fkey FOREIGN KEY (project_id, sequence_id) REFERENCES public.followup_sequences(project_id, id) ON DELETE CASCADE;
 
 -- Name: followup_campaigns followup_campaigns_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1253,12 +1257,12 @@ ALTER TABLE ONLY public.followup_campaigns
 -- Name: followup_campaigns followup_campaigns_sequence_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.followup_campaigns
-    ADD CONSTRAINT followup_campaigns_sequence_id_fkey FOREIGN KEY (sequence_id) REFERENCES public.followup_sequences(id) ON DELETE CASCADE;
+    ADD CONSTRAINT followup_campaigns_sequence_id_fkey FOREIGN KEY (project_id, sequence_id) REFERENCES public.followup_sequences(project_id, id) ON DELETE CASCADE;
 
 -- Name: followup_enrollments followup_enrollments_contact_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.followup_enrollments
-    ADD CONSTRAINT followup_enrollments_contact_id_fkey FOREIGN KEY (contact_id) REFERENCES public.contacts(id) ON DELETE CASCADE;
+    ADD CONSTRAINT followup_enrollments_contact_id_fkey FOREIGN KEY (project_id, contact_id) REFERENCES public.contacts(project_id, id) ON DELETE CASCADE;
 
 -- Name: followup_enrollments followup_enrollments_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1268,17 +1272,17 @@ ALTER TABLE ONLY public.followup_enrollments
 -- Name: followup_enrollments followup_enrollments_sequence_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.followup_enrollments
-    ADD CONSTRAINT followup_enrollments_sequence_id_fkey FOREIGN KEY (sequence_id) REFERENCES public.followup_sequences(id) ON DELETE SET NULL;
+    ADD CONSTRAINT followup_enrollments_sequence_id_fkey FOREIGN KEY (project_id, sequence_id) REFERENCES public.followup_sequences(project_id, id) ON DELETE SET NULL (sequence_id);
 
 -- Name: followup_enrollments followup_enrollments_version_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.followup_enrollments
-    ADD CONSTRAINT followup_enrollments_version_id_fkey FOREIGN KEY (version_id) REFERENCES public.followup_sequence_versions(id);
+    ADD CONSTRAINT followup_enrollments_version_id_fkey FOREIGN KEY (project_id, version_id) REFERENCES public.followup_sequence_versions(project_id, id);
 
 -- Name: followup_instance_pacing followup_instance_pacing_number_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.followup_instance_pacing
-    ADD CONSTRAINT followup_instance_pacing_number_id_fkey FOREIGN KEY (number_id) REFERENCES public.numbers(id) ON DELETE CASCADE;
+    ADD CONSTRAINT followup_instance_pacing_number_id_fkey FOREIGN KEY (project_id, number_id) REFERENCES public.numbers(project_id, id) ON DELETE CASCADE;
 
 -- Name: followup_sequence_versions followup_sequence_versions_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1288,12 +1292,12 @@ ALTER TABLE ONLY public.followup_sequence_versions
 -- Name: followup_sequence_versions followup_sequence_versions_sequence_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.followup_sequence_versions
-    ADD CONSTRAINT followup_sequence_versions_sequence_id_fkey FOREIGN KEY (sequence_id) REFERENCES public.followup_sequences(id) ON DELETE CASCADE;
+    ADD CONSTRAINT followup_sequence_versions_sequence_id_fkey FOREIGN KEY (project_id, sequence_id) REFERENCES public.followup_sequences(project_id, id) ON DELETE CASCADE;
 
 -- Name: followup_sequences followup_sequences_current_version_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.followup_sequences
-    ADD CONSTRAINT followup_sequences_current_version_fkey FOREIGN KEY (current_version_id) REFERENCES public.followup_sequence_versions(id);
+    ADD CONSTRAINT followup_sequences_current_version_fkey FOREIGN KEY (project_id, current_version_id) REFERENCES public.followup_sequence_versions(project_id, id);
 
 -- Name: followup_sequences followup_sequences_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1308,7 +1312,7 @@ ALTER TABLE ONLY public.followup_settings
 -- Name: followup_step_runs followup_step_runs_enrollment_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.followup_step_runs
-    ADD CONSTRAINT followup_step_runs_enrollment_id_fkey FOREIGN KEY (enrollment_id) REFERENCES public.followup_enrollments(id) ON DELETE CASCADE;
+    ADD CONSTRAINT followup_step_runs_enrollment_id_fkey FOREIGN KEY (project_id, enrollment_id) REFERENCES public.followup_enrollments(project_id, id) ON DELETE CASCADE;
 
 -- Name: followup_triggers followup_triggers_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1318,7 +1322,7 @@ ALTER TABLE ONLY public.followup_triggers
 -- Name: leads leads_contact_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.leads
-    ADD CONSTRAINT leads_contact_id_fkey FOREIGN KEY (contact_id) REFERENCES public.contacts(id) ON DELETE CASCADE;
+    ADD CONSTRAINT leads_contact_id_fkey FOREIGN KEY (project_id, contact_id) REFERENCES public.contacts(project_id, id) ON DELETE CASCADE;
 
 -- Name: leads leads_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1328,12 +1332,12 @@ ALTER TABLE ONLY public.leads
 -- Name: message_status_events message_status_events_message_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.message_status_events
-    ADD CONSTRAINT message_status_events_message_id_fkey FOREIGN KEY (message_id) REFERENCES public.messages(id) ON DELETE CASCADE;
+    ADD CONSTRAINT message_status_events_message_id_fkey FOREIGN KEY (project_id, message_id) REFERENCES public.messages(project_id, id) ON DELETE CASCADE;
 
 -- Name: messages messages_contact_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.messages
-    ADD CONSTRAINT messages_contact_id_fkey FOREIGN KEY (contact_id) REFERENCES public.contacts(id) ON DELETE CASCADE;
+    ADD CONSTRAINT messages_contact_id_fkey FOREIGN KEY (project_id, contact_id) REFERENCES public.contacts(project_id, id) ON DELETE CASCADE;
 
 -- Name: messages messages_conversation_id_fkey; Type: FK CONSTRAINT
 
@@ -1343,7 +1347,7 @@ ALTER TABLE ONLY public.messages
 -- Name: messages messages_number_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.messages
-    ADD CONSTRAINT messages_number_id_fkey FOREIGN KEY (number_id) REFERENCES public.numbers(id) ON DELETE SET NULL;
+    ADD CONSTRAINT messages_number_id_fkey FOREIGN KEY (project_id, number_id) REFERENCES public.numbers(project_id, id) ON DELETE SET NULL (number_id);
 
 -- Name: messages messages_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1358,7 +1362,7 @@ ALTER TABLE ONLY public.numbers
 -- Name: rule_pending_executions rule_pending_executions_contact_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.rule_pending_executions
-    ADD CONSTRAINT rule_pending_executions_contact_id_fkey FOREIGN KEY (contact_id) REFERENCES public.contacts(id) ON DELETE SET NULL;
+    ADD CONSTRAINT rule_pending_executions_contact_id_fkey FOREIGN KEY (project_id, contact_id) REFERENCES public.contacts(project_id, id) ON DELETE SET NULL (contact_id);
 
 -- Name: rule_pending_executions rule_pending_executions_conversation_id_fkey; Type: FK CONSTRAINT
 
@@ -1373,7 +1377,7 @@ ALTER TABLE ONLY public.rule_pending_executions
 -- Name: rule_pending_executions rule_pending_executions_rule_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.rule_pending_executions
-    ADD CONSTRAINT rule_pending_executions_rule_id_fkey FOREIGN KEY (rule_id) REFERENCES public.rules(id) ON DELETE CASCADE;
+    ADD CONSTRAINT rule_pending_executions_rule_id_fkey FOREIGN KEY (project_id, rule_id) REFERENCES public.rules(project_id, id) ON DELETE CASCADE;
 
 -- Name: rule_runs rule_runs_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1383,12 +1387,12 @@ ALTER TABLE ONLY public.rule_runs
 -- Name: rule_runs rule_runs_rule_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.rule_runs
-    ADD CONSTRAINT rule_runs_rule_id_fkey FOREIGN KEY (rule_id) REFERENCES public.rules(id) ON DELETE CASCADE;
+    ADD CONSTRAINT rule_runs_rule_id_fkey FOREIGN KEY (project_id, rule_id) REFERENCES public.rules(project_id, id) ON DELETE CASCADE;
 
 -- Name: rule_runs rule_runs_trigger_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.rule_runs
-    ADD CONSTRAINT rule_runs_trigger_id_fkey FOREIGN KEY (trigger_id) REFERENCES public.followup_triggers(id) ON DELETE CASCADE;
+    ADD CONSTRAINT rule_runs_trigger_id_fkey FOREIGN KEY (project_id, trigger_id) REFERENCES public.followup_triggers(project_id, id) ON DELETE CASCADE;
 
 -- Name: rules rules_project_id_fkey; Type: FK CONSTRAINT
 
@@ -1408,4 +1412,4 @@ ALTER TABLE ONLY public.webhook_deliveries
 -- Name: webhook_deliveries webhook_deliveries_rule_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.webhook_deliveries
-    ADD CONSTRAINT webhook_deliveries_rule_id_fkey FOREIGN KEY (rule_id) REFERENCES public.rules(id) ON DELETE SET NULL;
+    ADD CONSTRAINT webhook_deliveries_rule_id_fkey FOREIGN KEY (project_id, rule_id) REFERENCES public.rules(project_id, id) ON DELETE SET NULL (rule_id);

@@ -204,11 +204,12 @@ def _pacing(
     return Hold("defer", "pacing", next_release_at)
 
 
-def after_queued(conn: Connection[Any], sending: Sending, now: datetime) -> None:
+def after_queued(conn: Connection[Any], project_id: uuid.UUID, sending: Sending, now: datetime) -> None:
     """Keep the number's pacing gap after a queued follow-up (reserved slots ahead stay reserved)."""
     if sending.number_id is None or sending.send_delay_ms <= 0:
         return
     params = {
+        "project_id": project_id,
         "number_id": sending.number_id,
         "next_release_at": now + timedelta(milliseconds=sending.send_delay_ms),
     }

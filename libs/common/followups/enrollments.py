@@ -298,7 +298,7 @@ def _pin_version(
         return _sequence_version(conn, project_id, request.sequence_id, sequence, request.contact_id, now)
     assert request.steps is not None
     version = create_one_off_version(conn, project_id, Definition(steps=request.steps, stop_on=stop_on))
-    return version_definition(conn, version.id), version.id
+    return version_definition(conn, project_id, version.id), version.id
 
 
 def _check_plan_limit(conn: Connection[Any], project_id: uuid.UUID, max_active: int | None) -> None:
@@ -365,7 +365,7 @@ def _sequence_version(
             "the sequence is archived" if status == "archived" else "the sequence has no published version",
             field="sequence_id",
         )
-    definition = version_definition(conn, version_id)
+    definition = version_definition(conn, project_id, version_id)
     params = {"project_id": project_id, "sequence_id": sequence_id, "contact_id": contact_id, "now": now}
     if definition.reentry == "never":
         if conn.execute(QUERIES["enrolled_before"], params).fetchone():
@@ -511,7 +511,7 @@ def update_enrollment(
     anchor_at = current.anchor_at if isinstance(data.anchor_at, msgspec.UnsetType) else data.anchor_at
     next_run_at = current.next_run_at or now  # live: never None
     if not isinstance(data.anchor_at, msgspec.UnsetType):
-        definition = version_definition(conn, current.version_id)
+        definition = version_definition(conn, project_id, current.version_id)
         check_anchor(definition, anchor_at)
         step = definition.steps[current.step_index]
         if step.anchor_offset_seconds is not None:

@@ -43,7 +43,7 @@ FOR UPDATE
 -- Lock the project (serialising its enrollments) and count its live enrollments. NO KEY UPDATE: it does
 -- not block the foreign key checks of the rows releases insert, which reference the project.
 SELECT (SELECT count(*) FROM followup_enrollments
-        WHERE project_id = p.id AND status IN ('active', 'paused'))
+        WHERE project_id = %(project_id)s AND status IN ('active', 'paused'))
 FROM projects p WHERE p.id = %(project_id)s
 FOR NO KEY UPDATE
 
@@ -79,8 +79,7 @@ FOR UPDATE
 -- An enrollment's step runs.
 SELECT r.step_index, r.outcome, r.reason, r.message_id, r.due_at, r.ran_at
 FROM followup_step_runs r
-JOIN followup_enrollments e ON e.id = r.enrollment_id
-WHERE e.project_id = %(project_id)s AND r.enrollment_id = %(id)s
+WHERE r.project_id = %(project_id)s AND r.enrollment_id = %(id)s
 ORDER BY r.step_index
 
 -- name: enrollment_messages

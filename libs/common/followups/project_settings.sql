@@ -5,7 +5,7 @@ SELECT s.project_id IS NOT NULL AS has_settings, p.timezone,
        s.max_in_flight_per_number, s.monthly_message_quota, s.max_send_lane_backlog, s.retention_days,
        s.business_hours, s.ai_monthly_token_budget
 FROM projects p
-LEFT JOIN followup_settings s ON s.project_id = p.id
+LEFT JOIN followup_settings s ON s.project_id = %(project_id)s
 WHERE p.id = %(project_id)s
 
 -- name: put_settings

@@ -36,7 +36,7 @@ def release_one(
     ``ai_lease`` (a model is configured): an AI step is leased for that long and returned as ``lease``; the
     caller sends it to the ai_steps service once committed."""
     now = clock.now()
-    claimed_id: uuid.UUID | None = None
+    claimed: tuple[uuid.UUID, uuid.UUID] | None = None  # (project, enrollment)
     try:
         # Pipeline mode: a statement whose result is read waits for it; the writes that follow the last
         # read travel together with the COMMIT in one round trip.
@@ -49,15 +49,15 @@ def release_one(
             row = claim_due_enrollment(conn, project_id, now)
             if row is None:
                 return None
-            claimed_id = row.id
+            claimed = (row.project_id, row.id)
             released = release_claimed(conn, row, settings, now=now, ai_lease=ai_lease)
             conn.commit()
     except Exception as exc:
         # the database went away mid-release: not the enrollment's fault (no failure counted, no back-off);
         # the transaction is gone with the connection, and the loop tries again once the server is back
-        if claimed_id is None or server_unavailable(exc):
+        if claimed is None or server_unavailable(exc):
             raise
-        released = record_failure(pool, claimed_id, exc, now, settings)
+        released = record_failure(pool, *claimed, exc, now, settings)
     observe(released)
     return released
 

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 def release_drafted(
     conn: Connection[Any],
+    project_id: uuid.UUID,
     enrollment_id: uuid.UUID,
     step_index: int,
     fence: int,
@@ -30,7 +31,7 @@ def release_drafted(
     """The second pass of an AI step: lock the enrollment, check the fence (still active, same step, same
     attempts: no other pass took the step over after the lease), then release the step with the draft
     through every check again. None: fenced out (the draft is dropped)."""
-    row = lock_fenced(conn, enrollment_id, step_index, fence)
+    row = lock_fenced(conn, project_id, enrollment_id, step_index, fence)
     if row is None:
         log.info(
             "ai draft dropped: fenced out",

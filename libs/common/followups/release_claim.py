@@ -83,20 +83,20 @@ def seconds_until_due(conn: Connection[Any], now: datetime) -> float | None:
 
 
 def leased_step(
-    conn: Connection[Any], enrollment_id: uuid.UUID, step_index: int, fence: int
+    conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID, step_index: int, fence: int
 ) -> LeasedStep | None:
     """The enrollment of a leased AI step, read without locks; None when it is no longer at the step under
     the same fence (another pass took it over: the model is not called)."""
-    params = {"id": enrollment_id, "step_index": step_index, "fence": fence}
+    params = {"project_id": project_id, "id": enrollment_id, "step_index": step_index, "fence": fence}
     with conn.cursor(row_factory=class_row(LeasedStep)) as cur:
         return cur.execute(QUERIES["leased_step"], params).fetchone()
 
 
 def lock_fenced(
-    conn: Connection[Any], enrollment_id: uuid.UUID, step_index: int, fence: int
+    conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID, step_index: int, fence: int
 ) -> ClaimedEnrollment | None:
     """Lock a leased AI step's enrollment for its second pass: still active, at the same step and attempts
     (the fence); None when fenced out."""
-    params = {"id": enrollment_id, "step_index": step_index, "fence": fence}
+    params = {"project_id": project_id, "id": enrollment_id, "step_index": step_index, "fence": fence}
     with conn.cursor(row_factory=class_row(ClaimedEnrollment)) as cur:
         return cur.execute(QUERIES["lock_fenced"], params).fetchone()

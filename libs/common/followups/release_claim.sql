@@ -69,7 +69,8 @@ CROSS JOIN LATERAL (
 -- holding none); nothing when the enrollment is no longer at the step under the same fence.
 SELECT id, project_id, contact_id, conversation_id, version_id, step_index, variables
 FROM followup_enrollments
-WHERE id = %(id)s AND status = 'active' AND step_index = %(step_index)s AND attempts = %(fence)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND status = 'active' AND step_index = %(step_index)s
+  AND attempts = %(fence)s
 
 -- name: lock_fenced
 -- The AI step's enrollment for its second pass: still active, at the same step and attempts (the fence),
@@ -78,5 +79,6 @@ SELECT id, project_id, sequence_id, version_id, contact_id, conversation_id, num
        next_run_at, step_due_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply,
        waiting_reason, unavailable_since, campaign_id
 FROM followup_enrollments
-WHERE id = %(id)s AND status = 'active' AND step_index = %(step_index)s AND attempts = %(fence)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND status = 'active' AND step_index = %(step_index)s
+  AND attempts = %(fence)s
 FOR UPDATE

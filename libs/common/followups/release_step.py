@@ -168,9 +168,10 @@ def release_claimed(
     step after the checks and returns ``lease``; the model is called holding no lock; the second pass
     (:func:`release_drafted`, with the ``draft``) re-runs every check and constraint and queues the draft or
     the fallback. Without a model configured, an AI step takes its fallback at once."""
-    definition = version_definition(conn, row.version_id)
+    definition = version_definition(conn, row.project_id, row.version_id)
     step = definition.steps[row.step_index]
     params = {
+        "project_id": row.project_id,
         "contact_id": row.contact_id,
         "sequence_id": row.sequence_id,
         "enrolled_at": row.enrolled_at,
@@ -183,7 +184,7 @@ def release_claimed(
     with conn.cursor(row_factory=class_row(ReleaseState)) as cur:
         state = cur.execute(QUERIES["release_state"], params).fetchone()
     if state is None:  # the contact is locked by a stop path: come back shortly
-        return _defer(conn, row.id, now + timedelta(seconds=settings.busy_retry_seconds), "busy")
+        return _defer(conn, row, now + timedelta(seconds=settings.busy_retry_seconds), "busy")
     claim = _Claim(row, state, definition, now)
     checked = _checks(conn, claim) or _timing(conn, claim)
     if checked is not None:
@@ -194,7 +195,7 @@ def release_claimed(
     if isinstance(claim.step, AiStep) and draft is None and ai_lease is not None:
         # only a step that could go out now is written: the model never sees a contact the step may not
         # reach (no consent, outside the window, no number), and is not called again at each deferral
-        fence = transitions.lease(conn, claim.id, now + ai_lease)
+        fence = transitions.lease(conn, row.project_id, claim.id, now + ai_lease)
         log.info(
             "ai step leased",
             extra={"enrollment_id": str(claim.id), "step_index": row.step_index, "fence": fence},
@@ -209,7 +210,7 @@ def release_claimed(
     try:
         return _queue(conn, claim, content, reason, detail, decision)
     except ConversationBusy:
-        return _defer(conn, claim.id, now + timedelta(seconds=settings.busy_retry_seconds), "busy")
+        return _defer(conn, row, now + timedelta(seconds=settings.busy_retry_seconds), "busy")
 
 
 def _constrained(row: ClaimedEnrollment) -> Claimed:
@@ -227,7 +228,7 @@ def _hold(conn: Connection[Any], claim: _Claim, hold: Hold) -> Released:
         log.info("enrollment paused", extra={"enrollment_id": str(claim.id), "reason": hold.reason})
         return Released(claim.id, "pause", hold.reason)
     assert hold.until is not None
-    return _defer(conn, claim.id, hold.until, hold.reason, unavailable_since=hold.unavailable_since)
+    return _defer(conn, claim.row, hold.until, hold.reason, unavailable_since=hold.unavailable_since)
 
 
 def _checks(conn: Connection[Any], claim: _Claim) -> Released | None:
@@ -256,7 +257,7 @@ def _timing(conn: Connection[Any], claim: _Claim) -> Released | None:
         if due is None:
             return _skip(conn, claim, "missing_anchor")
         if due > now:
-            return _defer(conn, claim.id, due, "rescheduled")
+            return _defer(conn, claim.row, due, "rescheduled")
         if now > due + timedelta(seconds=step.grace_seconds):
             return _skip(conn, claim, "past_due")
     state = claim.state
@@ -371,7 +372,9 @@ def _queue(
             followup_enrollment_id=claim.id,
             followup_step_index=row.step_index,
             sequence_id=row.sequence_id,
-            sequence_version=version_number(conn, row.version_id) if row.sequence_id is not None else None,
+            sequence_version=(
+                version_number(conn, row.project_id, row.version_id) if row.sequence_id is not None else None
+            ),
             campaign_id=row.campaign_id,
             template_name=content.template.name if content.template else None,
             template_language=content.template.language if content.template else None,
@@ -381,7 +384,7 @@ def _queue(
         ),
         now=now,
     )
-    constraints.after_queued(conn, sending, now)
+    constraints.after_queued(conn, row.project_id, sending, now)
     _insert_step_run(conn, claim, "queued", reason, detail, queued.message_id)
     lag = max(0.0, (now - (row.step_due_at or row.next_run_at)).total_seconds())
     log.info(
@@ -457,7 +460,14 @@ def _advance(
         due = step_due_at(next_step, now=claim.now, anchor_at=claim.row.anchor_at) or claim.now
         due = constraints.in_window(next_step, claim.definition, claim.state, due)
         transitions.advance(
-            conn, claim.id, next_index, due, message_id, now=claim.now, conversation_id=conversation_id
+            conn,
+            claim.row.project_id,
+            claim.id,
+            next_index,
+            due,
+            message_id,
+            now=claim.now,
+            conversation_id=conversation_id,
         )
         write_events(conn, claim.row.project_id, events, occurred_at=claim.now)
         return None
@@ -484,14 +494,14 @@ def _stop(conn: Connection[Any], claim: _Claim, reason: transitions.EnrollmentRe
 
 def _defer(
     conn: Connection[Any],
-    enrollment_id: uuid.UUID,
+    row: ClaimedEnrollment,
     until: datetime,
     reason: str,
     *,
     unavailable_since: datetime | None = None,
 ) -> Released:
-    transitions.defer(conn, enrollment_id, until, reason, unavailable_since=unavailable_since)
-    return Released(enrollment_id, "defer", reason)
+    transitions.defer(conn, row.project_id, row.id, until, reason, unavailable_since=unavailable_since)
+    return Released(row.id, "defer", reason)
 
 
 def backoff(failures: int, settings: FollowupSettings) -> timedelta:
@@ -508,22 +518,28 @@ class _Finishing(msgspec.Struct, frozen=True):
 
 
 def record_failure(
-    pool: ConnectionPool, enrollment_id: uuid.UUID, exc: Exception, now: datetime, settings: FollowupSettings
+    pool: ConnectionPool,
+    project_id: uuid.UUID,
+    enrollment_id: uuid.UUID,
+    exc: Exception,
+    now: datetime,
+    settings: FollowupSettings,
 ) -> Released:
     """The release transaction rolled back: count the failure, back off, or fail the enrollment."""
     error = f"{type(exc).__name__}: {exc}"[:1000]
     with pool.connection() as conn:
-        failures = transitions.count_failure(conn, enrollment_id, error)
+        failures = transitions.count_failure(conn, project_id, enrollment_id, error)
         if failures is None:  # finished meanwhile (stopped, say): nothing left to retry
             return Released(enrollment_id, "retry", error)
         if failures >= settings.max_failures:
             with conn.cursor(row_factory=class_row(_Finishing)) as cur:
-                row = cur.execute(QUERIES["failing_enrollment"], {"id": enrollment_id}).fetchone()
+                params = {"project_id": project_id, "id": enrollment_id}
+                row = cur.execute(QUERIES["failing_enrollment"], params).fetchone()
             assert row is not None  # counted just now, under its lock
             transitions.finish(conn, row.project_id, [row], "failed", "error", now=now)
             released = Released(enrollment_id, "fail", error, finished="failed")
         else:
-            transitions.defer(conn, enrollment_id, now + backoff(failures, settings), "error")
+            transitions.defer(conn, project_id, enrollment_id, now + backoff(failures, settings), "error")
             released = Released(enrollment_id, "retry", error)
     log.warning(
         "release failed",

@@ -16,18 +16,18 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
        s.status AS sequence_status,
        CASE WHEN c.last_inbound_at > %(enrolled_at)s THEN c.last_inbound_at END AS replied_at,
        CASE WHEN %(last_message_id)s::uuid IS NOT NULL THEN
-           (SELECT m.status FROM messages m WHERE m.id = %(last_message_id)s)
+           (SELECT m.status FROM messages m WHERE m.project_id = c.project_id AND m.id = %(last_message_id)s)
        END AS last_message_status,
        c.last_inbound_at,
        EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = c.project_id) AS has_numbers,
        num.id AS number_id,
        CASE WHEN fs.max_in_flight_per_number IS NOT NULL AND num.id IS NOT NULL THEN
            (SELECT coalesce(sum(mc.messages), 0) FROM message_counters mc
-            WHERE mc.kind = 'number_in_flight' AND mc.owner_id = num.id)
+            WHERE mc.project_id = c.project_id AND mc.kind = 'number_in_flight' AND mc.owner_id = num.id)
        END AS in_flight,
        CASE WHEN fs.max_send_lane_backlog IS NOT NULL THEN
            (SELECT coalesce(sum(mc.messages), 0) FROM message_counters mc
-            WHERE mc.kind = 'project_queued' AND mc.owner_id = c.project_id)
+            WHERE mc.project_id = c.project_id AND mc.kind = 'project_queued' AND mc.owner_id = c.project_id)
        END AS backlog,
        CASE WHEN fs.monthly_message_quota IS NOT NULL THEN
            (SELECT coalesce(sum(u.messages), 0) FROM usage_counters u
@@ -35,8 +35,8 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
        END AS month_messages,
        CASE WHEN fs.max_per_contact_24h IS NOT NULL THEN
            ARRAY(SELECT m.created_at FROM messages m
-                 WHERE m.contact_id = c.id AND m.direction = 'outbound' AND m.source = 'followup'
-                   AND m.status <> 'CANCELLED' AND m.created_at > %(now)s - interval '24 hours'
+                 WHERE m.project_id = c.project_id AND m.contact_id = c.id AND m.direction = 'outbound'
+                   AND m.source = 'followup' AND m.status <> 'CANCELLED' AND m.created_at > %(now)s - interval '24 hours'
                  ORDER BY m.created_at DESC
                  LIMIT fs.max_per_contact_24h)
        END AS recent_followups,
@@ -46,40 +46,43 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
        fs.max_send_lane_backlog
 FROM contacts c
 JOIN projects p ON p.id = c.project_id
-LEFT JOIN followup_sequences s ON s.id = %(sequence_id)s
+LEFT JOIN followup_sequences s ON s.project_id = c.project_id AND s.id = %(sequence_id)s
 LEFT JOIN followup_settings fs ON fs.project_id = c.project_id
 LEFT JOIN LATERAL (
     SELECT n.id FROM numbers n
     WHERE n.project_id = c.project_id AND n.status = 'connected'
     ORDER BY n.id = %(number_id)s::uuid DESC NULLS LAST,
              n.id = %(fixed_number_id)s::uuid DESC NULLS LAST,
-             n.id = (SELECT v.number_id FROM conversations v WHERE v.contact_id = c.id
+             n.id = (SELECT v.number_id FROM conversations v
+                     WHERE v.project_id = c.project_id AND v.contact_id = c.id
                      ORDER BY v.created_at DESC LIMIT 1) DESC NULLS LAST,
              n.is_default DESC, n.created_at, n.id
     LIMIT 1
 ) num ON true
-WHERE c.id = %(contact_id)s
+WHERE c.project_id = %(project_id)s AND c.id = %(contact_id)s
 FOR SHARE OF c SKIP LOCKED
 
 -- name: lock_pacing
 -- The number's pacing row, locked SKIP LOCKED (another release on the number holds it: busy, never wait).
-SELECT next_release_at FROM followup_instance_pacing WHERE number_id = %(number_id)s
+SELECT next_release_at FROM followup_instance_pacing
+WHERE project_id = %(project_id)s AND number_id = %(number_id)s
 FOR UPDATE SKIP LOCKED
 
 -- name: insert_pacing
 -- A number's first pacing row (free now); nothing when it exists.
 INSERT INTO followup_instance_pacing (number_id, project_id, next_release_at)
 VALUES (%(number_id)s, %(project_id)s, %(now)s)
-ON CONFLICT (number_id) DO NOTHING
+ON CONFLICT (project_id, number_id) DO NOTHING
 
 -- name: set_pacing
 -- The number's next free slot moves on (a follow-up was queued, or a slot reserved); never back.
 UPDATE followup_instance_pacing SET next_release_at = greatest(next_release_at, %(next_release_at)s)
-WHERE number_id = %(number_id)s
+WHERE project_id = %(project_id)s AND number_id = %(number_id)s
 
 -- name: insert_step_run
--- The step run: its primary key (enrollment, step) makes a second send of a step impossible. (A queued
--- step's followup_sent activity is written by the platform with its message, in the message's statement.)
+-- The step run: its primary key (project, enrollment, step) makes a second send of a step impossible. (A
+-- queued step's followup_sent activity is written by the platform with its message, in the message's
+-- statement.)
 INSERT INTO followup_step_runs (enrollment_id, step_index, project_id, outcome, reason, message_id, due_at,
                                 ran_at)
 VALUES (%(enrollment_id)s, %(step_index)s, %(project_id)s, %(outcome)s, %(reason)s, %(message_id)s,
@@ -87,4 +90,5 @@ VALUES (%(enrollment_id)s, %(step_index)s, %(project_id)s, %(outcome)s, %(reason
 
 -- name: failing_enrollment
 -- What the followup.failed event of an enrollment that failed for good names.
-SELECT id, project_id, sequence_id, contact_id FROM followup_enrollments WHERE id = %(id)s
+SELECT id, project_id, sequence_id, contact_id FROM followup_enrollments
+WHERE project_id = %(project_id)s AND id = %(id)s

@@ -101,26 +101,31 @@ def _typed(cls: type[_Row]) -> BaseRowFactory[_Row]:
 
 
 class _VersionCache:
-    """Parsed definitions by version id: versions are immutable, so an entry never goes stale."""
+    """Parsed definitions by (project, version id): versions are immutable, so an entry never goes
+    stale."""
 
     def __init__(self, size: int = 4096) -> None:
         self._size = size
-        self._entries: OrderedDict[uuid.UUID, tuple[int, Definition]] = OrderedDict()
+        self._entries: OrderedDict[tuple[uuid.UUID, uuid.UUID], tuple[int, Definition]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, conn: Connection[Any], version_id: uuid.UUID) -> tuple[int, Definition]:
+    def get(
+        self, conn: Connection[Any], project_id: uuid.UUID, version_id: uuid.UUID
+    ) -> tuple[int, Definition]:
         """The version's number and parsed definition."""
+        key = (project_id, version_id)
         with self._lock:
-            found = self._entries.get(version_id)
+            found = self._entries.get(key)
             if found is not None:
-                self._entries.move_to_end(version_id)
+                self._entries.move_to_end(key)
                 return found
-        row = conn.execute(QUERIES["version_definition"], {"id": version_id}).fetchone()
+        params = {"project_id": project_id, "id": version_id}
+        row = conn.execute(QUERIES["version_definition"], params).fetchone()
         if row is None:
             raise NotFound("sequence version not found", field="version_id")
         found = (row[0], msgspec.convert(row[1], Definition))
         with self._lock:
-            self._entries[version_id] = found
+            self._entries[key] = found
             if len(self._entries) > self._size:
                 self._entries.popitem(last=False)
         return found
@@ -129,14 +134,14 @@ class _VersionCache:
 _VERSIONS = _VersionCache()
 
 
-def version_definition(conn: Connection[Any], version_id: uuid.UUID) -> Definition:
+def version_definition(conn: Connection[Any], project_id: uuid.UUID, version_id: uuid.UUID) -> Definition:
     """A pinned version's definition, parsed once per process."""
-    return _VERSIONS.get(conn, version_id)[1]
+    return _VERSIONS.get(conn, project_id, version_id)[1]
 
 
-def version_number(conn: Connection[Any], version_id: uuid.UUID) -> int:
+def version_number(conn: Connection[Any], project_id: uuid.UUID, version_id: uuid.UUID) -> int:
     """A pinned version's number (1, 2, ...), from the same cache as its definition."""
-    return _VERSIONS.get(conn, version_id)[0]
+    return _VERSIONS.get(conn, project_id, version_id)[0]
 
 
 def _encode(definition: Definition) -> Jsonb:
@@ -258,7 +263,8 @@ def publish_sequence(
     if same is not None:
         return same, False
     version = _insert_version(conn, project_id, sequence_id, definition)
-    conn.execute(QUERIES["set_current_version"], {"id": sequence_id, "version_id": version.id})
+    params = {"project_id": project_id, "id": sequence_id, "version_id": version.id}
+    conn.execute(QUERIES["set_current_version"], params)
     return version, True
 
 
@@ -344,9 +350,12 @@ def change_sequence_status(
     status, _ = _lock(conn, project_id, sequence_id)
     if status not in allowed:
         raise Conflict(f"a {status} sequence cannot be {target}", field="sequence_id")
-    conn.execute(QUERIES["set_sequence_status"], {"id": sequence_id, "status": target})
+    conn.execute(
+        QUERIES["set_sequence_status"], {"project_id": project_id, "id": sequence_id, "status": target}
+    )
     if status == "paused":
-        paused = conn.execute(QUERIES["paused_by_sequence"], {"sequence_id": sequence_id}).fetchall()
+        params = {"project_id": project_id, "sequence_id": sequence_id}
+        paused = conn.execute(QUERIES["paused_by_sequence"], params).fetchall()
         transitions.resume(conn, project_id, [row[0] for row in paused], now=now)
     return get_sequence(conn, project_id, sequence_id)
 

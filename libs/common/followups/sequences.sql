@@ -18,14 +18,14 @@ WITH s AS (
 )
 SELECT s.id, s.name, s.status, s.draft, s.current_version_id, v.version AS current_version, s.created_at,
        s.updated_at
-FROM s LEFT JOIN followup_sequence_versions v ON v.id = s.current_version_id
+FROM s LEFT JOIN followup_sequence_versions v ON v.project_id = %(project_id)s AND v.id = s.current_version_id
 
 -- name: get_sequence
 -- One sequence of a project.
 SELECT s.id, s.name, s.status, s.draft, s.current_version_id, v.version AS current_version, s.created_at,
        s.updated_at
 FROM followup_sequences s
-LEFT JOIN followup_sequence_versions v ON v.id = s.current_version_id
+LEFT JOIN followup_sequence_versions v ON v.project_id = s.project_id AND v.id = s.current_version_id
 WHERE s.project_id = %(project_id)s AND s.id = %(id)s
 
 -- name: list_sequences
@@ -34,7 +34,7 @@ WHERE s.project_id = %(project_id)s AND s.id = %(id)s
 SELECT s.id, s.name, s.status, s.draft, s.current_version_id, v.version AS current_version, s.created_at,
        s.updated_at
 FROM followup_sequences s
-LEFT JOIN followup_sequence_versions v ON v.id = s.current_version_id
+LEFT JOIN followup_sequence_versions v ON v.project_id = s.project_id AND v.id = s.current_version_id
 WHERE s.project_id = %(project_id)s
   AND (%(after)s::uuid IS NULL OR s.id > %(after)s::uuid)
   AND (%(status)s::text IS NULL OR s.status = %(status)s::text)
@@ -53,7 +53,8 @@ FOR UPDATE
 INSERT INTO followup_sequence_versions (project_id, sequence_id, version, definition, step_count)
 VALUES (
     %(project_id)s, %(sequence_id)s,
-    coalesce((SELECT max(version) FROM followup_sequence_versions WHERE sequence_id = %(sequence_id)s), 0) + 1,
+    coalesce((SELECT max(version) FROM followup_sequence_versions
+              WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s), 0) + 1,
     %(definition)s, %(step_count)s
 )
 RETURNING id, sequence_id, version, definition, created_at
@@ -91,21 +92,23 @@ UPDATE followup_sequences
 SET current_version_id = %(version_id)s,
     status = CASE WHEN status = 'draft' THEN 'active' ELSE status END,
     updated_at = now()
-WHERE id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: set_sequence_status
 -- Pause, resume or archive.
-UPDATE followup_sequences SET status = %(status)s, updated_at = now() WHERE id = %(id)s
+UPDATE followup_sequences SET status = %(status)s, updated_at = now()
+WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: paused_by_sequence
 -- The enrollments the sequence's pause paused, locked (resuming or archiving it reactivates them).
 SELECT id FROM followup_enrollments
-WHERE sequence_id = %(sequence_id)s AND status = 'paused' AND reason = 'sequence_paused'
+WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s AND status = 'paused'
+  AND reason = 'sequence_paused'
 FOR UPDATE
 
 -- name: version_definition
 -- The number and frozen definition of a version.
-SELECT version, definition FROM followup_sequence_versions WHERE id = %(id)s
+SELECT version, definition FROM followup_sequence_versions WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: sequence_names
 -- Names of some of the project's sequences (the rows of a list).

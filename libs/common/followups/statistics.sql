@@ -11,7 +11,7 @@ GROUP BY status, reason, step_index
 -- status (NULL: the message was deleted since, with its erased contact or by retention).
 SELECT r.step_index, r.outcome, r.reason, m.status, count(*)::int
 FROM followup_step_runs r
-JOIN followup_enrollments e ON e.id = r.enrollment_id
+JOIN followup_enrollments e ON e.project_id = r.project_id AND e.id = r.enrollment_id
 LEFT JOIN messages m ON m.project_id = r.project_id AND m.id = r.message_id
 WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s
 GROUP BY r.step_index, r.outcome, r.reason, m.status
@@ -27,7 +27,7 @@ WITH sent AS (
             WHERE s.message_id = m.id AND s.project_id = m.project_id
               AND s.status IN ('SENT', 'DELIVERED', 'READ')) AS sent_at
     FROM followup_step_runs r
-    JOIN followup_enrollments e ON e.id = r.enrollment_id
+    JOIN followup_enrollments e ON e.project_id = r.project_id AND e.id = r.enrollment_id
     JOIN messages m ON m.project_id = r.project_id AND m.id = r.message_id
     WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND r.outcome = 'queued'
       AND m.status IN ('SENT', 'DELIVERED', 'READ')
@@ -68,7 +68,7 @@ GROUP BY 1, 2
 UNION ALL
 SELECT r.outcome, (r.ran_at AT TIME ZONE 'UTC')::date, count(*)::int
 FROM followup_step_runs r
-JOIN followup_enrollments e ON e.id = r.enrollment_id
+JOIN followup_enrollments e ON e.project_id = r.project_id AND e.id = r.enrollment_id
 WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND r.ran_at >= %(since)s
 GROUP BY 1, 2
 UNION ALL

@@ -25,7 +25,7 @@ FOR UPDATE
 -- opt-out takes every queued follow-up, whatever the flag: nothing is ever sent to an opted-out contact.
 SELECT m.id
 FROM messages m
-JOIN followup_enrollments e ON e.id = m.followup_enrollment_id
+JOIN followup_enrollments e ON e.project_id = m.project_id AND e.id = m.followup_enrollment_id
 WHERE m.contact_id = %(contact_id)s
   AND m.status = 'QUEUED'
   AND m.source = 'followup'

@@ -112,6 +112,7 @@ class EnrollmentRef(Protocol):
 
 def advance(
     conn: Connection[Any],
+    project_id: uuid.UUID,
     enrollment_id: uuid.UUID,
     step_index: int,
     next_run_at: datetime,
@@ -123,6 +124,7 @@ def advance(
     """Move to step ``step_index``, due at ``next_run_at``; ``conversation_id`` (the one the step's message
     went to) becomes the enrollment's when it had none."""
     params = {
+        "project_id": project_id,
         "id": enrollment_id,
         "step_index": step_index,
         "next_run_at": next_run_at,
@@ -135,6 +137,7 @@ def advance(
 
 def defer(
     conn: Connection[Any],
+    project_id: uuid.UUID,
     enrollment_id: uuid.UUID,
     until: datetime,
     reason: str,
@@ -144,6 +147,7 @@ def defer(
     """Try the same step again at ``until``; ``reason`` is what the enrollment is waiting for (one of
     :data:`WaitingReason`: the enrollment's read refuses any other)."""
     params = {
+        "project_id": project_id,
         "id": enrollment_id,
         "next_run_at": until,
         "reason": reason,
@@ -217,17 +221,21 @@ def finish(
     write_events(conn, project_id, [*preceding, *events], occurred_at=now)
 
 
-def lease(conn: Connection[Any], enrollment_id: uuid.UUID, until: datetime) -> int:
+def lease(conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID, until: datetime) -> int:
     """Lease an AI step until ``until``; returns the fence (the attempts count now)."""
-    row = conn.execute(QUERIES["lease"], {"id": enrollment_id, "until": until}).fetchone()
+    params = {"project_id": project_id, "id": enrollment_id, "until": until}
+    row = conn.execute(QUERIES["lease"], params).fetchone()
     assert row is not None
     fence: int = row[0]
     return fence
 
 
-def count_failure(conn: Connection[Any], enrollment_id: uuid.UUID, error: str) -> int | None:
+def count_failure(
+    conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID, error: str
+) -> int | None:
     """Count an unexpected failure; the consecutive count, or None when the enrollment is no longer active."""
-    row = conn.execute(QUERIES["count_failure"], {"id": enrollment_id, "error": error}).fetchone()
+    params = {"project_id": project_id, "id": enrollment_id, "error": error}
+    row = conn.execute(QUERIES["count_failure"], params).fetchone()
     return int(row[0]) if row is not None else None
 
 
@@ -259,8 +267,9 @@ def anonymise(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUI
     conn.execute(QUERIES["anonymise"], {"project_id": project_id, "contact_id": contact_id, "now": now})
 
 
-def purge_finished(conn: Connection[Any], *, now: datetime, limit: int) -> int:
-    """Delete at most ``limit`` finished enrollments older than their project's ``retention_days``
+def purge_finished(conn: Connection[Any], project_id: uuid.UUID, *, now: datetime, limit: int) -> int:
+    """Delete at most ``limit`` of the project's finished enrollments older than its ``retention_days``
     (default 90), oldest first, with their step runs; returns how many went (the retention job calls it a
-    batch per transaction)."""
-    return conn.execute(QUERIES["finished_enrollments"], {"now": now, "limit": limit}).rowcount
+    batch per transaction, project by project)."""
+    params = {"project_id": project_id, "now": now, "limit": limit}
+    return conn.execute(QUERIES["finished_enrollments"], params).rowcount

@@ -11,7 +11,7 @@ SET step_index = %(step_index)s, next_run_at = %(next_run_at)s, step_due_at = %(
     last_message_id = coalesce(%(message_id)s, last_message_id),
     conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),
     last_step_at = %(now)s, failure_count = 0, locked_until = NULL, updated_at = %(now)s
-WHERE id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: defer
 -- Try the same step again later, saying why (an AI step's lease is given back); unavailable_since is kept
@@ -19,7 +19,7 @@ WHERE id = %(id)s
 UPDATE followup_enrollments
 SET next_run_at = %(next_run_at)s, waiting_reason = %(reason)s, locked_until = NULL,
     unavailable_since = coalesce(%(unavailable_since)s, unavailable_since)
-WHERE id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: pause
 -- Pause active enrollments, with the reason (manual, sequence_paused).
@@ -55,14 +55,14 @@ WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status IN ('active',
 -- returns is the fence the second pass must still find (a lease that expired is claimed again, with a new
 -- fence, and the late draft of the first call is dropped).
 UPDATE followup_enrollments SET locked_until = %(until)s, attempts = attempts + 1
-WHERE id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s
 RETURNING attempts
 
 -- name: count_failure
 -- Count an unexpected release failure; returns the consecutive failure count.
 UPDATE followup_enrollments
 SET failure_count = failure_count + 1, last_error = %(error)s
-WHERE id = %(id)s AND status = 'active'
+WHERE project_id = %(project_id)s AND id = %(id)s AND status = 'active'
 RETURNING failure_count
 
 -- name: update_schedule
@@ -81,16 +81,16 @@ SET variables = '{}'::jsonb, dedupe_key = NULL, note = NULL, last_error = NULL, 
 WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s
 
 -- name: finished_enrollments
--- Finished enrollments older than their project's retention_days (default 90), oldest first, a batch (the
--- retention job): picked through the finished index, deleted by primary key; their step runs go with them
--- (the messages stay: they keep the enrollment's id without a foreign key).
+-- A project's finished enrollments older than its retention_days (default 90), oldest first, a batch (the
+-- retention job): picked through the project's part of the finished index, deleted by primary key; their
+-- step runs go with them (the messages stay: they keep the enrollment's id without a foreign key).
 DELETE FROM followup_enrollments
-WHERE id = ANY(ARRAY(
+WHERE project_id = %(project_id)s AND id = ANY(ARRAY(
     SELECT e.id FROM followup_enrollments e
-    LEFT JOIN followup_settings s ON s.project_id = e.project_id
-    WHERE e.status IN ('completed', 'stopped', 'failed')
+    WHERE e.project_id = %(project_id)s AND e.status IN ('completed', 'stopped', 'failed')
       AND e.finished_at < %(now)s::timestamptz - interval '1 day'
-      AND e.finished_at < %(now)s::timestamptz - make_interval(days => coalesce(s.retention_days, 90))
+      AND e.finished_at < %(now)s::timestamptz - make_interval(days => coalesce(
+          (SELECT s.retention_days FROM followup_settings s WHERE s.project_id = %(project_id)s), 90))
     ORDER BY e.finished_at
     LIMIT %(limit)s
 ))

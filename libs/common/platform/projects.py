@@ -49,6 +49,11 @@ def require_project(conn: Connection[Any], project_id: uuid.UUID) -> None:
         raise NotFound("project not found", field="project_id")
 
 
+def project_ids(conn: Connection[Any]) -> list[uuid.UUID]:
+    """Every project's id, in order."""
+    return [row[0] for row in conn.execute(QUERIES["project_ids"])]
+
+
 def project_name(conn: Connection[Any], project_id: uuid.UUID) -> tuple[str, str] | None:
     """The project's name and time zone; None for an unknown project."""
     row = conn.execute(QUERIES["project_name"], {"project_id": project_id}).fetchone()

@@ -13,3 +13,7 @@ SELECT name, timezone FROM projects WHERE id = %(project_id)s
 -- name: set_timezone
 -- Set a project's time zone (an IANA name, checked by the caller).
 UPDATE projects SET timezone = %(timezone)s WHERE id = %(project_id)s
+
+-- name: project_ids
+-- Every project's id, in order (the retention job walks them).
+SELECT id FROM projects ORDER BY id

@@ -210,6 +210,7 @@ def report_status(
             )
         return current, False
     params = {
+        "project_id": project_id,
         "id": current.id,
         "status": report.status,
         "provider_message_id": report.provider_message_id,

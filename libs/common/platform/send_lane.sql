@@ -56,7 +56,7 @@ WITH updated AS (
     SET status = %(status)s, status_changed_at = %(now)s,
         provider_message_id = coalesce(%(provider_message_id)s, provider_message_id),
         error = coalesce(%(error)s, error), error_code = coalesce(%(error_code)s, error_code)
-    WHERE id = %(id)s
+    WHERE project_id = %(project_id)s AND id = %(id)s
     RETURNING id, project_id, status, provider_message_id, error, error_code, status_changed_at, followup_enrollment_id,
               contact_id, conversation_id
 ), status_events AS (
@@ -90,7 +90,7 @@ WITH picked AS (
 SELECT m.id, m.project_id, m.contact_id, c.phone, m.conversation_id, m.number_id, m.priority, m.body,
        m.media_url, m.media_kind, m.source, m.followup_enrollment_id, m.template_name, m.template_language,
        m.template_parameters, m.created_at
-FROM messages m JOIN contacts c ON c.id = m.contact_id
+FROM messages m JOIN contacts c ON c.project_id = m.project_id AND c.id = m.contact_id
 WHERE m.project_id = %(project_id)s AND m.id = ANY(%(ids)s::uuid[])
   AND m.status = 'PROCESSING' AND m.direction = 'outbound'
 
@@ -119,6 +119,6 @@ WITH given AS (
     RETURNING m.id, m.project_id, m.status, m.provider_message_id, m.error, m.followup_enrollment_id
 ), status_events AS (
     INSERT INTO message_status_events (project_id, message_id, status, occurred_at)
-    SELECT project_id, id, status, %(now)s FROM updated
+    SELECT %(project_id)s, id, status, %(now)s FROM updated
 )
 SELECT id, provider_message_id, followup_enrollment_id FROM updated

@@ -1,8 +1,9 @@
 """The daily clean-up, a coordinator: each step calls its table's owner's batched delete (at most
-:data:`BATCH` rows per transaction: short locks), resting between batches (the release path keeps most of
-the machine), until nothing is left, and counts what it deleted in
-``whatstig_retention_rows_deleted_total{table}``. Retention owns no table: the deletes are the owners'
-(:mod:`~libs.common.followups.transitions`, :mod:`~libs.common.rules.purge`,
+:data:`BATCH` rows per transaction: short locks), project by project (each delete has an equality on
+project_id: on a cluster distributed by project it runs on the project's node alone; docs/scaling.md),
+resting between batches (the release path keeps most of the machine), until nothing is left, and counts
+what it deleted in ``whatstig_retention_rows_deleted_total{table}``. Retention owns no table: the deletes
+are the owners' (:mod:`~libs.common.followups.transitions`, :mod:`~libs.common.rules.purge`,
 :mod:`~libs.common.core.outbox`, :mod:`~libs.common.platform.sessions`).
 
     followup_enrollments     finished, older than the project's retention_days (default 90; step runs go too)
@@ -12,7 +13,8 @@ the machine), until nothing is left, and counts what it deleted in
     followup_bulk_jobs       finished, older than 30 days (with their contacts)
     webhook_deliveries       delivered or given up, older than 30 days
     outbox                   published more than 7 days ago
-    dashboard_sessions       expired (past DASHBOARD_SESSION_SECONDS; never valid after that anyway)
+    dashboard_sessions       expired (past DASHBOARD_SESSION_SECONDS; never valid after that anyway): a
+                             reference table, not a project's, deleted in one walk (GLOBAL_STEPS)
 
 The job runs in one process at a time (an advisory lock): another replica finds it taken and does nothing.
 It returns whether every step succeeded; ``last_job_success`` is set by the caller only then. PostgreSQL
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final, Protocol
@@ -40,6 +43,7 @@ from libs.common.core.metrics import RETENTION_DELETED
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
 from libs.common.platform import sessions
+from libs.common.platform.projects import project_ids
 from libs.common.rules import purge as rules_purge
 
 log = logging.getLogger(__name__)
@@ -55,13 +59,20 @@ PAUSE_RATIO: Final = 2.0
 
 
 class Purge(Protocol):
-    """An owner's batched delete: at most ``limit`` rows past their time, in the caller's transaction;
-    returns how many went."""
+    """An owner's batched delete of one project's rows: at most ``limit`` rows past their time, in the
+    caller's transaction; returns how many went."""
+
+    def __call__(self, conn: Connection[Any], project_id: uuid.UUID, *, now: datetime, limit: int) -> int: ...
+
+
+class GlobalPurge(Protocol):
+    """An owner's batched delete of a reference table's rows (no project's): as :class:`Purge`."""
 
     def __call__(self, conn: Connection[Any], *, now: datetime, limit: int) -> int: ...
 
 
-#: The steps, in order: (the table counted, its owner's batched delete, the rows per transaction).
+#: The steps, in order, each run for every project in turn: (the table counted, its owner's batched delete,
+#: the rows per transaction).
 STEPS: Final[tuple[tuple[str, Purge, int], ...]] = (
     ("followup_enrollments", transitions.purge_finished, BATCH),
     ("followup_triggers", rules_purge.purge_processed_triggers, BATCH),
@@ -69,13 +80,22 @@ STEPS: Final[tuple[tuple[str, Purge, int], ...]] = (
     ("followup_bulk_jobs", rules_purge.purge_bulk_jobs, 1),  # a job takes its (up to 100,000) contacts
     ("webhook_deliveries", rules_purge.purge_webhook_deliveries, BATCH),
     ("outbox", outbox.purge_published, BATCH),
+)
+#: The steps of the reference tables, after those, once each.
+GLOBAL_STEPS: Final[tuple[tuple[str, GlobalPurge, int], ...]] = (
     ("dashboard_sessions", sessions.purge_expired, BATCH),
 )
 
 
+#: One batch of a step: deletes at most the step's rows per transaction in the given transaction, at the
+#: given time; returns how many went.
+_Batch = Callable[[Connection[Any], datetime], int]
+
+
 def run_retention(pool: ConnectionPool, now: Callable[[], datetime]) -> bool | None:
-    """Run every step; True when each succeeded, False when one failed (logged; the others still run),
-    None when another process holds the job; :class:`DatabaseUnavailable` when PostgreSQL is lost."""
+    """Run every step (a project's step for each project in turn); True when each succeeded, False when one
+    failed (logged; the others still run), None when another process holds the job;
+    :class:`DatabaseUnavailable` when PostgreSQL is lost."""
     try:
         return _run(pool, now)
     except psycopg.OperationalError as exc:
@@ -86,6 +106,13 @@ def run_retention(pool: ConnectionPool, now: Callable[[], datetime]) -> bool | N
 
 
 def _run(pool: ConnectionPool, now: Callable[[], datetime]) -> bool | None:
+    with pool.connection() as conn:
+        projects = project_ids(conn)  # read before the lock: nothing may fail between it and the unlock
+    steps = [
+        (table, [_of_project(purge, project_id, limit) for project_id in projects], limit)
+        for table, purge, limit in STEPS
+    ]
+    steps += [(table, [_of_reference(purge, limit)], limit) for table, purge, limit in GLOBAL_STEPS]
     with pool.connection() as lock:
         lock.autocommit = True
         taken = lock.execute(QUERIES["try_lock"]).fetchone()
@@ -93,9 +120,9 @@ def _run(pool: ConnectionPool, now: Callable[[], datetime]) -> bool | None:
             log.info("retention skipped: another process runs it", extra={"job": "followup-retention"})
             return None
         ok = True
-        for table, purge, limit in STEPS:
+        for table, batches, limit in steps:
             try:
-                deleted = _delete_all(pool, table, purge, limit, now)
+                deleted = sum(_delete_all(pool, table, batch, limit, now) for batch in batches)
             except Exception as exc:
                 if isinstance(exc, psycopg.OperationalError) and server_unavailable(exc):
                     raise  # the lock ends with its session
@@ -114,15 +141,23 @@ def _run(pool: ConnectionPool, now: Callable[[], datetime]) -> bool | None:
         return ok
 
 
+def _of_project(purge: Purge, project_id: uuid.UUID, limit: int) -> _Batch:
+    return lambda conn, now: purge(conn, project_id, now=now, limit=limit)
+
+
+def _of_reference(purge: GlobalPurge, limit: int) -> _Batch:
+    return lambda conn, now: purge(conn, now=now, limit=limit)
+
+
 def _delete_all(
-    pool: ConnectionPool, table: str, purge: Purge, limit: int, now: Callable[[], datetime]
+    pool: ConnectionPool, table: str, batch: _Batch, limit: int, now: Callable[[], datetime]
 ) -> int:
     """Delete a batch per transaction until a batch comes back short; returns how many rows went."""
     total = 0
     while True:
         started = time.monotonic()
         with pool.connection() as conn:
-            deleted = purge(conn, now=now(), limit=limit)
+            deleted = batch(conn, now())
         RETENTION_DELETED.labels(table).inc(deleted)
         total += deleted
         if deleted < limit:

@@ -56,6 +56,13 @@ QUERIES = load_queries("libs.common.rules", "bulk.sql")
 MAX_CONTACTS = 100_000
 #: Contacts enrolled per transaction.
 CHUNK = 500
+#: A segment's contacts as a job's contacts: the segment's context and predicate are composed in, then the
+#: job's id, the project and the predicate's values bound.
+SEGMENT_ITEMS = sql.SQL(
+    "INSERT INTO followup_bulk_job_items (project_id, job_id, position, contact_id)"
+    " SELECT c.project_id, %s, row_number() OVER (ORDER BY c.id), c.id FROM {}"
+    " WHERE c.project_id = %s AND c.erased_at IS NULL AND {}"
+)
 #: Least time between two progress events of a job.
 PROGRESS_EVERY = timedelta(seconds=1)
 
@@ -173,25 +180,21 @@ def create_job(
     job_id: uuid.UUID = row[0]
     if segment is not None:
         predicate, values = compile_conditions(segment)
-        query = (
-            "INSERT INTO followup_bulk_job_items (job_id, position, contact_id)"
-            " SELECT %s, row_number() OVER (ORDER BY c.id), c.id FROM {} WHERE c.project_id = %s"
-            " AND c.erased_at IS NULL AND {}"
-        )
-        conn.execute(sql.SQL(query).format(SEGMENT_CONTEXT, predicate), [job_id, project_id, *values])
+        query = SEGMENT_ITEMS.format(SEGMENT_CONTEXT, predicate)
+        conn.execute(query, [job_id, project_id, *values])
     else:
         with conn.cursor().copy(
-            "COPY followup_bulk_job_items (job_id, position, contact_id, phone) FROM STDIN"
+            "COPY followup_bulk_job_items (project_id, job_id, position, contact_id, phone) FROM STDIN"
         ) as copy:
             position = 0
             for contact_id in data.contact_ids or []:
                 position += 1
-                copy.write_row((job_id, position, contact_id, None))
+                copy.write_row((project_id, job_id, position, contact_id, None))
             for phone in data.phones or []:
                 position += 1
                 # kept as given (cut to 64): a malformed one is skipped invalid_phone when its turn comes
-                copy.write_row((job_id, position, None, phone.replace("\x00", "\ufffd")[:64]))
-    conn.execute(QUERIES["set_total"], {"id": job_id})
+                copy.write_row((project_id, job_id, position, None, phone.replace("\x00", "\ufffd")[:64]))
+    conn.execute(QUERIES["set_total"], {"project_id": project_id, "id": job_id})
     job = get_job(conn, project_id, job_id)
     log.info(
         "bulk job created", extra={"project_id": str(project_id), "job_id": str(job_id), "total": job.total}
@@ -282,7 +285,8 @@ def _one_chunk(pool: ConnectionPool, clock: Clock, chunk: int, runtime: Runtime 
             log.info("bulk job cancelled", extra=context | {"processed": job["processed"]})
             return 0, True
         items = conn.execute(
-            QUERIES["next_items"], {"job_id": job["id"], "cursor": job["cursor"], "limit": chunk}
+            QUERIES["next_items"],
+            {"project_id": job["project_id"], "job_id": job["id"], "cursor": job["cursor"], "limit": chunk},
         ).fetchall()
         outcomes = _enroll_chunk(conn, job, items, now)
         status = "running" if len(items) == chunk else "completed"
@@ -466,7 +470,8 @@ def _advance(
 ) -> None:
     """Write the chunk's outcomes and move the job on, with its progress (or completed) event."""
     if outcomes:
-        conn.execute(QUERIES["record_items"], {"job_id": job["id"], "items": Jsonb(outcomes)})
+        params = {"project_id": job["project_id"], "job_id": job["id"], "items": Jsonb(outcomes)}
+        conn.execute(QUERIES["record_items"], params)
     skipped = dict(job["skipped"])
     for outcome in outcomes:
         if outcome["outcome"] == "skipped":
@@ -484,6 +489,7 @@ def _advance(
     conn.execute(
         QUERIES["advance"],
         {
+            "project_id": job["project_id"],
             "id": job["id"],
             "cursor": cursor,
             "processed": processed,

@@ -13,8 +13,9 @@ RETURNING id
 
 -- name: set_total
 -- How many contacts the job holds, once they are in.
-UPDATE followup_bulk_jobs SET total = (SELECT count(*) FROM followup_bulk_job_items WHERE job_id = %(id)s)
-WHERE id = %(id)s
+UPDATE followup_bulk_jobs
+SET total = (SELECT count(*) FROM followup_bulk_job_items WHERE project_id = %(project_id)s AND job_id = %(id)s)
+WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: get_job
 -- One job of a project.
@@ -70,7 +71,7 @@ FOR UPDATE SKIP LOCKED
 -- name: next_items
 -- The job's next chunk of contacts after its cursor.
 SELECT position, contact_id, phone FROM followup_bulk_job_items
-WHERE job_id = %(job_id)s AND position > %(cursor)s
+WHERE project_id = %(project_id)s AND job_id = %(job_id)s AND position > %(cursor)s
 ORDER BY position
 LIMIT %(limit)s
 
@@ -86,7 +87,7 @@ SELECT id, attributes ->> %(key)s::text FROM contacts WHERE project_id = %(proje
 -- Each contact's outcome in the chunk.
 UPDATE followup_bulk_job_items i SET outcome = r.outcome, reason = r.reason
 FROM jsonb_to_recordset(%(items)s::jsonb) AS r(position bigint, outcome text, reason text)
-WHERE i.job_id = %(job_id)s AND i.position = r.position
+WHERE i.project_id = %(project_id)s AND i.job_id = %(job_id)s AND i.position = r.position
 
 -- name: advance
 -- The job after a chunk: its cursor, counts and status.
@@ -95,12 +96,11 @@ SET cursor = %(cursor)s, processed = %(processed)s, enrolled = %(enrolled)s, ski
     skipped_count = %(skipped_count)s, status = %(status)s, progress_at = %(progress_at)s,
     finished_at = CASE WHEN %(status)s IN ('completed', 'cancelled') THEN %(now)s::timestamptz END,
     updated_at = %(now)s
-WHERE id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: skipped_items
 -- The contacts a job skipped, with the reason, in order.
 SELECT i.position, i.contact_id, i.phone, i.reason
 FROM followup_bulk_job_items i
-JOIN followup_bulk_jobs j ON j.id = i.job_id
-WHERE j.project_id = %(project_id)s AND i.job_id = %(job_id)s AND i.outcome = 'skipped'
+WHERE i.project_id = %(project_id)s AND i.job_id = %(job_id)s AND i.outcome = 'skipped'
 ORDER BY i.position

@@ -166,17 +166,17 @@ _CUSTOM = _attr("contact.attributes", "custom", "c.attributes", "the contact's c
 #: FROM clause of the context a predicate is evaluated over (the trigger ``t`` is selected by the caller).
 CONTEXT = sql.SQL(
     """followup_triggers t
-JOIN contacts c ON c.id = t.contact_id AND c.erased_at IS NULL
+JOIN contacts c ON c.project_id = t.project_id AND c.id = t.contact_id AND c.erased_at IS NULL
 LEFT JOIN conversations v ON v.project_id = t.project_id AND v.id = t.conversation_id
 LEFT JOIN LATERAL (
     SELECT status FROM leads
-    WHERE leads.contact_id = c.id
+    WHERE leads.project_id = c.project_id AND leads.contact_id = c.id
     ORDER BY leads.id = (t.payload ->> 'lead_id')::uuid DESC NULLS LAST, leads.created_at DESC, leads.id
     LIMIT 1
 ) l ON true
 LEFT JOIN LATERAL (
     SELECT stage FROM deals
-    WHERE deals.contact_id = c.id
+    WHERE deals.project_id = c.project_id AND deals.contact_id = c.id
     ORDER BY deals.id = (t.payload ->> 'deal_id')::uuid DESC NULLS LAST, deals.updated_at DESC, deals.id
     LIMIT 1
 ) d ON true"""
@@ -189,13 +189,19 @@ SEGMENT_CONTEXT = sql.SQL(
     """contacts c
 CROSS JOIN (SELECT '{}'::jsonb AS payload) t
 LEFT JOIN LATERAL (
-    SELECT * FROM conversations WHERE conversations.contact_id = c.id ORDER BY created_at DESC, id LIMIT 1
+    SELECT * FROM conversations
+    WHERE conversations.project_id = c.project_id AND conversations.contact_id = c.id
+    ORDER BY created_at DESC, id LIMIT 1
 ) v ON true
 LEFT JOIN LATERAL (
-    SELECT status FROM leads WHERE leads.contact_id = c.id ORDER BY leads.created_at DESC, leads.id LIMIT 1
+    SELECT status FROM leads
+    WHERE leads.project_id = c.project_id AND leads.contact_id = c.id
+    ORDER BY leads.created_at DESC, leads.id LIMIT 1
 ) l ON true
 LEFT JOIN LATERAL (
-    SELECT stage FROM deals WHERE deals.contact_id = c.id ORDER BY deals.updated_at DESC, deals.id LIMIT 1
+    SELECT stage FROM deals
+    WHERE deals.project_id = c.project_id AND deals.contact_id = c.id
+    ORDER BY deals.updated_at DESC, deals.id LIMIT 1
 ) d ON true"""
 )
 #: Attributes only an event has: a segment may not use them.

@@ -27,6 +27,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, get_args
@@ -96,18 +97,16 @@ class ToSchedule:
     subject: Subject
 
 
-def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime) -> list[ToSchedule]:
-    """Record the pending executions of delayed rules that matched, in the caller's transaction; returns
-    those recorded. An event whose episode has already ended (a backlog: the conversation moved on before
-    its trigger was processed) records nothing; several events of one episode in the batch record one
-    execution (a reply chase due after the latest reply)."""
+def schedule(
+    conn: Connection[Any], project_id: uuid.UUID, matched: list[ToSchedule], *, now: datetime
+) -> list[ToSchedule]:
+    """Record the pending executions of the project's delayed rules that matched (its triggers), in the
+    caller's transaction; returns those recorded. An event whose episode has already ended (a backlog: the
+    conversation moved on before its trigger was processed) records nothing; several events of one episode
+    in the batch record one execution (a reply chase due after the latest reply)."""
+    assert all(item.subject.project_id == project_id for item in matched)
     anchors = _current_anchors(
-        conn,
-        [
-            (item.subject.project_id, item.subject.conversation_id)
-            for item in matched
-            if item.subject.conversation_id
-        ],
+        conn, project_id, [item.subject.conversation_id for item in matched if item.subject.conversation_id]
     )
     by_key: dict[tuple[uuid.UUID, uuid.UUID | None, str], dict[str, Any]] = {}
     dues: dict[tuple[uuid.UUID, uuid.UUID | None, str], datetime] = {}
@@ -116,7 +115,7 @@ def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime)
     for item in matched:
         episode = rule_episode(item.rule, item.subject)
         if item.subject.conversation_id is not None:
-            current = anchors.get((item.subject.project_id, item.subject.conversation_id))
+            current = anchors.get(item.subject.conversation_id)
             if current is None or current_key(episode.kind, current) != episode.key:
                 continue
         due = due_time(conn, item.rule, item.subject.project_id, episode, business)
@@ -126,7 +125,6 @@ def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime)
             continue
         dues[key] = due
         by_key[key] = {
-            "project_id": str(item.subject.project_id),
             "rule_id": str(item.rule.id),
             "conversation_id": str(item.subject.conversation_id) if item.subject.conversation_id else None,
             "contact_id": str(item.subject.contact_id),
@@ -136,7 +134,8 @@ def schedule(conn: Connection[Any], matched: list[ToSchedule], *, now: datetime)
             "due_at": due.astimezone(UTC).isoformat(),
         }
     if by_key:
-        conn.execute(QUERIES["schedule"], {"rows": Jsonb(list(by_key.values())), "now": now})
+        params = {"project_id": project_id, "rows": Jsonb(list(by_key.values())), "now": now}
+        conn.execute(QUERIES["schedule"], params)
     return recorded
 
 
@@ -176,16 +175,15 @@ def due_time(
 
 
 def _current_anchors(
-    conn: Connection[Any], conversations: list[tuple[uuid.UUID, uuid.UUID]]
-) -> dict[tuple[uuid.UUID, uuid.UUID], dict[str, Any]]:
-    """The anchors now of conversations given as (project, conversation id), in the caller's transaction."""
+    conn: Connection[Any], project_id: uuid.UUID, conversations: list[uuid.UUID]
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """The anchors now of some of the project's conversations, in the caller's transaction."""
     if not conversations:
         return {}
-    project_ids, ids = zip(*set(conversations), strict=True)
     with conn.cursor(row_factory=dict_row) as cur:
-        params = {"project_ids": list(project_ids), "ids": list(ids)}
+        params = {"project_id": project_id, "ids": list(set(conversations))}
         rows = cur.execute(QUERIES["anchors"], params).fetchall()
-    return {(row["project_id"], row["id"]): row for row in rows}
+    return {row["id"]: row for row in rows}
 
 
 def _business_hours(conn: Connection[Any], project_id: uuid.UUID) -> tuple[Any, Any]:
@@ -263,11 +261,11 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
         holds = self.holds.get(item["id"], False)
         if isinstance(holds, Exception):
             raise holds  # its rule's re-check failed: this execution backs off, alone
-        _execute(ctx, item["id"], self.until, holds, self.stale_after, self.swept, self.clock.now())
+        _execute(ctx, item, self.until, holds, self.stale_after, self.swept, self.clock.now())
         return None
 
     def refused(self, ctx: Connection[Any], item: dict[str, Any], refusal: Exception) -> None:
-        row = _relock(ctx, item["id"], self.until)
+        row = _relock(ctx, item, self.until)
         if row is not None:
             reason, detail = refusal_of(refusal)
             _finish(ctx, row, "skipped", reason, None, self.swept, self.clock.now(), detail=detail)
@@ -278,7 +276,7 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
         return int(item["attempts"]) + 1
 
     def record(self, ctx: Connection[Any], item: dict[str, Any], failure: Failure) -> bool:
-        return _failed(ctx, item["id"], self.until, failure, self.swept, self.clock.now())
+        return _failed(ctx, item, self.until, failure, self.swept, self.clock.now())
 
     def describe(self, item: dict[str, Any]) -> dict[str, Any]:
         return {"execution_id": str(item["id"])} | {k: str(item[k]) for k in ("rule_id", "project_id")}
@@ -299,7 +297,7 @@ def _conditions(conn: Connection[Any], claimed: list[dict[str, Any]]) -> dict[uu
                 if rule is None:
                     continue  # inactive or deleted: the guard chain says so
                 triggers = [item["trigger_id"] for item in items if item["trigger_id"] is not None]
-                by_trigger = match(conn, triggers, [rule.literal])
+                by_trigger = match(conn, project_id, triggers, [rule.literal])
         except Exception as exc:
             for item in items:
                 holds[item["id"]] = exc
@@ -311,17 +309,17 @@ def _conditions(conn: Connection[Any], claimed: list[dict[str, Any]]) -> dict[uu
 
 def _execute(
     conn: Connection[Any],
-    execution_id: uuid.UUID,
+    execution: Leased,
     until: datetime,
     holds: bool,
     stale_after: timedelta,
     swept: Swept,
     now: datetime,
 ) -> None:
-    """One execution under this sweeper's lease: the guard chain, then the actions and the status in one
-    transaction. A refusal or an error raises: the job runner rolls it back and records the outcome."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(QUERIES["lock_leased"], {"id": execution_id, "until": until}).fetchone()
+    """One execution under this sweeper's lease (as claimed: its ``project_id`` and ``id``): the guard chain,
+    then the actions and the status in one transaction. A refusal or an error raises: the job runner rolls
+    it back and records the outcome."""
+    row = _relock(conn, execution, until)
     if row is None:
         return  # done meanwhile, or taken over by another sweeper after the lease ran out
     context = _context(row) | {"lease_until": until.isoformat()}
@@ -360,14 +358,19 @@ def _context(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _relock(conn: Connection[Any], execution_id: uuid.UUID, until: datetime) -> dict[str, Any] | None:
+#: An execution as claimed (the claim's row): what names it is its ``project_id`` and ``id``.
+Leased = Mapping[str, Any]
+
+
+def _relock(conn: Connection[Any], execution: Leased, until: datetime) -> dict[str, Any] | None:
+    params = {"project_id": execution["project_id"], "id": execution["id"], "until": until}
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(QUERIES["lock_leased"], {"id": execution_id, "until": until}).fetchone()
+        return cur.execute(QUERIES["lock_leased"], params).fetchone()
 
 
 def _failed(
     conn: Connection[Any],
-    execution_id: uuid.UUID,
+    execution: Leased,
     until: datetime,
     failure: Failure,
     swept: Swept,
@@ -375,11 +378,12 @@ def _failed(
 ) -> bool:
     """A failed attempt: the execution is retried after the backoff, or skipped ``failed`` after its last
     attempt; False when it is no longer under this sweeper's lease."""
-    row = _relock(conn, execution_id, until)
+    row = _relock(conn, execution, until)
     if row is None:
         return False
     params = {
-        "id": execution_id,
+        "project_id": row["project_id"],
+        "id": row["id"],
         "error": repr(failure.error)[:1000],
         "retry_at": failure.retry_at(now),
         "given_up": failure.given_up,
@@ -431,6 +435,7 @@ def _finish(
     """An execution executed, or skipped for ``reason`` (stored with its ``detail``)."""
     skip_reason = stored(reason, detail) if reason is not None else None
     params = {
+        "project_id": row["project_id"],
         "id": row["id"],
         "status": status,
         "skip_reason": skip_reason,

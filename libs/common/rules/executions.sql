@@ -1,25 +1,26 @@
 -- name: schedule
--- Pending executions of delayed rules, one per (rule, conversation, episode): a repeated event of the same
--- episode changes nothing (the clock is not reset), except a reply chase, whose due time follows the
--- latest agent reply forward (never back). Rows go in key order, so two batches never deadlock.
+-- A project's pending executions of delayed rules, one per (rule, conversation, episode): a repeated event
+-- of the same episode changes nothing (the clock is not reset), except a reply chase, whose due time
+-- follows the latest agent reply forward (never back). Rows go in key order, so two batches never
+-- deadlock.
 INSERT INTO rule_pending_executions AS e (project_id, rule_id, conversation_id, contact_id, trigger_id,
                                           episode_key, episode_kind, due_at, created_at, updated_at)
-SELECT s.project_id, s.rule_id, s.conversation_id, s.contact_id, s.trigger_id, s.episode_key, s.episode_kind,
-       s.due_at, %(now)s, %(now)s
+SELECT %(project_id)s, s.rule_id, s.conversation_id, s.contact_id, s.trigger_id, s.episode_key,
+       s.episode_kind, s.due_at, %(now)s, %(now)s
 FROM jsonb_to_recordset(%(rows)s::jsonb)
-     AS s(project_id uuid, rule_id uuid, conversation_id uuid, contact_id uuid, trigger_id bigint,
-          episode_key text, episode_kind text, due_at timestamptz)
+     AS s(rule_id uuid, conversation_id uuid, contact_id uuid, trigger_id bigint, episode_key text,
+          episode_kind text, due_at timestamptz)
 ORDER BY s.rule_id, s.conversation_id, s.episode_key
 ON CONFLICT ON CONSTRAINT rule_pending_executions_episode_key DO UPDATE
 SET due_at = excluded.due_at, trigger_id = excluded.trigger_id, updated_at = excluded.updated_at
 WHERE e.episode_kind = 'reply_chase' AND e.status = 'pending' AND excluded.due_at > e.due_at
 
 -- name: anchors
--- The conversations' anchors now, each of its project: an event whose episode already ended schedules
+-- The anchors now of some of the project's conversations: an event whose episode already ended schedules
 -- nothing.
-SELECT v.project_id, v.id, v.status_changed_at, v.last_incoming_message_id, v.waiting_since
-FROM unnest(%(project_ids)s::uuid[], %(ids)s::uuid[]) AS k(project_id, id)
-JOIN conversations v ON v.project_id = k.project_id AND v.id = k.id
+SELECT v.id, v.status_changed_at, v.last_incoming_message_id, v.waiting_since
+FROM conversations v
+WHERE v.project_id = %(project_id)s AND v.id = ANY(%(ids)s::uuid[])
 
 -- name: project_timezone
 -- The time zone a project's business hours are in.
@@ -62,10 +63,10 @@ SELECT e.id, e.project_id, e.rule_id, e.conversation_id, e.contact_id, e.trigger
        v.status_changed_at, v.last_incoming_message_id, v.waiting_since,
        t.type AS trigger_type, t.public_id AS trigger_public_id, t.payload, t.occurred_at
 FROM rule_pending_executions e
-LEFT JOIN rules r ON r.id = e.rule_id
+LEFT JOIN rules r ON r.project_id = e.project_id AND r.id = e.rule_id
 LEFT JOIN conversations v ON v.project_id = e.project_id AND v.id = e.conversation_id
-LEFT JOIN followup_triggers t ON t.id = e.trigger_id
-WHERE e.id = %(id)s AND e.status = 'pending' AND e.locked_until = %(until)s
+LEFT JOIN followup_triggers t ON t.project_id = e.project_id AND t.id = e.trigger_id
+WHERE e.project_id = %(project_id)s AND e.id = %(id)s AND e.status = 'pending' AND e.locked_until = %(until)s
 FOR UPDATE OF e
 
 -- name: finish
@@ -73,7 +74,7 @@ FOR UPDATE OF e
 UPDATE rule_pending_executions
 SET status = %(status)s, skip_reason = %(skip_reason)s, message_id = %(message_id)s, executed_at = %(now)s,
     locked_until = NULL, updated_at = %(now)s
-WHERE id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: failed
 -- An execution whose attempt failed unexpectedly: retried after a backoff, or skipped `failed` after its
@@ -83,7 +84,7 @@ SET attempts = attempts + 1, last_error = %(error)s, locked_until = %(retry_at)s
     status = CASE WHEN %(given_up)s::boolean THEN 'skipped' ELSE status END,
     skip_reason = CASE WHEN %(given_up)s::boolean THEN 'failed' END,
     executed_at = CASE WHEN %(given_up)s::boolean THEN %(now)s::timestamptz END
-WHERE id = %(id)s AND status = 'pending'
+WHERE project_id = %(project_id)s AND id = %(id)s AND status = 'pending'
 RETURNING status
 
 -- name: count_pending
@@ -125,7 +126,7 @@ SELECT 1 FROM rule_pending_executions WHERE project_id = %(project_id)s AND rule
 -- rule's name.
 SELECT e.id, e.rule_id, r.name AS rule_name, e.conversation_id, e.due_at, e.status, e.episode_key
 FROM rule_pending_executions e
-JOIN rules r ON r.id = e.rule_id
+JOIN rules r ON r.project_id = e.project_id AND r.id = e.rule_id
 WHERE e.project_id = %(project_id)s AND e.contact_id = %(contact_id)s
   AND e.status IN ('pending', 'processing', 'executing')
 ORDER BY e.due_at, e.id

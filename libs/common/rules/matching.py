@@ -3,12 +3,13 @@ written into SQL text with their values (:func:`inline`), and those predicates e
 (:func:`match`), as the triggers service and the delayed-rule sweep do, or over one trigger with the values
 they compare (:func:`evaluate`), as a dry run does.
 
-A statement binds only the triggers' ids, whatever the number of leaves (PostgreSQL binds at most 65,535
-parameters); its text stays the same while the rules do, so it is prepared once per connection.
+A statement binds only the project and its triggers' ids, whatever the number of leaves (PostgreSQL binds at
+most 65,535 parameters); its text stays the same while the rules do, so it is prepared once per connection.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from psycopg import ClientCursor, Connection, RawCursor, sql
@@ -42,19 +43,28 @@ _CONTEXT = CONTEXT.as_string()
 MAX_STATEMENT_CHARS = 256 * 1024
 
 
-def match(conn: Connection[Any], ids: list[int], predicates: list[str]) -> dict[int, list[bool]]:
+def matching_statement(predicates: list[str]) -> str:
+    """The statement that evaluates ``predicates`` over a project's triggers (``$1``: the project, ``$2``:
+    the triggers' ids)."""
+    columns = ", ".join(predicates)
+    return f"SELECT t.id, ARRAY[{columns}] FROM {_CONTEXT} WHERE t.project_id = $1 AND t.id = ANY($2)"
+
+
+def match(
+    conn: Connection[Any], project_id: uuid.UUID, ids: list[int], predicates: list[str]
+) -> dict[int, list[bool]]:
     """Each predicate (a rule's conditions with their values written in: :attr:`ActiveRule.literal`) over
-    each trigger of ``ids`` (of one project and event), in order; a trigger whose contact is gone is left
-    out. A statement binds only the triggers' ids, whatever the number of leaves (PostgreSQL binds at most
-    65,535 parameters), and its text stays the same while the rules do, so it is prepared once per
-    connection instead of parsed and planned on every batch."""
+    each trigger of ``ids`` (of the project, and one event), in order; a trigger whose contact is gone is
+    left out. A statement binds only the project and the triggers' ids, whatever the number of leaves
+    (PostgreSQL binds at most 65,535 parameters), and its text stays the same while the rules do, so it is
+    prepared once per connection instead of parsed and planned on every batch."""
     if not predicates:
         return {}
     results: dict[int, list[bool]] = {i: [] for i in ids}
     for chunk in _chunks(predicates):
-        query = f"SELECT t.id, ARRAY[{', '.join(chunk)}] FROM {_CONTEXT} WHERE t.id = ANY($1)"
+        query = matching_statement(chunk)
         with RawCursor(conn) as cur:
-            found = dict(cur.execute(query.encode(), [ids], prepare=True).fetchall())
+            found = dict(cur.execute(query.encode(), [project_id, ids], prepare=True).fetchall())
         for trigger_id in list(results):
             if trigger_id in found:
                 results[trigger_id] += found[trigger_id]

@@ -231,31 +231,26 @@ def _claim(batch: _Batch, limit: int, fairness: Fairness) -> list[_ToRun]:
             return []
         fairness.served(list(dict.fromkeys(t.project_id for t in claimed)))
         batch.ids += [t.id for t in claimed]
-        already = {(t, r) for t, r in conn.execute(QUERIES["already_run"], {"ids": batch.ids}).fetchall()}
         groups: dict[tuple[uuid.UUID, str], list[_Claimed]] = {}
         for trigger in claimed:
             groups.setdefault((trigger.project_id, trigger.type), []).append(trigger)
-        to_run = [item for group in groups.values() for item in _settle(conn, group, already, batch)]
-        if to_run:
-            conn.execute(QUERIES["lease"], {"ids": [t.id for t, _ in to_run], "until": batch.until})
+        to_run = [item for group in groups.values() for item in _settle(conn, group, batch)]
     return to_run
 
 
-def _settle(
-    conn: Connection[Any], group: list[_Claimed], already: set[tuple[int, uuid.UUID]], batch: _Batch
-) -> list[_ToRun]:
+def _settle(conn: Connection[Any], group: list[_Claimed], batch: _Batch) -> list[_ToRun]:
     """Match one (project, event) group's triggers against the project's rules, schedule the delayed ones
-    that match and mark processed the triggers left with nothing to run, in a SAVEPOINT; returns the others
-    with the rules each runs. When it fails (any error: a statement's included), each trigger is settled
-    alone, and the one that fails alone is backed off alone (or given up): one project's failing match
-    never holds up another's triggers, nor its own other ones."""
+    that match, mark processed the triggers left with nothing to run and lease the others (until
+    ``batch.until``), in a SAVEPOINT; returns those with the rules each runs. When it fails (any error: a
+    statement's included), each trigger is settled alone, and the one that fails alone is backed off alone
+    (or given up): one project's failing match never holds up another's triggers, nor its own other ones."""
     outcomes: Counter[tuple[str, str]] = Counter()
     try:
         with savepoint(conn):
-            to_run = _settle_group(conn, group, already, batch.now, outcomes, batch.pool)
+            to_run = _settle_group(conn, group, batch, outcomes)
     except Exception as exc:
         if len(group) > 1:
-            return [item for trigger in group for item in _settle(conn, [trigger], already, batch)]
+            return [item for trigger in group for item in _settle(conn, [trigger], batch)]
         trigger = group[0]
         _write_failure(conn, trigger, RETRY.failure(exc, trigger.attempts + 1), batch.processed, batch.now)
         return []
@@ -268,18 +263,16 @@ def _settle(
 
 
 def _settle_group(
-    conn: Connection[Any],
-    group: list[_Claimed],
-    already: set[tuple[int, uuid.UUID]],
-    now: datetime,
-    outcomes: Counter[tuple[str, str]],
-    pool: ConnectionPool,
+    conn: Connection[Any], group: list[_Claimed], batch: _Batch, outcomes: Counter[tuple[str, str]]
 ) -> list[_ToRun] | None:
-    project_id, kind = group[0].project_id, group[0].type
-    rules = RULES.ready(conn, project_id, kind, pool)
+    project_id, kind, now = group[0].project_id, group[0].type, batch.now
+    rules = RULES.ready(conn, project_id, kind, batch.pool)
     if rules is None:
         return None  # compiled in the background meanwhile: the group waits for a later batch, due as it was
-    matched = match(conn, [t.id for t in group], [rule.literal for rule in rules])
+    ids = [t.id for t in group]
+    params = {"project_id": project_id, "ids": ids}
+    already = {(t, r) for t, r in conn.execute(QUERIES["already_run"], params).fetchall()}
+    matched = match(conn, project_id, ids, [rule.literal for rule in rules])
     to_run: list[_ToRun] = []
     delayed: list[ToSchedule] = []
     for trigger in group:
@@ -287,23 +280,18 @@ def _settle_group(
         if chosen:
             to_run.append((trigger, chosen))
     if delayed:
-        recorded = schedule(conn, delayed, now=now)
+        recorded = schedule(conn, project_id, delayed, now=now)
         runs = [
-            _rule_run(
-                {
-                    "trigger_id": item.subject.trigger_id,
-                    "rule_id": str(item.rule.id),
-                    "project_id": str(item.subject.project_id),
-                },
-                "scheduled",
-            )
+            _rule_run({"trigger_id": item.subject.trigger_id, "rule_id": str(item.rule.id)}, "scheduled")
             for item in recorded
         ]
-        conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})
-    running = {trigger.id for trigger, _ in to_run}
+        conn.execute(QUERIES["insert_rule_runs"], {"project_id": project_id, "runs": Jsonb(runs), "now": now})
+    running = [trigger.id for trigger, _ in to_run]
     settled = [t.id for t in group if t.id not in running]
     if settled:
-        conn.execute(QUERIES["mark_processed"], {"ids": settled, "now": now})
+        conn.execute(QUERIES["mark_processed"], {"project_id": project_id, "ids": settled, "now": now})
+    if running:
+        conn.execute(QUERIES["lease"], {"project_id": project_id, "ids": running, "until": batch.until})
     return to_run
 
 
@@ -361,7 +349,7 @@ def _run(
     """Run the rules' actions for one leased trigger, each rule in a savepoint, then mark it processed; a
     rule that fails unexpectedly ends the attempt (:class:`Failed`): the rules that ran are kept and not run
     again when it is retried."""
-    lease = {"id": trigger.id, "until": until, "attempts": trigger.attempts}
+    lease = {"project_id": trigger.project_id, "id": trigger.id, "until": until, "attempts": trigger.attempts}
     if conn.execute(QUERIES["lock_leased"], lease).fetchone() is None:
         return None  # processed meanwhile, or taken over by another worker after the lease ran out
     context = {"trigger_id": trigger.id, "project_id": str(trigger.project_id), "event_type": trigger.type}
@@ -369,7 +357,7 @@ def _run(
     runs: list[dict[str, Any]] = []
     failed: Failed | None = None
     for rule in rules:
-        run = {"trigger_id": trigger.id, "rule_id": str(rule.id), "project_id": str(trigger.project_id)}
+        run = {"trigger_id": trigger.id, "rule_id": str(rule.id)}
         try:
             with savepoint(conn):  # a rule rolled back drops its after-commit effects too
                 done = run_actions(conn, rule.id, rule.actions, subject, now=now)
@@ -388,10 +376,11 @@ def _run(
         processed.done.message_ids += done.message_ids
         processed.done.stopped += done.stopped
         log.info("rule executed", extra=context | {"rule_id": str(rule.id)})
+    project = {"project_id": trigger.project_id, "now": now}
     if runs:
-        conn.execute(QUERIES["insert_rule_runs"], {"runs": Jsonb(runs), "now": now})
+        conn.execute(QUERIES["insert_rule_runs"], project | {"runs": Jsonb(runs)})
     if failed is None:
-        conn.execute(QUERIES["mark_processed"], {"ids": [trigger.id], "now": now})
+        conn.execute(QUERIES["mark_processed"], project | {"ids": [trigger.id]})
     return failed
 
 
@@ -401,8 +390,8 @@ def _rule_run(
     reason: RuleRefusal | None = None,
     detail: str | None = None,
 ) -> dict[str, Any]:
-    """A row of ``rule_runs`` (``run`` names its trigger, rule and project): its outcome, and a refusal's
-    reason stored with its detail (``missing_variable:vars.plan``)."""
+    """A row of ``rule_runs`` of the project (``run`` names its trigger and rule): its outcome, and a
+    refusal's reason stored with its detail (``missing_variable:vars.plan``)."""
     return run | {"outcome": outcome, "detail": stored(reason, detail) if reason is not None else None}
 
 
@@ -416,7 +405,7 @@ def _failed(
 ) -> bool:
     """A failed attempt at a leased trigger (of the rule ``failure.about``, or outside the rules): retried
     after the backoff, or given up ``failed``; False when the lease was lost meanwhile."""
-    lease = {"id": trigger.id, "until": until, "attempts": trigger.attempts}
+    lease = {"project_id": trigger.project_id, "id": trigger.id, "until": until, "attempts": trigger.attempts}
     if conn.execute(QUERIES["lock_leased"], lease).fetchone() is None:
         return False
     _write_failure(conn, trigger, failure, processed, now)
@@ -431,6 +420,7 @@ def _write_failure(
     rule: ActiveRule | None = failure.about
     error = f"rule {rule.id}: {failure.error!r}" if rule is not None else repr(failure.error)
     params = {
+        "project_id": trigger.project_id,
         "id": trigger.id,
         "error": error[:1000],
         "next_attempt_at": failure.retry_at(now),

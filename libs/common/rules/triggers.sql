@@ -36,32 +36,32 @@ LIMIT %(share)s
 FOR UPDATE SKIP LOCKED
 
 -- name: lease
--- Triggers whose rules run next, each in a transaction of its own: no other worker claims them meanwhile.
-UPDATE followup_triggers SET next_attempt_at = %(until)s WHERE id = ANY(%(ids)s)
+-- A project's triggers whose rules run next, each in a transaction of its own: no other worker claims them
+-- meanwhile.
+UPDATE followup_triggers SET next_attempt_at = %(until)s WHERE project_id = %(project_id)s AND id = ANY(%(ids)s)
 
 -- name: lock_leased
 -- A trigger under this worker's lease, locked while its rules run; nothing when it was processed meanwhile,
 -- or taken over by another worker after the lease ran out (the lease's end and the attempts are its token).
 SELECT id FROM followup_triggers
-WHERE id = %(id)s AND processed_at IS NULL AND next_attempt_at = %(until)s AND attempts = %(attempts)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND processed_at IS NULL AND next_attempt_at = %(until)s AND attempts = %(attempts)s
 FOR UPDATE
 
 -- name: already_run
--- The rules that already ran for these triggers (a retried trigger skips them).
-SELECT trigger_id, rule_id FROM rule_runs WHERE trigger_id = ANY(%(ids)s)
+-- The rules that already ran for these triggers of the project (a retried trigger skips them).
+SELECT trigger_id, rule_id FROM rule_runs WHERE project_id = %(project_id)s AND trigger_id = ANY(%(ids)s)
 
 -- name: insert_rule_runs
--- What each rule did with its trigger.
-INSERT INTO rule_runs (trigger_id, rule_id, project_id, outcome, detail, ran_at)
-SELECT r.trigger_id, r.rule_id, r.project_id, r.outcome, r.detail, %(now)s
-FROM jsonb_to_recordset(%(runs)s::jsonb)
-     AS r(trigger_id bigint, rule_id uuid, project_id uuid, outcome text, detail text)
-ON CONFLICT (trigger_id, rule_id) DO NOTHING
+-- What each rule of the project did with its trigger.
+INSERT INTO rule_runs (project_id, trigger_id, rule_id, outcome, detail, ran_at)
+SELECT %(project_id)s, r.trigger_id, r.rule_id, r.outcome, r.detail, %(now)s
+FROM jsonb_to_recordset(%(runs)s::jsonb) AS r(trigger_id bigint, rule_id uuid, outcome text, detail text)
+ON CONFLICT (project_id, trigger_id, rule_id) DO NOTHING
 
 -- name: mark_processed
--- Triggers every matching rule ran for.
+-- A project's triggers every matching rule ran for.
 UPDATE followup_triggers SET processed_at = %(now)s, outcome = 'processed', last_error = NULL
-WHERE id = ANY(%(ids)s)
+WHERE project_id = %(project_id)s AND id = ANY(%(ids)s)
 
 -- name: mark_failed
 -- A trigger whose attempt failed unexpectedly: retried after a backoff, or given up after its last attempt
@@ -72,5 +72,5 @@ SET attempts = attempts + 1,
     next_attempt_at = %(next_attempt_at)s,
     processed_at = CASE WHEN %(given_up)s::boolean THEN %(now)s::timestamptz END,
     outcome = CASE WHEN %(given_up)s::boolean THEN 'failed' END
-WHERE id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s
 RETURNING attempts, outcome

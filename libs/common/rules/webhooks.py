@@ -179,16 +179,17 @@ def queue_delivery(
 
 def deliver(
     pool: ConnectionPool,
+    project_id: uuid.UUID,
     delivery_id: uuid.UUID,
     *,
     now: datetime,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     resolve: egress.Resolver = egress.system_resolver,
 ) -> DeliveryState | None:
-    """Make one attempt at a due pending delivery; its state after, or None when it was not attempted
-    (not pending, not due, at its last attempt already, or busy: claimed by another worker)."""
+    """Make one attempt at a due pending delivery of the project; its state after, or None when it was not
+    attempted (not pending, not due, at its last attempt already, or busy: claimed by another worker)."""
     deliveries = _Deliveries(pool, lambda: now, timeout_s, resolve)
-    run_item(deliveries, delivery_id)
+    run_item(deliveries, (project_id, delivery_id))
     return deliveries.states.get(delivery_id)
 
 
@@ -284,14 +285,14 @@ class Dispatcher:
             with self._lock:
                 self._busy[delivery_id] = project_id
             WEBHOOK_IN_FLIGHT.inc()
-            self._executor.submit(self._attempt, delivery_id)
+            self._executor.submit(self._attempt, project_id, delivery_id)
             started += 1
         return started
 
-    def _attempt(self, delivery_id: uuid.UUID) -> None:
+    def _attempt(self, project_id: uuid.UUID, delivery_id: uuid.UUID) -> None:
         deliveries = _Deliveries(self.pool, self.clock.now, self.timeout_s, self.resolve)
         try:
-            run_item(deliveries, delivery_id)
+            run_item(deliveries, (project_id, delivery_id))
             with self._lock:
                 self.states.update(deliveries.states)
         finally:
@@ -313,9 +314,11 @@ def backoff(attempts: int) -> timedelta:
 
 #: What a failed attempt hands its writer: the claimed delivery, the call's result, the attempt's time.
 _Attempted = tuple[_Claimed, _Result, datetime]
+#: A delivery to attempt: its project and id.
+_Due = tuple[uuid.UUID, uuid.UUID]
 
 
-class _Deliveries(Queue[uuid.UUID, ConnectionPool]):
+class _Deliveries(Queue[_Due, ConnectionPool]):
     """The webhook deliveries queue: the due deliveries, each attempt claimed (and counted) in a transaction
     of its own, the call made with no transaction open, the result recorded in a second transaction."""
 
@@ -335,7 +338,7 @@ class _Deliveries(Queue[uuid.UUID, ConnectionPool]):
         #: The state of each delivery attempted, after its attempt.
         self.states: dict[uuid.UUID, DeliveryState] = {}
 
-    def claim(self, limit: int, fairness: Fairness) -> list[uuid.UUID]:
+    def claim(self, limit: int, fairness: Fairness) -> list[_Due]:
         """Due deliveries, each project's oldest in turn (the :class:`Dispatcher` bounds those in flight)."""
         params = {
             "now": self.now(),
@@ -346,19 +349,24 @@ class _Deliveries(Queue[uuid.UUID, ConnectionPool]):
             "saturated": [],
         }
         with self.pool.connection() as conn:
-            return [row[0] for row in conn.execute(QUERIES["due_deliveries"], params)]
+            return [(row[1], row[0]) for row in conn.execute(QUERIES["due_deliveries"], params)]
 
     def isolate(self) -> AbstractContextManager[ConnectionPool]:
         return nullcontext(self.pool)  # each step holds a transaction of its own, none during the call
 
-    def run(self, ctx: ConnectionPool, item: uuid.UUID) -> Failed | None:
+    def run(self, ctx: ConnectionPool, item: _Due) -> Failed | None:
         now = self.now()
         lease_until = now + timedelta(seconds=self.timeout_s) + LEASE_SLACK
+        project_id, delivery_id = item
+        params = {
+            "project_id": project_id,
+            "id": delivery_id,
+            "now": now,
+            "lease_until": lease_until,
+            "max_attempts": MAX_ATTEMPTS,
+        }
         with ctx.connection() as conn, conn.cursor(row_factory=class_row(_Claimed)) as cur:
-            claimed = cur.execute(
-                QUERIES["claim_delivery"],
-                {"id": item, "now": now, "lease_until": lease_until, "max_attempts": MAX_ATTEMPTS},
-            ).fetchone()
+            claimed = cur.execute(QUERIES["claim_delivery"], params).fetchone()
         if claimed is None:
             return None
         # the claim is committed: the call runs with no transaction and no lock held
@@ -369,14 +377,14 @@ class _Deliveries(Queue[uuid.UUID, ConnectionPool]):
         attempted: _Attempted = (claimed, result, now)
         return Failed(result.error or "failed", attempt=claimed.attempts, about=attempted)
 
-    def record(self, ctx: ConnectionPool, item: uuid.UUID, failure: Failure) -> bool:
+    def record(self, ctx: ConnectionPool, item: _Due, failure: Failure) -> bool:
         claimed, result, now = failure.about
         outcome: Outcome = "failed" if failure.given_up else "retry"
         retry_at = None if failure.given_up else failure.retry_at(now)
         return self._write(ctx, claimed, result, outcome, retry_at, now)
 
-    def describe(self, item: uuid.UUID) -> dict[str, Any]:
-        return {"delivery_id": str(item)}
+    def describe(self, item: _Due) -> dict[str, Any]:
+        return {"project_id": str(item[0]), "delivery_id": str(item[1])}
 
     def _write(
         self,
@@ -390,6 +398,7 @@ class _Deliveries(Queue[uuid.UUID, ConnectionPool]):
         """Record an attempt's result (unless its lease ran out and it was claimed again), count and log it;
         returns whether it was recorded."""
         params = {
+            "project_id": claimed.project_id,
             "id": claimed.id,
             "attempts": claimed.attempts,
             "status": "pending" if outcome == "retry" else outcome,
@@ -403,7 +412,8 @@ class _Deliveries(Queue[uuid.UUID, ConnectionPool]):
             state = cur.execute(QUERIES["record_attempt"], params).fetchone()
             recorded = state is not None
             if state is None:
-                state = cur.execute(QUERIES["delivery_state"], {"id": claimed.id}).fetchone()
+                params = {"project_id": claimed.project_id, "id": claimed.id}
+                state = cur.execute(QUERIES["delivery_state"], params).fetchone()
         if state is not None:
             self.states[claimed.id] = state
         WEBHOOK_DELIVERIES.labels(outcome).inc()

@@ -6,17 +6,18 @@ VALUES (%(project_id)s, %(rule_id)s, %(trigger_id)s, %(url)s, %(payload)s, 'pend
 RETURNING id
 
 -- name: claim_delivery
--- Claim a due pending delivery for one attempt (SKIP LOCKED: a busy one is left alone): the attempt is
--- counted and the row leased (next_attempt_at moved past the call's deadline), with the project's secret
--- and, while a rotation's overlap runs, the secret it replaced.
+-- Claim a due pending delivery of the project for one attempt (SKIP LOCKED: a busy one is left alone): the
+-- attempt is counted and the row leased (next_attempt_at moved past the call's deadline), with the
+-- project's secret and, while a rotation's overlap runs, the secret it replaced.
 WITH picked AS (
     SELECT id FROM webhook_deliveries
-    WHERE id = %(id)s AND status = 'pending' AND next_attempt_at <= %(now)s AND attempts < %(max_attempts)s
+    WHERE project_id = %(project_id)s AND id = %(id)s AND status = 'pending' AND next_attempt_at <= %(now)s
+      AND attempts < %(max_attempts)s
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE webhook_deliveries d
     SET attempts = d.attempts + 1, next_attempt_at = %(lease_until)s, updated_at = %(now)s
-    FROM picked WHERE d.id = picked.id
+    FROM picked WHERE d.project_id = %(project_id)s AND d.id = picked.id
     RETURNING d.id, d.project_id, d.rule_id, d.url, d.payload, d.attempts
 )
 SELECT claimed.id, claimed.project_id, claimed.rule_id, claimed.url, claimed.payload, claimed.attempts,
@@ -29,14 +30,14 @@ FROM claimed JOIN projects p ON p.id = claimed.project_id
 UPDATE webhook_deliveries
 SET status = %(status)s, next_attempt_at = %(next_attempt_at)s, last_status_code = %(status_code)s,
     last_error = %(error)s, delivered_at = %(delivered_at)s, updated_at = %(now)s
-WHERE id = %(id)s AND status = 'pending' AND attempts = %(attempts)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND status = 'pending' AND attempts = %(attempts)s
 RETURNING id, project_id, rule_id, status, attempts, next_attempt_at, last_status_code, last_error, delivered_at
 
 -- name: delivery_state
--- A delivery's state, whatever its project (the worker's view).
+-- A delivery's state (the worker's view).
 SELECT id, project_id, rule_id, status, attempts, next_attempt_at, last_status_code, last_error, delivered_at
 FROM webhook_deliveries
-WHERE id = %(id)s
+WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: due_deliveries
 -- Pending deliveries due by now and not at their last attempt, fair across projects: each project's oldest

@@ -246,7 +246,7 @@ class EnrollmentsController(Controller):
         with transaction(runtime_of(request)) as conn:
             detail = enrollments.get_enrollment_detail(conn, project_id, enrollment_id)
             enrollment = detail.enrollment
-            steps = sequences.version_definition(conn, enrollment.version_id).steps
+            steps = sequences.version_definition(conn, project_id, enrollment.version_id).steps
             contact = contacts.get_contact(conn, project_id, enrollment.contact_id)
             names = sequence_names(
                 conn, project_id, [enrollment.sequence_id] if enrollment.sequence_id else []
