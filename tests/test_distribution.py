@@ -38,7 +38,7 @@ from libs.common.platform import send_lane
 from libs.common.platform.projects import create_project
 from libs.common.rules import bulk
 from libs.common.rules.conditions import SEGMENT_CONTEXT
-from libs.common.rules.matching import matching_statement
+from libs.common.rules.matching import evaluation_statement, matching_statement
 from tests.conftest import database_from, with_database
 from tests.test_retention_plans import _seed as seed_retention
 from tests.test_table_ownership import Statement, py_statements, schema_tables, sql_statements
@@ -410,11 +410,13 @@ def _given(source: str, find: Callable[[str], str]) -> bool:
 
 
 #: Statements composed of pieces in the code (checked whole, under their composed names): the send lane's
-#: claims, the rules' matching over a trigger's context, a segment's contacts written as a job's.
+#: claims, the rules' matching over a trigger's context (and a dry run's reading of one), a segment's
+#: contacts written as a job's.
 COMPOSED = {
     "send_lane.CLAIM_QUEUED_MESSAGES": send_lane.CLAIM_QUEUED_MESSAGES,
     "send_lane.CLAIM_QUEUED_FOR_NUMBERS": send_lane.CLAIM_QUEUED_FOR_NUMBERS,
     "matching.matching_statement": matching_statement(["true"]),
+    "matching.evaluation_statement": evaluation_statement(["true"], ["to_jsonb(c.name)"]),
     "bulk.SEGMENT_ITEMS": bulk.SEGMENT_ITEMS.format(SEGMENT_CONTEXT, sql.SQL("true")).as_string(),
 }
 

@@ -865,14 +865,15 @@ def test_the_dry_run_agrees_with_match_and_the_documented_semantics(
             node = parse_conditions(raw)
             literal = inline(conn, *compile_conditions(node))
             # the trace over a stored trigger (any payload): each node, each value, the root as match says
-            traced = trace(conn, node, trigger_id)
+            traced = trace(conn, project.id, node, trigger_id)
             assert traced is not None
-            assert traced.result is match(conn, [trigger_id], [literal])[trigger_id][0]
+            assert traced.result is match(conn, project.id, [trigger_id], [literal])[trigger_id][0]
             wrong += check_trace(traced, node, ctx)
             # the whole dry run over a rule with this tree: the root as match says for the same event
             rule_id = stored_rule(conn, project.id, event, raw)
             request = DryRunRequest(contact_id=contact_id, conversation_id=conversation_id, event=data)
             answer = dry_run(conn, project.id, rule_id, request, now=T0)
-            assert answer.matched is answer.conditions.result is match(conn, [twin], [literal])[twin][0]
+            verdict = match(conn, project.id, [twin], [literal])[twin][0]
+            assert answer.matched is answer.conditions.result is verdict
             wrong += check_trace(answer.conditions, node, kept)
     assert not wrong, "\n".join([f"{len(wrong)} disagreements:", *wrong[:20]])

@@ -190,7 +190,7 @@ def dry_run(
             payload=payload,
             now=now,
         )
-        conditions = trace(conn, active.conditions, subject.trigger_id)
+        conditions = trace(conn, project_id, active.conditions, subject.trigger_id)
     if conditions is None:  # erased meanwhile: the context has no contact
         raise NotFound("contact not found", field="contact_id")
     delayed = None
@@ -218,14 +218,16 @@ def dry_run(
     )
 
 
-def trace(conn: Connection[Any], root: Node, trigger_id: int) -> ConditionResult | None:
-    """Every node of ``root`` compiled alone (and each leaf's value) over the context of the recorded
-    trigger ``trigger_id``, in ONE statement: the tree with each result (None when the trigger's contact is
-    gone)."""
+def trace(
+    conn: Connection[Any], project_id: uuid.UUID, root: Node, trigger_id: int
+) -> ConditionResult | None:
+    """Every node of ``root`` compiled alone (and each leaf's value) over the context of the project's
+    recorded trigger ``trigger_id``, in ONE statement: the tree with each result (None when the trigger's
+    contact is gone)."""
     walked = list(_walk(root, "conditions"))
     predicates = [inline(conn, *compile_conditions(node)) for _, node in walked]
     values = [inline(conn, *value_of(node)) for _, node in walked if isinstance(node, Leaf)]
-    found = evaluate(conn, trigger_id, predicates, values)
+    found = evaluate(conn, project_id, trigger_id, predicates, values)
     if found is None:
         return None
     results, actuals = found

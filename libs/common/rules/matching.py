@@ -73,17 +73,24 @@ def match(
     return results
 
 
-def evaluate(
-    conn: Connection[Any], trigger_id: int, predicates: list[str], values: list[str]
-) -> tuple[list[bool], list[Any]] | None:
-    """Each predicate (written in: :func:`inline`) and each value (a jsonb expression written in the same
-    way) over one trigger's context, in ONE statement, as a dry run reads a rule; None when the trigger's
-    contact is gone. The statement is made once (its text is the rule's at this moment): not prepared."""
+def evaluation_statement(predicates: list[str], values: list[str]) -> str:
+    """The statement that evaluates ``predicates`` and ``values`` over one of a project's triggers (``$1``:
+    the project, ``$2``: the trigger's id)."""
     results = f"ARRAY[{', '.join(predicates)}]::boolean[]"
     found = f"ARRAY[{', '.join(values)}]::jsonb[]"
-    query = f"SELECT {results}, {found} FROM {_CONTEXT} WHERE t.id = $1"
+    return f"SELECT {results}, {found} FROM {_CONTEXT} WHERE t.project_id = $1 AND t.id = $2"
+
+
+def evaluate(
+    conn: Connection[Any], project_id: uuid.UUID, trigger_id: int, predicates: list[str], values: list[str]
+) -> tuple[list[bool], list[Any]] | None:
+    """Each predicate (written in: :func:`inline`) and each value (a jsonb expression written in the same
+    way) over one of the project's triggers, in ONE statement, as a dry run reads a rule; None when the
+    trigger's contact is gone. The statement is made once (its text is the rule's at this moment): not
+    prepared."""
+    query = evaluation_statement(predicates, values)
     with RawCursor(conn) as cur:
-        row = cur.execute(query.encode(), [trigger_id], prepare=False).fetchone()
+        row = cur.execute(query.encode(), [project_id, trigger_id], prepare=False).fetchone()
     return None if row is None else (list(row[0]), list(row[1]))
 
 
