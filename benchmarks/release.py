@@ -178,6 +178,36 @@ def _steady_worker(url: str, ready: Any, go: Any, stop: Any, next_due: bool) -> 
     pool.close()
 
 
+def _loops(url: str, workers: int, next_due: bool) -> tuple[list[Any], Any]:
+    """``workers`` release loops (the service's own, a process each), started; and the event that stops
+    them."""
+    context = multiprocessing.get_context("spawn")
+    ready, go, stop = context.Semaphore(0), context.Event(), context.Event()
+    processes = [
+        context.Process(target=_steady_worker, args=(url, ready, go, stop, next_due)) for _ in range(workers)
+    ]
+    start_all(processes, ready)
+    go.set()
+    return processes, stop
+
+
+def _stream(url: str, rate: int, projects: list[Any] | None = None) -> None:
+    """The enrollments (of ``projects``, else all) fall due in turn from a second on, one every 1/rate s,
+    each at its own time (a stream, not a backlog)."""
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            """
+            UPDATE followup_enrollments e
+            SET next_run_at = now() + interval '1 second' + s.i * %(gap)s * interval '1 second',
+                step_due_at = NULL
+            FROM (SELECT project_id, id, row_number() OVER (ORDER BY id) - 1 AS i FROM followup_enrollments
+                  WHERE %(projects)s::uuid[] IS NULL OR project_id = ANY(%(projects)s::uuid[])) s
+            WHERE e.project_id = s.project_id AND e.id = s.id
+            """,
+            {"gap": 1 / rate, "projects": projects},
+        )
+
+
 def run_steady(url: str, rate: int, seconds: int, workers: int, *, next_due: bool = True) -> float:
     """Steps falling due at ``rate``/s for ``seconds``, released by ``workers`` loops: the lag p99 (ms)."""
     _reset(url)
@@ -189,25 +219,8 @@ def run_steady(url: str, rate: int, seconds: int, workers: int, *, next_due: boo
         )
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE followup_enrollments")
-    context = multiprocessing.get_context("spawn")
-    ready, go, stop = context.Semaphore(0), context.Event(), context.Event()
-    processes = [
-        context.Process(target=_steady_worker, args=(url, ready, go, stop, next_due)) for _ in range(workers)
-    ]
-    start_all(processes, ready)
-    go.set()
-    # the stream starts once the workers run: each enrollment falls due at its own time from a second on
-    with psycopg.connect(url) as conn:
-        conn.execute(
-            """
-            UPDATE followup_enrollments e
-            SET next_run_at = now() + interval '1 second' + s.i * %(gap)s * interval '1 second',
-                step_due_at = NULL
-            FROM (SELECT id, row_number() OVER (ORDER BY id) - 1 AS i FROM followup_enrollments) s
-            WHERE e.id = s.id
-            """,
-            {"gap": 1 / rate},
-        )
+    processes, stop = _loops(url, workers, next_due)
+    _stream(url, rate)
     deadline = time.monotonic() + seconds + 60
     with psycopg.connect(url, autocommit=True) as conn:
         while time.monotonic() < deadline:
@@ -253,26 +266,8 @@ def run_fairness(
             small_ids.append(project_id)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
-    context = multiprocessing.get_context("spawn")
-    ready, go, stop = context.Semaphore(0), context.Event(), context.Event()
-    processes = [
-        context.Process(target=_steady_worker, args=(url, ready, go, stop, True)) for _ in range(workers)
-    ]
-    start_all(processes, ready)
-    go.set()
-    # the trickle starts with the drain: the small projects' steps fall due in turn, one every 1/rate s
-    with psycopg.connect(url) as conn:
-        conn.execute(
-            """
-            UPDATE followup_enrollments e
-            SET next_run_at = now() + interval '1 second' + s.i * %(gap)s * interval '1 second',
-                step_due_at = NULL
-            FROM (SELECT id, row_number() OVER (ORDER BY random()) - 1 AS i FROM followup_enrollments
-                  WHERE project_id = ANY(%(small)s)) s
-            WHERE e.id = s.id
-            """,
-            {"gap": 1 / rate, "small": small_ids},
-        )
+    processes, stop = _loops(url, workers, next_due=True)
+    _stream(url, rate, small_ids)  # the trickle starts with the drain
     total = big + trickle
     with psycopg.connect(url, autocommit=True) as conn:
         while True:
