@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import functools
 import heapq
 import json
 import os
@@ -275,6 +274,12 @@ class Replica:
                 start_new_session=True,
             )
 
+    def tail(self, lines: int = 5) -> str:
+        """The last lines of the replica's log."""
+        path = self.logs / f"{self.name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return " | ".join(text.strip().splitlines()[-lines:])
+
     def kill(self) -> None:
         if self.process is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -406,9 +411,10 @@ class Chaos:
             self.replicas += [Replica(service, i, env, logs) for i in range(count)]
         for replica in self.replicas:
             replica.start()
+        for replica in self.replicas:
+            if replica.service == "api":
+                self._api_up(replica)
         self.api = Api([r.port for r in self.replicas if r.service == "api"], project.api_key)
-        for base in self.api.bases:
-            self._await(functools.partial(_healthy, base), f"{base} answering", 90)
         sequence = self.api.call("POST", "/v1/sequences", {"name": "chaos", "definition": SEQUENCE})
         self.api.call("POST", f"/v1/sequences/{sequence['id']}/publish")
         self.sequence_id = sequence["id"]
@@ -419,6 +425,26 @@ class Chaos:
         delayed = {"name": "a minute later", "event": event, "actions": [hook], "execution_delay_minutes": 1}
         self.rule_later = self.api.call("POST", "/v1/rules", delayed)["id"]
         log(f"up in {time.monotonic() - t0:.0f}s: {len(self.replicas)} replicas")
+
+    def _api_up(self, replica: Replica, tries: int = 3) -> None:
+        """Wait until an API replica answers. One that exited meanwhile is started again on another port:
+        the port it was given (free when asked) may have been taken since by another process's outgoing
+        connection, an ephemeral port like it."""
+        for _ in range(tries):
+            deadline = time.monotonic() + 180
+            base = f"http://127.0.0.1:{replica.port}"
+            while time.monotonic() < deadline:
+                if _healthy(base):
+                    return
+                if replica.process is not None and replica.process.poll() is not None:
+                    break
+                time.sleep(0.3)
+            else:
+                raise RuntimeError(f"{replica.name} not answering within 180s ({replica.tail()})")
+            log(f"{replica.name} exited at start ({replica.tail()}): started again on another port")
+            replica.port = free_port()
+            replica.start()
+        raise RuntimeError(f"{replica.name} could not start ({replica.tail()})")
 
     def _await(self, predicate: Callable[[], object], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
