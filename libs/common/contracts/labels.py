@@ -134,6 +134,8 @@ REASONS: Final[dict[str, str]] = {
     "status": "Conversation in a status",
     "awaiting_agent": "Waiting for an agent since",
     "awaiting_customer": "Waiting for the customer since",
+    "reply_chase": "Waiting for the customer's answer to",
+    "event": "The event itself",
     # rule runs refused
     "no_conversation": "No open conversation",
     "rejected": "Rejected",
