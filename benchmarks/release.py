@@ -208,6 +208,18 @@ def _stream(url: str, rate: int, projects: list[Any] | None = None) -> None:
         )
 
 
+def _await_runs(url: str, total: int, timeout: float) -> None:
+    """Wait until ``total`` step runs are recorded, at most ``timeout`` seconds (the caller's count then
+    says what was released)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            done = conn.execute("SELECT count(*) FROM followup_step_runs").fetchone()
+            if done is not None and done[0] >= total:
+                return
+            time.sleep(0.5)
+
+
 def run_steady(url: str, rate: int, seconds: int, workers: int, *, next_due: bool = True) -> float:
     """Steps falling due at ``rate``/s for ``seconds``, released by ``workers`` loops: the lag p99 (ms)."""
     _reset(url)
@@ -221,13 +233,8 @@ def run_steady(url: str, rate: int, seconds: int, workers: int, *, next_due: boo
         conn.execute("VACUUM ANALYZE followup_enrollments")
     processes, stop = _loops(url, workers, next_due)
     _stream(url, rate)
-    deadline = time.monotonic() + seconds + 60
+    _await_runs(url, total, seconds + 60)
     with psycopg.connect(url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            done = conn.execute("SELECT count(*) FROM followup_step_runs").fetchone()
-            if done is not None and done[0] >= total:
-                break
-            time.sleep(0.5)
         lags = [
             float(row[0])
             for row in conn.execute(
@@ -268,13 +275,8 @@ def run_fairness(
         conn.execute("VACUUM ANALYZE")
     processes, stop = _loops(url, workers, next_due=True)
     _stream(url, rate, small_ids)  # the trickle starts with the drain
-    total = big + trickle
+    _await_runs(url, big + trickle, seconds + 3600)
     with psycopg.connect(url, autocommit=True) as conn:
-        while True:
-            done = conn.execute("SELECT count(*) FROM followup_step_runs").fetchone()
-            if done is not None and done[0] >= total:
-                break
-            time.sleep(0.5)
         lags = [
             float(row[0])
             for row in conn.execute(
