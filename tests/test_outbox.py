@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 from psycopg_pool import ConnectionPool
 
-from libs.common.contracts.events import Event
 from libs.common.core.clock import ManualClock
 from libs.common.core.outbox import (
     RELAY_LOCK_KEY,
@@ -24,21 +23,8 @@ from libs.common.core.outbox import (
 )
 from tests.conftest import Project
 from tests.helpers import EventsConsumer, rows
+from tests.outbox_helpers import Happened
 from tests.tcp_proxy import TcpProxy
-
-
-class Happened(Event, kw_only=True, frozen=True):
-    """An event of the tests' own: the n-th thing that happened to one aggregate."""
-
-    type: ClassVar[str] = "test.happened"
-    aggregate_type: ClassVar[str] = "thing"
-
-    thing_id: uuid.UUID
-    seq: int
-
-    @property
-    def aggregate_id(self) -> uuid.UUID:
-        return self.thing_id
 
 
 def write(pool: ConnectionPool, clock: ManualClock, project: Project, aggregate: uuid.UUID, n: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import pika
@@ -16,7 +16,6 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg_pool import ConnectionPool
 
-from libs.common.contracts.events import Event
 from libs.common.core import confirms
 from libs.common.core.clock import ManualClock
 from libs.common.core.outbox import (
@@ -29,23 +28,10 @@ from libs.common.core.outbox import (
 )
 from tests.conftest import Project
 from tests.helpers import EventsConsumer, rows
+from tests.outbox_helpers import Happened
 from tests.tcp_proxy import TcpProxy
 
 GAUGE = "followups_outbox_oldest_unpublished_seconds"
-
-
-class Counted(Event, kw_only=True, frozen=True):
-    """An event of the tests' own: the ``seq``-th thing that happened to one thing."""
-
-    type: ClassVar[str] = "test.counted"
-    aggregate_type: ClassVar[str] = "thing"
-
-    thing_id: uuid.UUID
-    seq: int
-
-    @property
-    def aggregate_id(self) -> uuid.UUID:
-        return self.thing_id
 
 
 def write_interleaved(
@@ -64,7 +50,7 @@ def write_interleaved(
                 if not left:
                     break
                 thing = rng.choice(sorted(left))
-                events.append(Counted(thing_id=thing, seq=seq[thing]))
+                events.append(Happened(thing_id=thing, seq=seq[thing]))
                 seq[thing] += 1
                 left[thing] -= 1
                 if not left[thing]:
@@ -315,7 +301,7 @@ def test_the_backlog_gauge_tells_the_oldest_waiting_event_while_a_backlog_drains
         for minute in range(10):
             occurred_at = now - timedelta(minutes=10 - minute)
             write_events(
-                conn, project.id, [Counted(thing_id=uuid.uuid4(), seq=minute)], occurred_at=occurred_at
+                conn, project.id, [Happened(thing_id=uuid.uuid4(), seq=minute)], occurred_at=occurred_at
             )
     seen: list[float] = []
 
