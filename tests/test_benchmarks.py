@@ -15,69 +15,52 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-DATABASE = "followups_bench_smoke"
+
+def run_benchmark(server_url: str, module: str, database: str, *args: str, **env: str) -> str:
+    """``benchmarks.<module>`` run with ``args`` in a database of its own: its output, once it exited 0 and
+    dropped its database."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", *args, "--database", database],
+        env=os.environ | {"DATABASE_URL": server_url} | env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    with psycopg.connect(server_url) as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchall()
+    assert left == [], "the benchmark's database is dropped afterwards"
+    return done.stdout
+
+
+def last_line(output: str) -> str:
+    return output.strip().splitlines()[-1]
 
 
 def test_the_release_benchmarks_backlog_part_drains_both_backlogs_and_prints_its_line(
     server_url: str,
 ) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.release",
-            "--backlog-only",
-            "--backlog-small",
-            "1000",
-            "--backlog-large",
-            "2000",
-            "--database",
-            DATABASE,
-        ],
-        env=os.environ | {"DATABASE_URL": server_url},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    output = run_benchmark(
+        server_url,
+        "release",
+        "followups_bench_smoke",
+        *("--backlog-only", "--backlog-small", "1000", "--backlog-large", "2000"),
     )
-    assert done.returncode == 0, done.stderr
-    last = done.stdout.strip().splitlines()[-1]
     assert re.fullmatch(
-        r"release: steps_per_s_1k=\d+ steps_per_s_2k=\d+ backlog_ratio_2k_1k=\d+\.\d\d", last
-    ), done.stdout
-    with psycopg.connect(server_url) as conn:
-        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchall()
-    assert left == [], "the benchmark's database is dropped afterwards"
+        r"release: steps_per_s_1k=\d+ steps_per_s_2k=\d+ backlog_ratio_2k_1k=\d+\.\d\d", last_line(output)
+    ), output
 
 
 def test_the_partitions_benchmark_removes_the_oldest_month_both_ways_and_prints_its_line(
     server_url: str,
 ) -> None:
-    database = "followups_bench_partitions_smoke"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.partitions",
-            "--rows",
-            "12000",
-            "--ops",
-            "100",
-            "--rounds",
-            "1",
-            "--window",
-            "0.5",
-            "--database",
-            database,
-        ],
-        env=os.environ | {"DATABASE_URL": server_url},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    output = run_benchmark(
+        server_url,
+        "partitions",
+        "followups_bench_partitions_smoke",
+        *("--rows", "12000", "--ops", "100", "--rounds", "1", "--window", "0.5"),
     )
-    assert done.returncode == 0, done.stderr
-    last = done.stdout.strip().splitlines()[-1]
     number = r"\d+(\.\d+)?"
     keys = [
         "delete_s",
@@ -90,46 +73,21 @@ def test_the_partitions_benchmark_removes_the_oldest_month_both_ways_and_prints_
         "insert_ratio",
         "lookup_ratio",
     ]
-    assert re.fullmatch("partitions: rows=12000" + "".join(f" {key}={number}" for key in keys), last), (
-        done.stdout
-    )
-    with psycopg.connect(server_url) as conn:
-        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchall()
-    assert left == [], "the benchmark's database is dropped afterwards"
+    expected = "partitions: rows=12000" + "".join(f" {key}={number}" for key in keys)
+    assert re.fullmatch(expected, last_line(output)), output
 
 
 @pytest.mark.rabbitmq
 def test_the_outbox_benchmark_relays_both_ways_and_prints_its_line(server_url: str, amqp_url: str) -> None:
-    database = "followups_bench_outbox_smoke"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.outbox",
-            "-n",
-            "2000",
-            "--aggregates",
-            "200",
-            "--before-events",
-            "300",
-            "--batch",
-            "100",
-            "--rounds",
-            "1",
-            "--database",
-            database,
-        ],
-        env=os.environ | {"DATABASE_URL": server_url, "AMQP_URL": amqp_url},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    output = run_benchmark(
+        server_url,
+        "outbox",
+        "followups_bench_outbox_smoke",
+        *("-n", "2000", "--aggregates", "200", "--before-events", "300", "--batch", "100", "--rounds", "1"),
+        AMQP_URL=amqp_url,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.strip().splitlines()
-    assert "each enrollment's in order" in done.stdout
-    assert "backlog gauge honest in every run: yes" in done.stdout
-    assert re.fullmatch(r"outbox: relayed_per_s=\d+ before_per_s=\d+ ratio=\d+\.\d\d", lines[-1]), done.stdout
-    with psycopg.connect(server_url) as conn:
-        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchall()
-    assert left == [], "the benchmark's database is dropped afterwards"
+    assert "each enrollment's in order" in output
+    assert "backlog gauge honest in every run: yes" in output
+    assert re.fullmatch(r"outbox: relayed_per_s=\d+ before_per_s=\d+ ratio=\d+\.\d\d", last_line(output)), (
+        output
+    )
