@@ -12,7 +12,7 @@ from datetime import timedelta
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
-from libs.common.core.db import server_unavailable
+from libs.common.core.db import pipelined_transaction, server_unavailable
 from libs.common.core.jobs import FIRST_PROJECT
 from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
 from libs.common.core.settings import FollowupSettings
@@ -37,27 +37,28 @@ def release_one(
     caller sends it to the ai_steps service once committed."""
     now = clock.now()
     claimed: tuple[uuid.UUID, uuid.UUID] | None = None  # (project, enrollment)
-    try:
-        # Pipeline mode: a statement whose result is read waits for it; the writes that follow the last
-        # read travel together with the COMMIT in one round trip.
-        with pool.connection() as conn, conn.pipeline():
-            if project_id is None:
-                first = _due_projects(conn, now, after=FIRST_PROJECT, projects=1)
-                if not first:
+    with pool.connection() as conn:
+        try:
+            # one pipeline: a statement whose result is read waits for it; BEGIN travels with the claim,
+            # and the writes that follow the last read travel together with the COMMIT in one round trip
+            with pipelined_transaction(conn):
+                if project_id is None:
+                    first = _due_projects(conn, now, after=FIRST_PROJECT, projects=1)
+                    if not first:
+                        return None
+                    project_id = first[0]
+                row = claim_due_enrollment(conn, project_id, now)
+                if row is None:
                     return None
-                project_id = first[0]
-            row = claim_due_enrollment(conn, project_id, now)
-            if row is None:
-                return None
-            claimed = (row.project_id, row.id)
-            released = release_claimed(conn, row, settings, now=now, ai_lease=ai_lease)
-            conn.commit()
-    except Exception as exc:
-        # the database went away mid-release: not the enrollment's fault (no failure counted, no back-off);
-        # the transaction is gone with the connection, and the loop tries again once the server is back
-        if claimed is None or server_unavailable(exc):
-            raise
-        released = record_failure(pool, *claimed, exc, now, settings)
+                claimed = (row.project_id, row.id)
+                released = release_claimed(conn, row, settings, now=now, ai_lease=ai_lease)
+        except Exception as exc:
+            # the database went away mid-release: not the enrollment's fault (no failure counted, no
+            # back-off); the transaction is gone with the connection, and the loop tries again once the
+            # server is back
+            if claimed is None or server_unavailable(exc):
+                raise
+            released = record_failure(conn, *claimed, exc, now, settings)
     observe(released)
     return released
 
