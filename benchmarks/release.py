@@ -57,10 +57,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgspec
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from benchmarks.common import bench_database, percentile, rss_mb, start_all
 from benchmarks.seed import seed_due_enrollments, seed_history, seed_project, with_numbers
@@ -475,8 +475,9 @@ def _pgbench(
     assert project is not None
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
         script.write(script_text)
-    parts = urlsplit(url)
-    env = os.environ | {"PGPASSWORD": parts.password or ""}
+    # the server as libpq reads the URL (a host, or a socket directory as ?host=)
+    parts = {key: str(value) for key, value in conninfo_to_dict(url).items()}
+    env = os.environ | {"PGPASSWORD": parts.get("password", "")}
     result = subprocess.run(
         [
             pgbench,
@@ -495,12 +496,12 @@ def _pgbench(
             "-D",
             f"project_id={project[0]}",
             "-h",
-            parts.hostname or "127.0.0.1",
+            parts.get("host", "127.0.0.1"),
             "-p",
-            str(parts.port or 5432),
+            parts.get("port", "5432"),
             "-U",
-            parts.username or "postgres",
-            parts.path.lstrip("/"),
+            parts.get("user", "postgres"),
+            parts["dbname"],
         ],
         capture_output=True,
         text=True,
