@@ -10,8 +10,9 @@ that owns the connection, once, after COMMIT succeeded (Django's ``transaction.o
 - **Never before the commit, never after a rollback.** An exception out of the block, or a COMMIT that
   fails, drops what was registered; a savepoint opened with :func:`savepoint` that rolls back drops what
   was registered inside it, and only that (a plain ``conn.transaction()`` does not know of effects: a
-  savepoint whose block may register one is opened with :func:`savepoint`); one opened with
-  :func:`rolled_back` always rolls back and drops them.
+  savepoint whose block may register one is opened with :func:`savepoint`, or with :class:`Savepoint`
+  when its commands ride in the caller's pipelines); one opened with :func:`rolled_back` always rolls back
+  and drops them.
 - **Once per transaction.** Effects with the same :attr:`Effect.key` run once: a nudge wakes a loop, so
   a bulk that makes 500 enrollments due sends one release nudge for the project, not 500.
 - **Never an error.** An effect that fails is logged (``after-commit effect failed``); the change stays

@@ -10,10 +10,16 @@ on by the triggers service.
    (its rules' conditions matched in prepared statements: :mod:`libs.common.rules.matching`; a group that
    fails is settled trigger by trigger, and the trigger that fails alone backs off alone; a group whose
    big rule set is still compiling in the background waits, due as it was), and runs each matching rule's
-   actions in a SAVEPOINT of its own (each trigger in a transaction of its own). A business refusal is an
-   outcome (``rejected``); an unexpected error rolls the rule back and retries the trigger with backoff,
-   skipping the rules that already ran (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS`
-   (``failed``).
+   actions as if in a SAVEPOINT of its own (each trigger in a transaction of its own): a trigger's rules
+   run together under one savepoint first, and one by one in savepoints of their own only when one of
+   them is refused or fails (:func:`_run`). A business refusal is an outcome (``rejected``); an unexpected
+   error rolls the rule back and retries the trigger with backoff, skipping the rules that already ran
+   (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS` (``failed``).
+
+Round trips are what a trigger costs (each one a wake-up of the database's backend and of the worker): a
+group's reads go out together and so do its writes; a leased trigger's transaction is the lease's lock
+(with its BEGIN and the rules' savepoint), its actions' own statements, its rule runs with its mark, and
+the COMMIT.
 
 Each trigger is counted in ``whatstig_followup_triggers_total{type,outcome}`` once the batch committed, per
 rule it met: ``executed``, ``rejected``, ``not_matched``, ``delayed``; per trigger: ``no_rule`` (no active
