@@ -17,9 +17,9 @@ on by the triggers service.
    (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS` (``failed``).
 
 Round trips are what a trigger costs (each one a wake-up of the database's backend and of the worker): a
-group's reads go out together and so do its writes; a leased trigger's transaction is the lease's lock
-(with its BEGIN and the rules' savepoint), its actions' own statements, its rule runs with its mark, and
-the COMMIT.
+group's reads go out together and so do its writes; a leased trigger's transaction is one round trip for
+its BEGIN, the lease's lock, the rules' savepoint, their runs and the trigger's mark, then its actions' own
+statements, then the COMMIT.
 
 Each trigger is counted in ``whatstig_followup_triggers_total{type,outcome}`` once the batch committed, per
 rule it met: ``executed``, ``rejected``, ``not_matched``, ``delayed``; per trigger: ``no_rule`` (no active
@@ -381,16 +381,21 @@ def _run(
     it processed; a rule that fails unexpectedly ends the attempt (:class:`Failed`): the rules that ran are
     kept and not run again when it is retried.
 
-    The rules run first together, under one savepoint sent with the lease's lock (the transaction's first
-    round trip): no savepoint of their own. Should any of them be refused or fail, that savepoint is rolled
-    back and they run again one by one, each in a savepoint of its own (:func:`_run_each`), so what is kept
-    is always what rules run one by one would keep. The rule runs and the trigger's mark go out together."""
+    On the bet that every rule executes (the common case), the transaction's first round trip is its BEGIN,
+    the lease's lock, a savepoint, and the rule runs (``executed``) with the trigger's mark; then the rules'
+    actions run together, with no savepoint of their own. Should the lease be lost, or any rule be refused
+    or fail, that savepoint is rolled back (the runs and the mark with it); the rules then run again one by
+    one, each in a savepoint of its own (:func:`_run_each`), and what they did is written after them. What
+    is kept is always what rules run one by one would keep."""
     lease = {"project_id": trigger.project_id, "id": trigger.id, "until": until, "attempts": trigger.attempts}
+    executed = [_RuleRan(rule, done=Done()) for rule in rules]
     together = Savepoint(conn, "rules")
     with conn.pipeline():
         locked = conn.execute(QUERIES["lock_leased"], lease)
         together.open()
+        _write_runs(conn, trigger, [_row(trigger, item) for item in executed], processed=True, now=now)
     if locked.fetchone() is None:
+        together.rollback()
         return None  # processed meanwhile, or taken over by another worker after the lease ran out
     subject = _subject(trigger)
     failed: Failed | None = None
@@ -401,14 +406,24 @@ def _run(
     except Exception:  # a refusal or a failure: each rule again in a savepoint of its own
         together.rollback()
         ran, failed = _run_each(conn, rules, subject, now)
-    runs = [_outcome(trigger, item, processed) for item in ran]
-    project = {"project_id": trigger.project_id, "now": now}
-    with conn.pipeline():
-        if runs:
-            conn.execute(QUERIES["insert_rule_runs"], project | {"runs": Jsonb(runs)})
-        if failed is None:
-            conn.execute(QUERIES["mark_processed"], project | {"ids": [trigger.id]})
+        with conn.pipeline():
+            _write_runs(
+                conn, trigger, [_row(trigger, item) for item in ran], processed=failed is None, now=now
+            )
+    for item in ran:
+        _count(trigger, item, processed)
     return failed
+
+
+def _write_runs(
+    conn: Connection[Any], trigger: _Claimed, runs: list[dict[str, Any]], *, processed: bool, now: datetime
+) -> None:
+    """Write the trigger's rule runs, and mark it processed when it is."""
+    project = {"project_id": trigger.project_id, "now": now}
+    if runs:
+        conn.execute(QUERIES["insert_rule_runs"], project | {"runs": Jsonb(runs)})
+    if processed:
+        conn.execute(QUERIES["mark_processed"], project | {"ids": [trigger.id]})
 
 
 def _run_each(
@@ -430,10 +445,18 @@ def _run_each(
     return ran, None
 
 
-def _outcome(trigger: _Claimed, item: _RuleRan, processed: Processed) -> dict[str, Any]:
-    """A rule's run for ``trigger`` counted, logged and kept in ``processed``; returns its row of
-    ``rule_runs``."""
+def _row(trigger: _Claimed, item: _RuleRan) -> dict[str, Any]:
+    """A rule's run for ``trigger`` as its row of ``rule_runs``."""
     run = {"trigger_id": trigger.id, "rule_id": str(item.rule.id)}
+    if item.done is None:
+        assert item.refusal is not None
+        reason, detail = refusal_of(item.refusal)
+        return _rule_run(run, "rejected", reason, detail)
+    return _rule_run(run, "executed")
+
+
+def _count(trigger: _Claimed, item: _RuleRan, processed: Processed) -> None:
+    """A rule's run for ``trigger`` counted, logged and kept in ``processed``."""
     context = {
         "trigger_id": trigger.id,
         "project_id": str(trigger.project_id),
@@ -442,16 +465,15 @@ def _outcome(trigger: _Claimed, item: _RuleRan, processed: Processed) -> dict[st
     }
     if item.done is None:
         assert item.refusal is not None
-        reason, detail = refusal_of(item.refusal)
+        reason, _ = refusal_of(item.refusal)
         processed.outcomes[(trigger.type, "rejected")] += 1
         log.info("rule rejected", extra=context | {"reason": reason})
-        return _rule_run(run, "rejected", reason, detail)
+        return
     processed.outcomes[(trigger.type, "executed")] += 1
     processed.done.webhook_delivery_ids += item.done.webhook_delivery_ids
     processed.done.message_ids += item.done.message_ids
     processed.done.stopped += item.done.stopped
     log.info("rule executed", extra=context)
-    return _rule_run(run, "executed")
 
 
 def _rule_run(
