@@ -40,8 +40,8 @@ import multiprocessing
 import os
 import pstats
 import random
-import tempfile
 import statistics
+import tempfile
 import threading
 import time
 import uuid
@@ -450,7 +450,8 @@ def _profile(url: str, producer: _Producer, events: int, workers: int) -> None:
         out = io.StringIO()
         stats = pstats.Stats(*dumps, stream=out)
     stats.sort_stats("cumulative").print_stats(15)
-    print(f"  profiled drain: {events} events in {elapsed:.2f} s ({events / elapsed:.0f} events/s under cProfile)")
+    rate = events / elapsed
+    print(f"  profiled drain: {events} events in {elapsed:.2f} s ({rate:.0f} events/s under cProfile)")
     print("  cProfile of the workers, 15 heaviest by cumulative time:")
     print("\n".join("    " + line for line in out.getvalue().splitlines() if line.strip()))
 
