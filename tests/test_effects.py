@@ -364,9 +364,12 @@ def test_a_rule_refused_after_one_that_enrolled_keeps_one_enrollment_and_one_nud
     create_rule(client, "contact.created", [{"type": "add_label", "labels": ["never"]}])
     new_contact(client)
     seen = nudged_when_committed(runtime, monkeypatch)
+    again = "followups_trigger_rules_run_again_total"
+    before = REGISTRY.get_sample_value(again, {"type": "contact.created"}) or 0.0
     # When its trigger is processed: the rules run together, the refusal rolls them back, and they run
-    # again one by one
+    # again one by one (counted)
     processed = triggers.process_triggers(runtime.pool, runtime.clock, runtime=runtime)
+    assert REGISTRY.get_sample_value(again, {"type": "contact.created"}) == before + 1
     # Then the contact is enrolled once, the release service nudged once after the commit, each rule's run
     # recorded once
     assert processed.outcomes == {("contact.created", "executed"): 1, ("contact.created", "rejected"): 1}

@@ -53,7 +53,7 @@ from libs.common.core.jobs import (
     claim_in_turns,
     run_batch,
 )
-from libs.common.core.metrics import FOLLOWUP_TRIGGERS
+from libs.common.core.metrics import FOLLOWUP_TRIGGERS, TRIGGER_RULES_RUN_AGAIN
 from libs.common.core.reasons import stored
 from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
@@ -403,8 +403,13 @@ def _run(
         ran = [
             _RuleRan(rule, done=run_actions(conn, rule.id, rule.actions, subject, now=now)) for rule in rules
         ]
-    except Exception:  # a refusal or a failure: each rule again in a savepoint of its own
+    except Exception as exc:  # a refusal or a failure: each rule again in a savepoint of its own
         together.rollback()
+        TRIGGER_RULES_RUN_AGAIN.labels(trigger.type).inc()
+        log.debug(
+            "rules run again one by one",
+            extra={"trigger_id": trigger.id, "project_id": str(trigger.project_id), "error": repr(exc)},
+        )
         ran, failed = _run_each(conn, rules, subject, now)
         with conn.pipeline():
             _write_runs(
