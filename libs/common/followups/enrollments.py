@@ -303,11 +303,20 @@ def _pin_version(
 
 def _check_plan_limit(conn: Connection[Any], project_id: uuid.UUID, max_active: int | None) -> None:
     """Serialise enrollments of a limited project, so its limit of live enrollments holds when concurrent."""
-    if max_active is None:
-        return
-    live = conn.execute(QUERIES["lock_project_and_count_live"], {"project_id": project_id}).fetchone()
-    if live is not None and live[0] >= max_active:
+    if max_active is not None and plan_room(conn, project_id, max_active) < 1:
         raise PlanLimitReached(field="contact_id")
+
+
+def plan_room(conn: Connection[Any], project_id: uuid.UUID, max_active: int) -> int:
+    """How many more live enrollments the project's plan allows, the project locked (its enrollments wait
+    for this transaction): the live count is the sum of its counter's shards, read once the lock is held
+    (one round trip: both statements pipelined)."""
+    params = {"project_id": project_id}
+    with conn.pipeline():
+        conn.execute(QUERIES["lock_project"], params)
+        live = conn.execute(QUERIES["live_enrollments"], params)
+    row = live.fetchone()
+    return max_active - (row[0] if row is not None else 0)
 
 
 def _insert(

@@ -39,28 +39,38 @@ WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND sequence_i
   AND status IN ('active', 'paused')
 FOR UPDATE
 
--- name: lock_project_and_count_live
--- Lock the project (serialising its enrollments) and count its live enrollments. NO KEY UPDATE: it does
--- not block the foreign key checks of the rows releases insert, which reference the project.
-SELECT (SELECT count(*) FROM followup_enrollments
-        WHERE project_id = %(project_id)s AND status IN ('active', 'paused'))
-FROM projects p WHERE p.id = %(project_id)s
-FOR NO KEY UPDATE
+-- name: lock_project
+-- Lock the project, serialising its enrollments while it has a plan limit. NO KEY UPDATE: it does not
+-- block the foreign key checks of the rows releases insert, which reference the project.
+SELECT 1 FROM projects p WHERE p.id = %(project_id)s FOR NO KEY UPDATE
+
+-- name: live_enrollments
+-- The project's live enrollments: the sum of its counter's shards (migration 0027). Read in a statement
+-- after lock_project's, so that it sees what the enrollment that held the lock before committed.
+SELECT coalesce(sum(live), 0)::bigint FROM followup_live_counters WHERE project_id = %(project_id)s
 
 -- name: insert_enrollment
 -- Enroll a contact in a pinned version, with the stop flags copied from it; nothing on a known dedupe key.
-INSERT INTO followup_enrollments (
-    project_id, sequence_id, version_id, contact_id, conversation_id, number_id, source, campaign_id, next_run_at,
-    step_due_at, anchor_at, variables, dedupe_key, stop_on_reply, stop_on_human_message, stop_on_opt_out,
-    stop_on_lead_closed, stop_on_conversation_resolved, enrolled_at, updated_at
-) VALUES (
-    %(project_id)s, %(sequence_id)s, %(version_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s,
-    %(source)s, %(campaign_id)s, %(next_run_at)s, %(next_run_at)s, %(anchor_at)s, %(variables)s, %(dedupe_key)s, %(stop_on_reply)s,
-    %(stop_on_human_message)s, %(stop_on_opt_out)s, %(stop_on_lead_closed)s,
-    %(stop_on_conversation_resolved)s, %(now)s, %(now)s
+-- The project's live count gains it (migration 0027: the session's shard).
+WITH enrolled AS (
+    INSERT INTO followup_enrollments (
+        project_id, sequence_id, version_id, contact_id, conversation_id, number_id, source, campaign_id,
+        next_run_at, step_due_at, anchor_at, variables, dedupe_key, stop_on_reply, stop_on_human_message,
+        stop_on_opt_out, stop_on_lead_closed, stop_on_conversation_resolved, enrolled_at, updated_at
+    ) VALUES (
+        %(project_id)s, %(sequence_id)s, %(version_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s,
+        %(source)s, %(campaign_id)s, %(next_run_at)s, %(next_run_at)s, %(anchor_at)s, %(variables)s,
+        %(dedupe_key)s, %(stop_on_reply)s, %(stop_on_human_message)s, %(stop_on_opt_out)s,
+        %(stop_on_lead_closed)s, %(stop_on_conversation_resolved)s, %(now)s, %(now)s
+    )
+    ON CONFLICT (project_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+    RETURNING *
+), counted AS (
+    INSERT INTO followup_live_counters AS c (project_id, shard, live)
+    SELECT %(project_id)s, pg_backend_pid() & 15, count(*) FROM enrolled HAVING count(*) > 0
+    ON CONFLICT (project_id, shard) DO UPDATE SET live = c.live + excluded.live
 )
-ON CONFLICT (project_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-RETURNING *
+SELECT * FROM enrolled
 
 -- name: get_enrollment
 -- One enrollment of a project.
