@@ -387,26 +387,26 @@ def main() -> None:
         def job(round_: int) -> float:
             seconds = run_job(pool, project_id, sequence(project_id, f"bulk {round_}"), contacts)
             print(f"  round {round_ + 1}, bulk: {args.contacts} enrolled in {seconds:.1f} s")
-            return args.contacts / seconds
+            return float(args.contacts / seconds)
 
         def single(round_: int) -> float:
             seconds = run_one_by_one(
                 pool, project_id, sequence(project_id, f"one {round_}"), contacts[:one_by_one]
             )
             print(f"  round {round_ + 1}, one by one: {one_by_one} enrolled in {seconds:.1f} s")
-            return one_by_one / seconds
+            return float(one_by_one / seconds)
 
         def limited(round_: int) -> float:
             set_limit(pool, limited_id, 1_000_000_000)
             seconds = run_one_by_one(pool, limited_id, sequence(limited_id, f"limited {round_}"), to_limit)
             print(f"  round {round_ + 1}, limited: {args.limit_contacts} enrolled in {seconds:.1f} s")
-            return args.limit_contacts / seconds
+            return float(args.limit_contacts / seconds)
 
         def unlimited(round_: int) -> float:
             set_limit(pool, limited_id, None)
             seconds = run_one_by_one(pool, limited_id, sequence(limited_id, f"unlimited {round_}"), to_limit)
             print(f"  round {round_ + 1}, unlimited: {args.limit_contacts} enrolled in {seconds:.1f} s")
-            return args.limit_contacts / seconds
+            return float(args.limit_contacts / seconds)
 
         try:
             bulk_per_s, single_per_s, ratio = medians(in_turn(args.rounds, job, single))
