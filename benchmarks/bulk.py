@@ -10,7 +10,7 @@ after enrollment, so nothing falls due).
 
    - Bulk: one job of the N contacts, created through ``bulk.create_job`` (a list of contact ids, copied
      in), then processed by one worker loop calling ``process_chunk(pool, SYSTEM_CLOCK)`` (the triggers
-     service's ``bulk`` loop, 500 contacts a chunk) until the job is completed. One process: a job is moved
+     service's ``bulk`` loop, ``bulk.CHUNK`` contacts a chunk, or ``--chunk``) until the job is completed. One process: a job is moved
      on by one worker at a time (its row is locked for each chunk), so more workers would not make one job
      faster. Its rate = N / the time from the first chunk to the job completed (creating the job is timed
      apart).
@@ -125,7 +125,11 @@ def _job_status(pool: ConnectionPool, job_id: uuid.UUID) -> tuple[str, int, int]
 
 
 def run_job(
-    pool: ConnectionPool, project_id: uuid.UUID, sequence_id: uuid.UUID, contacts: list[uuid.UUID]
+    pool: ConnectionPool,
+    project_id: uuid.UUID,
+    sequence_id: uuid.UUID,
+    contacts: list[uuid.UUID],
+    chunk: int = bulk.CHUNK,
 ) -> float:
     """Create a job of ``contacts`` and process it to its end, as the bulk loop would: seconds taken to
     process it (creating it is timed and printed apart)."""
@@ -140,7 +144,7 @@ def run_job(
     print(f"  job of {len(contacts)} contacts created in {time.perf_counter() - started:.2f} s")
     started = time.perf_counter()
     while True:
-        if bulk.process_chunk(pool, SYSTEM_CLOCK):
+        if bulk.process_chunk(pool, SYSTEM_CLOCK, chunk=chunk):
             continue
         # 0: nothing to do, or the pass that completed the job handled no contact (a multiple of the chunk)
         if _job_status(pool, job.id)[0] not in ("queued", "running"):
@@ -344,6 +348,7 @@ def main() -> None:
     parser.add_argument("-n", "--contacts", type=int, default=100_000, help="contacts of the bulk job")
     parser.add_argument("--one-by-one", type=int, default=5_000, help="contacts enrolled one by one a round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each comparison")
+    parser.add_argument("--chunk", type=int, default=bulk.CHUNK, help="contacts a bulk chunk enrolls")
     parser.add_argument("--live", type=int, default=100_000, help="live enrollments of the limited project")
     parser.add_argument("--limit-contacts", type=int, default=1_000, help="enrollments a round, limit or not")
     parser.add_argument("--no-logs", action="store_true", help="log at WARNING (a worker logs at INFO)")
@@ -385,7 +390,7 @@ def main() -> None:
                 return one_step_sequence(conn, project, name)
 
         def job(round_: int) -> float:
-            seconds = run_job(pool, project_id, sequence(project_id, f"bulk {round_}"), contacts)
+            seconds = run_job(pool, project_id, sequence(project_id, f"bulk {round_}"), contacts, args.chunk)
             print(f"  round {round_ + 1}, bulk: {args.contacts} enrolled in {seconds:.1f} s")
             return float(args.contacts / seconds)
 
