@@ -10,10 +10,10 @@ after enrollment, so nothing falls due).
 
    - Bulk: one job of the N contacts, created through ``bulk.create_job`` (a list of contact ids, copied
      in), then processed by one worker loop calling ``process_chunk(pool, SYSTEM_CLOCK)`` (the triggers
-     service's ``bulk`` loop, ``bulk.CHUNK`` contacts a chunk, or ``--chunk``) until the job is completed. One process: a job is moved
-     on by one worker at a time (its row is locked for each chunk), so more workers would not make one job
-     faster. Its rate = N / the time from the first chunk to the job completed (creating the job is timed
-     apart).
+     service's ``bulk`` loop, ``bulk.CHUNK`` contacts a chunk, or ``--chunk``) until the job is completed.
+     One process: a job is moved on by one worker at a time (its row is locked for each chunk), so more
+     workers would not make one job faster. Its rate = N / the time from the first chunk to the job
+     completed (creating the job is timed apart).
    - One by one: M contacts (5,000 by default: ``--one-by-one``; the first M of the same contacts) each
      enrolled through ``enroll()`` in a transaction of its own (what M API calls or rule actions would do,
      without HTTP). Its rate = M / time.
