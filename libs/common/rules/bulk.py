@@ -9,10 +9,13 @@ refuses the opted-out and the already enrolled, as for any enrollment).
 
 **Processing** (the triggers service's ``bulk`` loop, :func:`process_chunk`): one chunk per transaction.
 The job's row is locked ``FOR UPDATE SKIP LOCKED`` for the chunk (one worker at a time moves a job on);
-the chunk's contacts go through ``enroll()`` each in a savepoint (a refusal is an outcome: ``skipped`` with
-its reason), their outcomes, the cursor and the counts are written in the same transaction. A worker
-killed at any moment loses only its uncommitted chunk, which the next worker redoes: no contact is
-enrolled twice and none is skipped. A cancel takes effect at the next chunk.
+the chunk's contacts are enrolled together by ``enroll_all()`` (a few statements for the chunk, every rule
+of ``enroll()`` applied to each contact in list order: a refusal is an outcome, ``skipped`` with its
+reason, the same as ``enroll()`` one by one would give); their outcomes, the cursor and the counts are
+written in the same transaction. Should PostgreSQL refuse a value of one contact (out of its range), the
+chunk's contacts are enrolled again each in a savepoint, that contact skipped ``error``. A worker killed at
+any moment loses only its uncommitted chunk, which the next worker redoes: no contact is enrolled twice
+and none is skipped. A cancel takes effect at the next chunk.
 
 Events: ``bulk_job.progress`` (at most one a second per job) and ``bulk_job.completed``.
 """
