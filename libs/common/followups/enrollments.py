@@ -416,7 +416,7 @@ def _contacts(conn: Connection[Any], project_id: uuid.UUID, requests: list[Enrol
         "conversation_ids": [r.conversation_id for r in requests],
     }
     with conn.cursor(row_factory=class_row(_Contact)) as cur:
-        return cur.execute(QUERIES["enrollment_contact"], params).fetchall()
+        return cur.execute(QUERIES["enrollment_contact"], params, binary=True).fetchall()
 
 
 def _contact_refusal(request: EnrollRequest, contact: _Contact) -> FollowupsError | None:
@@ -533,7 +533,7 @@ def _insert(
         "now": now,
     }
     with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
-        return {e.contact_id: e for e in cur.execute(QUERIES["insert_enrollments"], params)}
+        return {e.contact_id: e for e in cur.execute(QUERIES["insert_enrollments"], params, binary=True)}
 
 
 class _Live(msgspec.Struct, frozen=True):
