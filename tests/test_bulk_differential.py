@@ -28,13 +28,20 @@ from libs.common.core.clock import ManualClock
 from libs.common.core.errors import FollowupsError, NotFound
 from libs.common.core.jobs import savepoint
 from libs.common.followups.definition import Definition, MessageStep
-from libs.common.followups.enrollments import EnrollmentRejected, EnrollRequest, enroll, stop_enrollment
+from libs.common.followups.enrollments import (
+    EnrollmentRejected,
+    EnrollRequest,
+    enroll,
+    enroll_all,
+    stop_enrollment,
+)
 from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
 from libs.common.platform.projects import create_project
 from libs.common.rules import bulk
 from libs.common.rules.bulk import BulkCreate
 from tests.condition_helpers import POOL_THREADS_USE_RANDOM, QUICK
-from tests.factories import make_contact
+from tests.conftest import Project
+from tests.factories import make_contact, make_sequence
 
 Kind = Literal["fresh", "opted_out", "erased", "live", "finished"]
 Policy = Literal["after_finished", "never", "always"]
@@ -267,3 +274,59 @@ def test_the_differential_test_sees_a_plan_limit_reached_mid_chunk(
         ("skipped", "plan_limit"),
     ]
     assert by_bulk == by_enroll == expected
+
+
+def test_enroll_all_applies_dedupe_keys_as_enroll_one_by_one(
+    pool: ConnectionPool, clock: ManualClock, project: Project, other_project: Project
+) -> None:
+    """A bulk job carries no dedupe key; enroll_all does (the API's enroll() is its case of one): a key
+    known before, a key listed twice, a contact listed twice under two keys, the same both ways."""
+    results = []
+    for target in (project, other_project):
+        sequence_id = make_sequence(pool, target.id, MessageStep(text="Hi", delay_seconds=3600))
+        contacts = [make_contact(pool, target.id) for _ in range(3)]
+        with pool.connection() as conn:
+            enroll(
+                conn,
+                target.id,
+                EnrollRequest(sequence_id=sequence_id, contact_id=contacts[2], dedupe_key="known"),
+                now=clock.now(),
+            )
+        requests = [
+            EnrollRequest(sequence_id=sequence_id, contact_id=contacts[0], dedupe_key="a"),
+            EnrollRequest(sequence_id=sequence_id, contact_id=contacts[1], dedupe_key="a"),
+            EnrollRequest(sequence_id=sequence_id, contact_id=contacts[1], dedupe_key="known"),
+            EnrollRequest(sequence_id=sequence_id, contact_id=contacts[1], dedupe_key="b"),
+            EnrollRequest(sequence_id=sequence_id, contact_id=contacts[1], dedupe_key="c"),
+        ]
+        with pool.connection() as conn:
+            if target is project:
+                found = enroll_all(conn, target.id, requests, now=clock.now())
+            else:
+                found = []
+                for request in requests:
+                    try:
+                        with savepoint(conn):
+                            found.append(enroll(conn, target.id, request, now=clock.now()))
+                    except FollowupsError as refusal:
+                        found.append(refusal)
+        by_contact = {c: n for n, c in enumerate(contacts)}
+        results.append(
+            [
+                (type(r).__name__,)
+                if isinstance(r, Exception)
+                else (by_contact[r[0].contact_id], r[0].dedupe_key, r[1])
+                for r in found
+            ]
+        )
+    assert (
+        results[0]
+        == results[1]
+        == [
+            (0, "a", True),
+            (0, "a", False),
+            (2, "known", False),
+            (1, "b", True),
+            ("AlreadyEnrolled",),
+        ]
+    )
