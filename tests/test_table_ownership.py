@@ -74,8 +74,8 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
         "followups",
         "libs/common/followups/enrollments.sql::lock_project",
         ("projects",),
-        "the plan limit: the project row is locked (NO KEY UPDATE) to serialise its enrollments, before its "
-        "live count is read",
+        "the plan limit: a project with one takes a lock serialising its enrollments, before its live "
+        "count is read",
     ),
     **_reads(
         "followups",

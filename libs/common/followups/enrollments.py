@@ -261,6 +261,7 @@ class _Contact(msgspec.Struct, frozen=True):
     enrolled_before: bool
     live: bool
     max_active_enrollments: int | None
+    live_enrollments: int | None
     sequence_found: bool
     sequence_status: str | None
     current_version_id: uuid.UUID | None
@@ -335,8 +336,8 @@ def _enroll_checked(
                 results[i] = ReentryNotAllowed(field="contact_id")
         admitted = [i for i in admitted if results[i] is None]
     replaced = _replaced(conn, project_id, first.sequence_id, [requests[i] for i in admitted], definition)
-    max_active = contacts[0].max_active_enrollments
-    room = plan_room(conn, project_id, max_active) if max_active is not None and admitted else None
+    max_active, live_now = contacts[0].max_active_enrollments, contacts[0].live_enrollments
+    room = max_active - live_now if max_active is not None and live_now is not None else None
     to_insert: list[tuple[int, datetime]] = []
     for i in admitted:
         request = requests[i]
@@ -406,8 +407,8 @@ def _stop_flags(request: EnrollRequest) -> StopFlags:
 
 
 def _contacts(conn: Connection[Any], project_id: uuid.UUID, requests: list[EnrollRequest]) -> list[_Contact]:
-    """The requests' contacts as stored, in their order, with the project's plan limit and the sequence
-    (one statement)."""
+    """The requests' contacts as stored, in their order, with the project's plan limit and the sequence;
+    a project with a plan limit locked first, and its live enrollments read after (one round trip)."""
     params = {
         "project_id": project_id,
         "sequence_id": requests[0].sequence_id,
@@ -416,7 +417,10 @@ def _contacts(conn: Connection[Any], project_id: uuid.UUID, requests: list[Enrol
         "conversation_ids": [r.conversation_id for r in requests],
     }
     with conn.cursor(row_factory=class_row(_Contact)) as cur:
-        return cur.execute(QUERIES["enrollment_contact"], params, binary=True).fetchall()
+        with conn.pipeline():
+            conn.execute(QUERIES["lock_project"], {"project_id": project_id})
+            cur.execute(QUERIES["enrollment_contact"], params, binary=True)
+        return cur.fetchall()
 
 
 def _contact_refusal(request: EnrollRequest, contact: _Contact) -> FollowupsError | None:
@@ -481,18 +485,6 @@ def _replaced(
         for enrollment in cur.execute(QUERIES["lock_live_in_sequence"], params):
             replaced.setdefault(enrollment.contact_id, []).append(enrollment)
     return replaced
-
-
-def plan_room(conn: Connection[Any], project_id: uuid.UUID, max_active: int) -> int:
-    """How many more live enrollments the project's plan allows, the project locked (its enrollments wait
-    for this transaction): the live count is the sum of its counter's shards, read once the lock is held
-    (one round trip: both statements pipelined)."""
-    params = {"project_id": project_id}
-    with conn.pipeline():
-        conn.execute(QUERIES["lock_project"], params)
-        live = conn.execute(QUERIES["live_enrollments"], params)
-    row = live.fetchone()
-    return max_active - (row[0] if row is not None else 0)
 
 
 def _insert(

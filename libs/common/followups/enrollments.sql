@@ -8,7 +8,8 @@ WHERE project_id = %(project_id)s AND dedupe_key = %(dedupe_key)s
 -- The contacts of a chunk of requests, in their order (one round trip for one request or 500): each one's
 -- position, whether it exists (not erased) and opted out, whether the number and conversation given with it
 -- are the project's and its own, and whether it was ever enrolled in the sequence and is now; with the
--- project's plan limit and the sequence's status and the version new enrollments pin.
+-- project's plan limit and its live enrollments, and the sequence's status and the version new
+-- enrollments pin.
 SELECT r.n, c.id IS NOT NULL AS found, c.opted_out_at IS NOT NULL AS opted_out,
        EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = %(project_id)s AND n.id = r.number_id) AS number_found,
        EXISTS (SELECT 1 FROM conversations v
@@ -22,6 +23,11 @@ SELECT r.n, c.id IS NOT NULL AS found, c.opted_out_at IS NOT NULL AS opted_out,
                  AND e.status IN ('active', 'paused'))
            AS live,
        p.max_active_enrollments,
+       -- the project's live enrollments, for a plan limit only: the sum of its counter's shards (migration
+       -- 0027), read after lock_project (in a statement of its own before this one) held the lock
+       CASE WHEN p.max_active_enrollments IS NOT NULL THEN
+           (SELECT coalesce(sum(l.live), 0) FROM followup_live_counters l WHERE l.project_id = %(project_id)s)
+       END::bigint AS live_enrollments,
        s.id IS NOT NULL AS sequence_found, s.status AS sequence_status, s.current_version_id
 FROM projects p
 LEFT JOIN followup_sequences s ON s.project_id = %(project_id)s AND s.id = %(sequence_id)s::uuid
@@ -55,14 +61,11 @@ ORDER BY id
 FOR UPDATE
 
 -- name: lock_project
--- Lock the project, serialising its enrollments while it has a plan limit. NO KEY UPDATE: it does not
--- block the foreign key checks of the rows releases insert, which reference the project.
-SELECT 1 FROM projects p WHERE p.id = %(project_id)s FOR NO KEY UPDATE
-
--- name: live_enrollments
--- The project's live enrollments: the sum of its counter's shards (migration 0027). Read in a statement
--- after lock_project's, so that it sees what the enrollment that held the lock before committed.
-SELECT coalesce(sum(live), 0)::bigint FROM followup_live_counters WHERE project_id = %(project_id)s
+-- A project with a plan limit: its enrollments one at a time (a lock until the transaction ends), so that
+-- the limit holds when they are concurrent; nothing for a project without one. An advisory lock: it writes
+-- nothing, and it blocks nothing but another enrollment of the same project.
+SELECT pg_advisory_xact_lock(hashtextextended('plan/' || p.id::text, 0))
+FROM projects p WHERE p.id = %(project_id)s AND p.max_active_enrollments IS NOT NULL
 
 -- name: insert_enrollments
 -- Enroll contacts in a pinned version (one request's arrays or a chunk's), with the stop flags copied from
