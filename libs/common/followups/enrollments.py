@@ -189,8 +189,10 @@ def enroll_all(
     few statements for them all. :func:`enroll` is the case of one request.
 
     The requests go in batches of distinct contacts (a contact listed again starts the next batch, which
-    sees what the one before did). A batch: the contacts, the plan limit and the sequence read in one
-    statement; every rule applied to each contact in order, in the order :func:`enroll` applies them (the
+    sees what the one before did). A batch: the contacts, the plan limit with the project's live count and
+    the sequence read in one round trip (a project with a plan limit locked first, until the transaction
+    ends: its enrollments go one transaction at a time, so the limit holds when they are concurrent); every
+    rule applied to each contact in order, in the order :func:`enroll` applies them (the
     contact, its opt-out, the sequence, the re-entry policy, the plan limit with what the contacts before it
     took, the anchor, the live enrollment); the live enrollments re-entry replaces stopped; the admitted
     contacts inserted in one statement. Each result is counted in ``whatstig_followup_enrollments_total``
