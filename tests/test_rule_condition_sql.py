@@ -49,15 +49,9 @@ from libs.common.rules.conditions import (
     compile_conditions,
     parse_conditions,
 )
-from libs.common.rules.dry_run import (
-    ConditionResult,
-    DryRunRequest,
-    EventData,
-    GroupResult,
-    dry_run,
-    trace,
-)
+from libs.common.rules.dry_run import DryRunRequest, EventData, dry_run
 from libs.common.rules.matching import inline, match
+from libs.common.rules.trace import ConditionResult, GroupResult, trace
 from libs.common.rules.triggers import insert_trigger
 from tests.condition_helpers import (
     CHANGE_VALUES,

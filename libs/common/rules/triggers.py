@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
@@ -55,7 +56,9 @@ from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, RuleRefusal, Subject, refusal_of, run_actions
 from libs.common.rules.executions import ToSchedule, schedule
 from libs.common.rules.matching import match
-from libs.common.rules.rules import RULES, ActiveRule, RuleRunOutcome
+from libs.common.rules.rules import RULES, ActiveRule
+from libs.common.rules.runs import RuleRunOutcome
+from libs.common.rules.trace import DelayedRun, Recorded, record
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +182,8 @@ def process_triggers(
     return processed
 
 
-#: A leased trigger and the rules it runs.
-_ToRun = tuple[_Claimed, list[ActiveRule]]
+#: A leased trigger, the rules it runs, and each one's trace (by rule) as matched.
+_ToRun = tuple[_Claimed, list[ActiveRule], dict[uuid.UUID, Recorded]]
 
 
 class _Batch(OwnTransactions[_ToRun]):
@@ -203,8 +206,8 @@ class _Batch(OwnTransactions[_ToRun]):
         return _claim(self, limit, fairness)
 
     def run(self, ctx: Connection[Any], item: _ToRun) -> Failed | None:
-        trigger, rules = item
-        return _run(ctx, trigger, rules, self.until, self.processed, self.now)
+        trigger, rules, traces = item
+        return _run(ctx, trigger, rules, traces, self.until, self.processed, self.now)
 
     def attempt(self, item: _ToRun) -> int:
         return item[0].attempts + 1
@@ -273,20 +276,26 @@ def _settle_group(
     params = {"project_id": project_id, "ids": ids}
     already = {(t, r) for t, r in conn.execute(QUERIES["already_run"], params).fetchall()}
     matched = match(conn, project_id, ids, [rule.literal for rule in rules])
-    to_run: list[_ToRun] = []
+    chosen: list[tuple[_Claimed, list[ActiveRule]]] = []
     delayed: list[ToSchedule] = []
     for trigger in group:
-        chosen = _to_run(trigger, rules, matched, already, delayed, outcomes)
-        if chosen:
-            to_run.append((trigger, chosen))
+        now_run = _to_run(trigger, rules, matched, already, delayed, outcomes)
+        if now_run:
+            chosen.append((trigger, now_run))
+    traces = _traces(conn, project_id, chosen, delayed)
+    to_run = [(trigger, now_run, traces.get(trigger.id, {})) for trigger, now_run in chosen]
     if delayed:
-        recorded = schedule(conn, project_id, delayed, now=now)
         runs = [
-            _rule_run({"trigger_id": item.subject.trigger_id, "rule_id": str(item.rule.id)}, "scheduled")
-            for item in recorded
+            _rule_run(
+                {"trigger_id": item.subject.trigger_id, "rule_id": str(item.rule.id)},
+                "scheduled",
+                trace=traces.get(item.subject.trigger_id, {}).get(item.rule.id),
+                delayed=scheduled,
+            )
+            for item, scheduled in schedule(conn, project_id, delayed, now=now)
         ]
         conn.execute(QUERIES["insert_rule_runs"], {"project_id": project_id, "runs": Jsonb(runs), "now": now})
-    running = [trigger.id for trigger, _ in to_run]
+    running = [trigger.id for trigger, _ in chosen]
     settled = [t.id for t in group if t.id not in running]
     if settled:
         conn.execute(QUERIES["mark_processed"], {"project_id": project_id, "ids": settled, "now": now})
@@ -324,6 +333,26 @@ def _to_run(
     return chosen
 
 
+def _traces(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    chosen: list[tuple[_Claimed, list[ActiveRule]]],
+    delayed: list[ToSchedule],
+) -> dict[int, dict[uuid.UUID, Recorded]]:
+    """The trace of each rule a trigger runs or schedules (:mod:`~libs.common.rules.trace`), by trigger and
+    rule: one statement per rule that matched, over the triggers it matched (the rules that did not match
+    cost nothing)."""
+    by_rule: dict[uuid.UUID, tuple[ActiveRule, list[int]]] = {}
+    pairs = [(trigger.id, rule) for trigger, rules in chosen for rule in rules]
+    for trigger_id, rule in pairs + [(item.subject.trigger_id, item.rule) for item in delayed]:
+        by_rule.setdefault(rule.id, (rule, []))[1].append(trigger_id)
+    traces: dict[int, dict[uuid.UUID, Recorded]] = {}
+    for rule, trigger_ids in by_rule.values():
+        for trigger_id, recorded in record(conn, project_id, rule.conditions, trigger_ids).items():
+            traces.setdefault(trigger_id, {})[rule.id] = recorded
+    return traces
+
+
 def _subject(trigger: _Claimed) -> Subject:
     """What the trigger is about, as its rules' actions (and a delayed rule's re-check) see it."""
     return Subject(
@@ -342,6 +371,7 @@ def _run(
     conn: Connection[Any],
     trigger: _Claimed,
     rules: list[ActiveRule],
+    traces: dict[uuid.UUID, Recorded],
     until: datetime,
     processed: Processed,
     now: datetime,
@@ -358,19 +388,20 @@ def _run(
     failed: Failed | None = None
     for rule in rules:
         run = {"trigger_id": trigger.id, "rule_id": str(rule.id)}
+        trace = traces.get(rule.id)
         try:
             with savepoint(conn):  # a rule rolled back drops its after-commit effects too
                 done = run_actions(conn, rule.id, rule.actions, subject, now=now)
         except BUSINESS_ERRORS as refusal:
             reason, detail = refusal_of(refusal)
-            runs.append(_rule_run(run, "rejected", reason, detail))
+            runs.append(_rule_run(run, "rejected", reason, detail, trace=trace))
             processed.outcomes[(trigger.type, "rejected")] += 1
             log.info("rule rejected", extra=context | {"rule_id": str(rule.id), "reason": reason})
             continue
         except Exception as exc:
             failed = Failed(exc, about=rule)
             break
-        runs.append(_rule_run(run, "executed"))
+        runs.append(_rule_run(run, "executed", trace=trace))
         processed.outcomes[(trigger.type, "executed")] += 1
         processed.done.webhook_delivery_ids += done.webhook_delivery_ids
         processed.done.message_ids += done.message_ids
@@ -389,10 +420,20 @@ def _rule_run(
     outcome: RuleRunOutcome,
     reason: RuleRefusal | None = None,
     detail: str | None = None,
+    *,
+    trace: Recorded | None,
+    delayed: DelayedRun | None = None,
 ) -> dict[str, Any]:
-    """A row of ``rule_runs`` of the project (``run`` names its trigger and rule): its outcome, and a
-    refusal's reason stored with its detail (``missing_variable:vars.plan``)."""
-    return run | {"outcome": outcome, "detail": stored(reason, detail) if reason is not None else None}
+    """A row of ``rule_runs`` of the project (``run`` names its trigger and rule): its outcome, a refusal's
+    reason stored with its detail (``missing_variable:vars.plan``), and its trace as matched (a delayed
+    rule's with the episode it belongs to)."""
+    if trace is not None and delayed is not None:
+        trace = msgspec.structs.replace(trace, delayed=delayed)
+    return run | {
+        "outcome": outcome,
+        "detail": stored(reason, detail) if reason is not None else None,
+        "trace": msgspec.to_builtins(trace) if trace is not None else None,
+    }
 
 
 def _failed(

@@ -15,6 +15,7 @@ from litestar.params import FromPath
 from libs.common.core.errors import Conflict, FollowupsError, NotFound
 from libs.common.followups import sequences
 from libs.common.rules import dry_run, executions, rules
+from libs.common.rules import runs as rule_runs
 from libs.common.rules.dry_run import DryRun
 from libs.common.rules.rules import RuleCreate, RuleUpdate
 from services.api.dashboard.action_form import (
@@ -117,7 +118,7 @@ class RulesController(Controller):
             found = executions.list_executions(
                 conn, project_id, rule_id=rule_id, status=shown_status, limit=100
             )
-            runs = rules.rule_runs(conn, project_id, rule_id, limit=20)
+            runs = rule_runs.rule_runs(conn, project_id, rule_id, limit=20)
             names = sequence_names(
                 conn,
                 project_id,
