@@ -7,17 +7,17 @@
 -- and the conversation it went to when the enrollment had none.
 UPDATE followup_enrollments
 SET step_index = %(step_index)s, next_run_at = %(next_run_at)s, step_due_at = %(next_run_at)s,
-    waiting_reason = NULL, unavailable_since = NULL,
+    waiting_reason = NULL, waiting_values = NULL, unavailable_since = NULL,
     last_message_id = coalesce(%(message_id)s, last_message_id),
     conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),
     last_step_at = %(now)s, failure_count = 0, locked_until = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: defer
--- Try the same step again later, saying why (an AI step's lease is given back); unavailable_since is kept
--- once set.
+-- Try the same step again later, saying why and with what values (an AI step's lease is given back);
+-- unavailable_since is kept once set.
 UPDATE followup_enrollments
-SET next_run_at = %(next_run_at)s, waiting_reason = %(reason)s, locked_until = NULL,
+SET next_run_at = %(next_run_at)s, waiting_reason = %(reason)s, waiting_values = %(values)s, locked_until = NULL,
     unavailable_since = coalesce(%(unavailable_since)s, unavailable_since)
 WHERE project_id = %(project_id)s AND id = %(id)s
 
@@ -32,7 +32,7 @@ RETURNING *
 -- Resume paused enrollments; a step that fell due meanwhile is due now.
 UPDATE followup_enrollments
 SET status = 'active', reason = NULL, next_run_at = greatest(next_run_at, %(now)s),
-    step_due_at = greatest(coalesce(step_due_at, next_run_at), %(now)s), waiting_reason = NULL,
+    step_due_at = greatest(coalesce(step_due_at, next_run_at), %(now)s), waiting_reason = NULL, waiting_values = NULL,
     unavailable_since = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status = 'paused'
 RETURNING *
