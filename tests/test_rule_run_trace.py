@@ -24,6 +24,7 @@ from tests.delayed_rule_helpers import (
     at,
     change_status,
     fire,
+    pending_since_ten,
     set_time,
     stuck_in_pending_rule,
 )
@@ -137,12 +138,8 @@ def test_a_delayed_run_keeps_its_episode_and_its_execution_the_conditions_rechec
     client: TestClient[Any], runtime: Runtime
 ) -> None:
     # Given the 4-hour "stuck in pending" rule and a conversation that went pending at 10:00
-    set_time(runtime, "2030-01-07T09:00")
     rule = stuck_in_pending_rule(client)
-    conversation = conversation_of_new_contact(client)
-    set_time(runtime, "2030-01-07T10:00")
-    change_status(client, conversation, "pending")
-    process(runtime)
+    pending_since_ten(client, runtime, rule)
 
     # Then its run was scheduled in the status episode, due 14:00, its conditions held then
     [listed] = runs_of(client, rule)
