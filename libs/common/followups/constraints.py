@@ -172,9 +172,8 @@ def check(
         return Hold("defer", "in_flight", now + NUMBER_RETRY, values=values)
     limit = state.monthly_message_quota
     if limit is not None and (state.month_messages or 0) >= limit:
-        return Hold(
-            "defer", "quota", now + QUOTA_RETRY, values={"used": int(state.month_messages or 0), "limit": limit}
-        )
+        used = int(state.month_messages or 0)
+        return Hold("defer", "quota", now + QUOTA_RETRY, values={"used": used, "limit": limit})
     limit = state.max_send_lane_backlog
     if limit is not None and (state.backlog or 0) > limit:
         return Hold(

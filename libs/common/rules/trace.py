@@ -157,8 +157,9 @@ SUMMARY_LEAVES = 3
 
 
 def summary(tree: ConditionResult) -> str:
-    """One line for a list: ``all 3 conditions held`` (``its condition held``), or the conditions that did not hold with the value
-    each compared (``contact.tags = ["vip"] does not contain "demo"``), at most :data:`SUMMARY_LEAVES`."""
+    """One line for a list: ``all 3 conditions held`` (``its condition held``), or the conditions that did
+    not hold with the value each compared (``contact.tags = ["vip"] does not contain "demo"``), at most
+    :data:`SUMMARY_LEAVES`."""
     leaves = list(_leaves(tree))
     failed = [leaf for leaf in leaves if not leaf.result]
     if not failed:
