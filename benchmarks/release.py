@@ -320,6 +320,8 @@ _CONSTANTS = {
     "reason": "NULL",
     "data": "'{}'::jsonb",
     "followup_step_index": "0",
+    "sequence_version": "NULL",
+    "values": "NULL",
 }
 
 #: The types of the values carried from one statement's results to the next (pgbench passes text).
