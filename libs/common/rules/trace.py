@@ -23,7 +23,9 @@ results again, :func:`summary` the one line a list shows.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, Literal
@@ -110,15 +112,46 @@ def record(
     run keeps it (a trigger whose contact is gone is left out)."""
     if not trigger_ids:
         return {}
-    conditions = root.to_json()
-    walked = [node for _, node in walk(root)]
-    predicates = [inline(conn, *compile_conditions(node)) for node in walked]
-    values = [inline(conn, *value_of(node)) for node in walked if isinstance(node, Leaf)]
+    conditions, predicates, values = _STATEMENTS.texts(conn, root)
     found = evaluate(conn, project_id, trigger_ids, predicates, values)
     return {
         trigger_id: Recorded(conditions=conditions, results=results, actuals=actuals)
         for trigger_id, (results, actuals) in found.items()
     }
+
+
+class _Statements:
+    """Each tree's node predicates and leaf values written in (what a trace evaluates), made once per tree
+    object and kept for the last :data:`KEPT_TREES` trees: a cached rule's tree (:class:`~.rules.ActiveRule`)
+    stays the same object while the rule does, so the triggers service and the sweep compile a rule's trace
+    once, not at every batch (a few milliseconds a rule)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[int, tuple[Node, Any, list[str], list[str]]] = OrderedDict()
+
+    def texts(self, conn: Connection[Any], root: Node) -> tuple[Any, list[str], list[str]]:
+        """The tree as stored, its nodes' predicates in walk order and its leaves' values."""
+        with self._lock:
+            found = self._kept.get(id(root))
+            if found is not None and found[0] is root:
+                self._kept.move_to_end(id(root))
+                return found[1:]
+        walked = [node for _, node in walk(root)]
+        predicates = [inline(conn, *compile_conditions(node)) for node in walked]
+        values = [inline(conn, *value_of(node)) for node in walked if isinstance(node, Leaf)]
+        made = (root, root.to_json(), predicates, values)
+        with self._lock:
+            self._kept[id(root)] = made
+            while len(self._kept) > KEPT_TREES:
+                self._kept.popitem(last=False)
+        return made[1:]
+
+
+#: How many trees' trace statements a process keeps (those of its rules: a project has at most a few
+#: hundred).
+KEPT_TREES = 2_000
+_STATEMENTS = _Statements()
 
 
 def walk(node: Node, path: str = ROOT) -> Iterator[tuple[str, Node]]:
