@@ -16,6 +16,7 @@ from litestar.testing import TestClient
 
 from libs.common.core.runtime import Runtime
 from libs.common.retention.cleanup import run_retention
+from services.release.release import release_batch
 from tests.bulk_helpers import as_project
 from tests.conftest import Project
 from tests.delayed_rule_helpers import (
@@ -30,7 +31,7 @@ from tests.delayed_rule_helpers import (
 )
 from tests.delayed_rule_helpers import new_conversation as conversation_of_new_contact
 from tests.rule_helpers import add_label, add_tag, create_rule, leaf, post_event, process
-from tests.rule_trigger_helpers import add_tags, new_contact
+from tests.rule_trigger_helpers import add_tags, new_contact, put_settings
 
 #: Tagged vip, and a gold plan or a demo tag.
 VIP_GOLD_OR_DEMO = {
@@ -252,3 +253,49 @@ def _traced_executions(runtime: Runtime) -> int:
         row = conn.execute("SELECT count(*) FROM rule_pending_executions WHERE trace IS NOT NULL").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def test_an_erased_contact_leaves_no_values_in_any_trace(client: TestClient[Any], runtime: Runtime) -> None:
+    # Given a delayed rule that ran for a contact (its execution's trace holds the contact's plan), and a
+    # follow-up of the contact skipped for want of consent (its step run holds the contact's consent)
+    set_time(runtime, "2030-01-07T09:00")
+    rule = create_rule(
+        client, "contact.tag_added", [add_tag("seen")], VIP_GOLD_OR_DEMO, execution_delay_minutes=60
+    )
+    contact = new_contact(client, attributes={"plan": "gold"})
+    add_tags(client, contact, "vip")
+    process(runtime)
+    set_time(runtime, "2030-01-07T10:00")
+    fire(runtime)
+    [listed] = runs_of(client, rule)
+    assert run_of(client, rule, listed["trigger_id"])["execution"]["conditions"] is not None
+    put_settings(client, consent_mode="required")
+    sequence = client.post(
+        "/v1/sequences", json={"name": "s", "definition": {"steps": [{"kind": "message", "text": "hi"}]}}
+    )
+    assert client.post(f"/v1/sequences/{sequence.json()['id']}/publish").status_code == 201
+    enrolled = client.post(
+        "/v1/enrollments", json={"sequence_id": sequence.json()["id"], "contact_id": contact}
+    )
+    release_batch(runtime.pool, runtime.clock, runtime.settings.followup)
+    assert _kept_values(runtime) == (1, 1)
+
+    # When the contact is erased
+    post_event(client, {"type": "contact.erased", "contact_id": contact})
+
+    # Then its runs went with its triggers, and what the execution and the step run kept is forgotten
+    assert_problem(client.get(f"/v1/rules/{rule}/runs/{listed['trigger_id']}"), 404, "run_id")
+    assert _kept_values(runtime) == (0, 0)
+    detail = client.get(f"/v1/enrollments/{enrolled.json()['id']}").json()
+    assert [run["reason_values"] for run in detail["step_runs"]] == [None]
+
+
+def _kept_values(runtime: Runtime) -> tuple[int, int]:
+    """How many executions keep a trace, and how many step runs keep values."""
+    with runtime.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM rule_pending_executions WHERE trace IS NOT NULL),"
+            " (SELECT count(*) FROM followup_step_runs WHERE reason_values IS NOT NULL)"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])

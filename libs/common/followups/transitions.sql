@@ -75,9 +75,17 @@ WHERE project_id = %(project_id)s AND id = %(id)s AND status IN ('active', 'paus
 RETURNING *
 
 -- name: anonymise
--- Privacy erasure: the contact's enrollments keep no variables or keys that could identify the person.
+-- Privacy erasure: the contact's enrollments keep no variables, keys or values of their checks that could
+-- identify the person (nor do their step runs).
+WITH runs AS (
+    UPDATE followup_step_runs r SET reason_values = NULL
+    FROM followup_enrollments e
+    WHERE r.project_id = %(project_id)s AND e.project_id = r.project_id AND e.id = r.enrollment_id
+      AND e.contact_id = %(contact_id)s AND r.reason_values IS NOT NULL
+)
 UPDATE followup_enrollments
-SET variables = '{}'::jsonb, dedupe_key = NULL, note = NULL, last_error = NULL, updated_at = %(now)s
+SET variables = '{}'::jsonb, dedupe_key = NULL, note = NULL, last_error = NULL, waiting_values = NULL,
+    updated_at = %(now)s
 WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s
 
 -- name: finished_enrollments
