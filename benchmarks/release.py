@@ -321,6 +321,9 @@ _CONSTANTS = {
     "data": "'{}'::jsonb",
     "followup_step_index": "0",
     "sequence_version": "NULL",
+    "campaign_id": "NULL",
+    "rule_id": "NULL",
+    "rule_execution_id": "NULL",
     "values": "NULL",
 }
 
