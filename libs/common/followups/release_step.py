@@ -433,7 +433,13 @@ def _skip(
     )
     log.info(
         "step skipped",
-        extra={"enrollment_id": str(claim.id), "step_index": row.step_index, "reason": recorded},
+        extra={
+            "project_id": str(row.project_id),
+            "enrollment_id": str(claim.id),
+            "step_index": row.step_index,
+            "reason": recorded,
+            "values": values,
+        },
     )
     finished = _advance(conn, claim, None, [event])
     return Released(claim.id, "skip", recorded, finished=finished)
