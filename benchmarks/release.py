@@ -355,6 +355,7 @@ def _pgbench_statement(sql: str, gset: bool = False, **overrides: str) -> str:
         return f"NULLIF(:{name}, '')::{_TYPES[name]}"
 
     body = re.sub(r"%\((\w+)\)s", substitute, sql)
+    body = re.sub(r"--[^\n]*", "", body)  # a comment at a line's end would swallow the rest once joined
     body = " ".join(line.strip() for line in body.splitlines() if line.strip())
     return body + (" \\gset" if gset else ";")
 
