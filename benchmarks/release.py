@@ -57,10 +57,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from benchmarks.common import bench_database, percentile, rss_mb, start_all
 from benchmarks.seed import seed_due_enrollments, seed_history, seed_project, with_numbers
@@ -337,11 +337,11 @@ _CONSTANTS = {
     "reason": "NULL",
     "data": "'{}'::jsonb",
     "followup_step_index": "0",
-    "sequence_version": "1",
+    "sequence_version": "NULL",
     "campaign_id": "NULL",
-    "provider_message_id": "NULL",
     "rule_id": "NULL",
     "rule_execution_id": "NULL",
+    "values": "NULL",
 }
 
 #: The types of the values carried from one statement's results to the next (pgbench passes text).
@@ -372,8 +372,8 @@ def _pgbench_statement(sql: str, gset: bool = False, **overrides: str) -> str:
         return f"NULLIF(:{name}, '')::{_TYPES[name]}"
 
     body = re.sub(r"%\((\w+)\)s", substitute, sql)
-    lines = (line.split("--", 1)[0].strip() for line in body.splitlines())  # one line: no comments
-    body = " ".join(line for line in lines if line)
+    body = re.sub(r"--[^\n]*", "", body)  # a comment at a line's end would swallow the rest once joined
+    body = " ".join(line.strip() for line in body.splitlines() if line.strip())
     return body + (" \\gset" if gset else ";")
 
 
@@ -475,9 +475,8 @@ def _pgbench(
     assert project is not None
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
         script.write(script_text)
-    # the server as libpq reads the URL (a host, or a socket directory as ?host=)
-    parts = {key: str(value) for key, value in conninfo_to_dict(url).items()}
-    env = os.environ | {"PGPASSWORD": parts.get("password", "")}
+    parts = urlsplit(url)
+    env = os.environ | {"PGPASSWORD": parts.password or ""}
     result = subprocess.run(
         [
             pgbench,
@@ -495,13 +494,7 @@ def _pgbench(
             script.name,
             "-D",
             f"project_id={project[0]}",
-            "-h",
-            parts.get("host", "127.0.0.1"),
-            "-p",
-            parts.get("port", "5432"),
-            "-U",
-            parts.get("user", "postgres"),
-            parts["dbname"],
+            url,  # the whole URL: a server on a socket (the embedded one's ?host=) too
         ],
         capture_output=True,
         text=True,
