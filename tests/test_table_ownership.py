@@ -107,6 +107,14 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
     ),
     **_reads(
         "followups",
+        "libs/common/followups/provider_feedback.sql::failed_step",
+        ("messages", "contacts", "projects"),
+        "a follow-up refused outside the service window is retried as its template: the step run of the "
+        "failed message, locked, with what its parameters are rendered from (the contact, the project's "
+        "zone) in one statement, as the release step reads them",
+    ),
+    **_reads(
+        "followups",
         "libs/common/followups/stops.sql::queued_followups",
         ("messages",),
         "the stop path picks the queued follow-up messages of the enrollments it stops (by their enrollment "

@@ -95,6 +95,7 @@ REASONS: Final[dict[str, str]] = {
     "plan_lost": "The project's plan ended",
     "sequence_paused": "Sequence paused",
     "instance_unavailable": "No number connected",
+    "undeliverable": "The provider cannot deliver to the contact",
     "error": "Error",
     # skipped steps and waits
     "only_if": "Condition not met",
@@ -115,6 +116,14 @@ REASONS: Final[dict[str, str]] = {
     "quota": "Monthly quota reached",
     "backlog": "Send lane backlog",
     "contact_cap": "Per-contact cap reached",
+    "user_marketing_limit": "The contact's marketing limit (WhatsApp 131049)",
+    # what a provider's failure changed (a message's timeline)
+    "marketing_deferred": "Marketing follow-ups deferred until",
+    "template_retry": "Retried as its template",
+    "step_skipped": "Step skipped",
+    "contact_undeliverable": "Contact undeliverable, follow-ups stopped",
+    "requeued": "Queued again, the number slowed",
+    "recorded": "Recorded",
     "ai_fallback": "AI fallback",
     "ai_unavailable": "model unavailable",
     "ai_budget_exhausted": "AI budget used up",

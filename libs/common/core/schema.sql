@@ -257,6 +257,8 @@ CREATE TABLE public.contacts (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     last_inbound_at timestamp with time zone,
+    undeliverable_at timestamp with time zone,
+    marketing_limited_until timestamp with time zone,
     CONSTRAINT contacts_consent_check CHECK ((consent = ANY (ARRAY['unknown'::text, 'granted'::text, 'revoked'::text])))
 )
 WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.05', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.05');
@@ -410,7 +412,9 @@ WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_
 CREATE TABLE public.followup_instance_pacing (
     number_id uuid NOT NULL,
     project_id uuid NOT NULL,
-    next_release_at timestamp with time zone NOT NULL
+    next_release_at timestamp with time zone NOT NULL,
+    widened_gap_ms integer DEFAULT 0 NOT NULL,
+    widened_at timestamp with time zone
 )
 WITH (fillfactor='50', autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500', autovacuum_vacuum_cost_delay='0');
 
@@ -544,7 +548,8 @@ CREATE TABLE public.message_status_events (
     message_id uuid NOT NULL,
     status text NOT NULL,
     detail text,
-    occurred_at timestamp with time zone NOT NULL
+    occurred_at timestamp with time zone NOT NULL,
+    action text
 );
 
 -- Name: message_status_events_id_seq; Type: SEQUENCE

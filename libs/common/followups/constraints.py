@@ -5,13 +5,18 @@
     2 consent            consent mode ``required`` and the contact's consent not granted -> skip
     3 service window     enforced, and the contact has not written in 24 h -> the step's approved WhatsApp
                          template, or skip (``outside_service_window``)
+      marketing limit    a marketing step, and the provider refused the contact a marketing message for its
+                         own limit (131049: ``marketing_limited_until``) -> defer until then
+                         (``user_marketing_limit``)
     4 number             the enrollment's, the sequence's fixed one, the contact's last conversation's, the
                          project's default, any connected one; none connected -> defer 15 s, and after
                          30 min pause (``instance_unavailable``). A project with no numbers registered
                          sends as before (the send lane picks).
     5 pacing             the number's pacing row, locked SKIP LOCKED: busy -> defer; inside its gap -> the
                          enrollment reserves the next free slot and is deferred to it (so the claim does
-                         not keep picking it while the number is paced, and other numbers are not starved)
+                         not keep picking it while the number is paced, and other numbers are not starved);
+                         the gap is the project's, or wider while the provider rate-limits the number
+                         (:mod:`~libs.common.followups.pacing`)
     6 in-flight window   too many follow-ups QUEUED / PROCESSING on the number -> defer
     7 quota, backlog     the monthly quota used up, or the send-lane backlog over its limit -> defer 30 min
     8 per-contact cap    ``max_per_contact_24h`` reached -> defer until the oldest of those is 24 h old
@@ -31,6 +36,7 @@ import msgspec
 from psycopg import Connection
 
 from libs.common.core.sql import load_queries
+from libs.common.followups import pacing
 from libs.common.followups.definition import Definition, Step, WhatsAppTemplate
 from libs.common.followups.send_window import SendWindow, next_opening, zone
 from libs.common.followups.transitions import WaitingReason
@@ -95,6 +101,11 @@ class ConstraintState(msgspec.Struct, kw_only=True, frozen=True):
     max_in_flight_per_number: int | None
     monthly_message_quota: int | None
     max_send_lane_backlog: int | None
+    #: Until when the provider refuses the contact marketing messages (131049), if it did.
+    marketing_limited_until: datetime | None = None
+    #: The number's pacing widened by a rate limit, and when (:mod:`~libs.common.followups.pacing`).
+    widened_gap_ms: int = 0
+    widened_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -144,12 +155,16 @@ def check(
         if step.whatsapp_template is None:
             return Hold("skip", "outside_service_window")
         template = step.whatsapp_template
+    limited = state.marketing_limited_until
+    if limited is not None and limited > now and definition.category_of(step) == "marketing":
+        return Hold("defer", "user_marketing_limit", limited)
     number_id = enrollment.number_id
     if state.has_numbers:
         if state.number_id is None:
             return _no_number(enrollment, now)
         number_id = state.number_id
-    paced = _pacing(conn, enrollment, number_id, state, now)
+    gap_ms = pacing.gap_ms(state.send_delay_ms, state.widened_gap_ms, state.widened_at, now)
+    paced = _pacing(conn, enrollment, number_id, gap_ms, now)
     if paced is not None:
         return paced
     if (
@@ -164,7 +179,7 @@ def check(
     cap = state.max_per_contact_24h
     if cap is not None and state.recent_followups is not None and len(state.recent_followups) >= cap:
         return Hold("defer", "contact_cap", min(state.recent_followups) + CAP_PERIOD)
-    return Sending(number_id, template, state.send_delay_ms if number_id is not None else 0)
+    return Sending(number_id, template, gap_ms if number_id is not None else 0)
 
 
 def outside_service_window(last_inbound_at: datetime | None, now: datetime) -> bool:
@@ -184,13 +199,13 @@ def _pacing(
     conn: Connection[Any],
     enrollment: Claimed,
     number_id: uuid.UUID | None,
-    state: ConstraintState,
+    gap_ms: int,
     now: datetime,
 ) -> Hold | None:
-    """Pacing on the number: None when the step may go now."""
-    if number_id is None or state.send_delay_ms <= 0:
+    """Pacing on the number (a gap of ``gap_ms``): None when the step may go now."""
+    if number_id is None or gap_ms <= 0:
         return None
-    gap = timedelta(milliseconds=state.send_delay_ms)
+    gap = timedelta(milliseconds=gap_ms)
     params = {"number_id": number_id, "project_id": enrollment.project_id, "now": now}
     conn.execute(QUERIES["insert_pacing"], params)
     row = conn.execute(QUERIES["lock_pacing"], params).fetchone()

@@ -1,7 +1,8 @@
 """One step, one transaction: the release step of seed 000, for an enrollment the caller has claimed.
 
     contact   FOR SHARE SKIP LOCKED (busy: retry in FOLLOWUP_BUSY_RETRY_SECONDS; never wait for a lock)
-    checks    sequence paused -> pause; plan lost -> stop; opted out / erased -> stop; replied -> stop
+    checks    sequence paused -> pause; plan lost -> stop; opted out / erased / undeliverable -> stop;
+              replied -> stop
     timing    rescheduled -> defer; reminder past grace -> skip; only_if not met -> skip
     sending   constraints (send window, consent, number, pacing, quotas, caps): see _sending_constraints
     render    missing vars.* / anchor.* -> skip
@@ -97,6 +98,8 @@ class ReleaseState(ConstraintState, kw_only=True, frozen=True):
 
     opted_out: bool
     erased: bool
+    #: The provider said the phone cannot receive (131026, ...).
+    undeliverable: bool
     name: str | None
     phone: str | None
     attributes: dict[str, Any]
@@ -232,7 +235,8 @@ def _hold(conn: Connection[Any], claim: _Claim, hold: Hold) -> Released:
 
 
 def _checks(conn: Connection[Any], claim: _Claim) -> Released | None:
-    """Sequence paused -> pause; plan lost -> stop; opted out or erased -> stop; replied -> stop."""
+    """Sequence paused -> pause; plan lost -> stop; opted out, erased or undeliverable -> stop; replied ->
+    stop."""
     state = claim.state
     if state.sequence_status == "paused":
         transitions.pause(conn, claim.row.project_id, [claim.id], "sequence_paused", now=claim.now)
@@ -243,6 +247,8 @@ def _checks(conn: Connection[Any], claim: _Claim) -> Released | None:
         return _stop(conn, claim, "contact_erased")
     if state.opted_out:
         return _stop(conn, claim, "opted_out")
+    if state.undeliverable:
+        return _stop(conn, claim, "undeliverable")
     if claim.row.stop_on_reply and state.replied_at is not None:
         # the backstop: the reply's own stop path normally got here first
         return _stop(conn, claim, "replied")
@@ -297,12 +303,9 @@ def _render(
     was used."""
     step = claim.step
     if template is not None:
-        parameters = []
-        for source in template.parameters:
-            rendered = render(source, _render_context(claim))
-            if rendered.text is None:
-                return None, rendered.skip_reason, rendered.skip_detail
-            parameters.append(rendered.text)
+        parameters, skip, skip_detail = template_parameters(template, _render_context(claim))
+        if parameters is None:
+            return None, skip, skip_detail
         return _Content(None, template, parameters), TEMPLATE_REASON, None
     fallen_back: str | None = None  # why an AI step sends its fallback
     if isinstance(step, MessageStep):
@@ -322,6 +325,19 @@ def _render(
     if fallen_back is not None:
         return _Content(rendered.text), "ai_fallback", fallen_back
     return _Content(rendered.text), None, None
+
+
+def template_parameters(
+    template: WhatsAppTemplate, context: RenderContext
+) -> tuple[list[str] | None, TemplateSkip | None, str | None]:
+    """A template's parameters rendered for ``context``, or None with the skip reason and its detail."""
+    parameters = []
+    for source in template.parameters:
+        rendered = render(source, context)
+        if rendered.text is None:
+            return None, rendered.skip_reason, rendered.skip_detail
+        parameters.append(rendered.text)
+    return parameters, None, None
 
 
 def _render_context(claim: _Claim) -> RenderContext:

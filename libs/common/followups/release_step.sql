@@ -7,9 +7,12 @@
 -- the in-flight and backlog counts from message_counters (kept by a trigger), the per-contact count stops
 -- at the cap. When the contact last wrote is the contact's own column (the reply sets it), so the step
 -- never reads the messages table for it. The number to send from: the enrollment's, the sequence's fixed
--- one, the contact's last conversation's, the project's default, then any connected one.
+-- one, the contact's last conversation's, the project's default, then any connected one; and that number's
+-- pacing widened by a rate limit (followups.pacing).
 SELECT c.opted_out_at IS NOT NULL AS opted_out,
        c.erased_at IS NOT NULL AS erased,
+       c.undeliverable_at IS NOT NULL AS undeliverable,
+       c.marketing_limited_until,
        c.name, c.phone, c.attributes, c.timezone, c.consent,
        p.timezone AS project_timezone,
        p.plan_active,
@@ -43,7 +46,8 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
        fs.send_window, coalesce(fs.consent_mode, 'off') AS consent_mode,
        coalesce(fs.service_window, 'off') AS service_window, fs.max_per_contact_24h,
        coalesce(fs.send_delay_ms, 0) AS send_delay_ms, fs.max_in_flight_per_number, fs.monthly_message_quota,
-       fs.max_send_lane_backlog
+       fs.max_send_lane_backlog,
+       coalesce(pace.widened_gap_ms, 0) AS widened_gap_ms, pace.widened_at
 FROM contacts c
 JOIN projects p ON p.id = c.project_id
 LEFT JOIN followup_sequences s ON s.project_id = c.project_id AND s.id = %(sequence_id)s
@@ -59,6 +63,7 @@ LEFT JOIN LATERAL (
              n.is_default DESC, n.created_at, n.id
     LIMIT 1
 ) num ON true
+LEFT JOIN followup_instance_pacing pace ON pace.project_id = c.project_id AND pace.number_id = num.id
 WHERE c.project_id = %(project_id)s AND c.id = %(contact_id)s
 FOR SHARE OF c SKIP LOCKED
 

@@ -317,6 +317,9 @@ class StatusChange(msgspec.Struct, kw_only=True, frozen=True):
 
     status: MessageStatus
     detail: str | None
+    #: What the engine did about a provider's failure (a :data:`~libs.common.core.reasons.ProviderAction`
+    #: and its detail: ``marketing_deferred:<until>``, ``template_retry:<message id>``), else null.
+    action: str | None = None
     occurred_at: datetime
 
 

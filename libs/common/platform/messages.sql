@@ -152,7 +152,7 @@ LIMIT %(limit)s
 
 -- name: status_history
 -- A message's status events, oldest first (QUEUED, PROCESSING, SENT, ... as the send lane reported them).
-SELECT status, detail, occurred_at
+SELECT status, detail, action, occurred_at
 FROM message_status_events
 WHERE project_id = %(project_id)s AND message_id = %(id)s
 ORDER BY id

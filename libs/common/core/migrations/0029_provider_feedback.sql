@@ -1,0 +1,15 @@
+-- Provider feedback (docs/providers.md, "What a failure changes"): what a provider's error code changes.
+--   contacts.undeliverable_at            the provider said the phone cannot receive (131026, Twilio 63003 and
+--                                        21211): the contact's follow-ups stopped, no more go out
+--   contacts.marketing_limited_until     the provider refused a marketing message for the user's own limit
+--                                        (131049): the contact's marketing follow-ups wait until then
+--   message_status_events.action         what the engine did about a status (a reason code and its detail:
+--                                        the message's timeline shows it)
+--   followup_instance_pacing.widened_gap_ms / widened_at
+--                                        the number's pacing gap widened by a rate limit (130429) and when;
+--                                        it recovers by halves (libs/common/followups/pacing.py)
+ALTER TABLE contacts ADD COLUMN undeliverable_at timestamptz,
+    ADD COLUMN marketing_limited_until timestamptz;
+ALTER TABLE message_status_events ADD COLUMN action text;
+ALTER TABLE followup_instance_pacing ADD COLUMN widened_gap_ms integer NOT NULL DEFAULT 0,
+    ADD COLUMN widened_at timestamptz;
