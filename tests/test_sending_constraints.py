@@ -84,6 +84,7 @@ def test_settings_default_to_no_constraint_and_are_replaced_whole(client: TestCl
         "consent_mode": "off",
         "service_window": "off",
         "max_per_contact_24h": None,
+        "min_recipient_gap_seconds": 6,
         "send_delay_ms": 0,
         "max_in_flight_per_number": None,
         "monthly_message_quota": None,
@@ -347,6 +348,7 @@ def test_the_number_is_the_enrollments_then_the_sequences_then_the_conversations
     for gone in (default, fixed, pinned, chatting):
         ok(client.post("/v1/events", json={"type": "number.disconnected", "number_id": gone}))
     late = enroll(client, with_fixed, talker)
+    clock.advance(timedelta(seconds=6))  # the talker's spacing after its first follow-up
     release(runtime, clock)
     sql = "SELECT number_id::text FROM messages WHERE followup_enrollment_id = %s"
     assert rows(runtime.pool, sql, late) == [(first,)]

@@ -58,8 +58,9 @@ ProviderAction = Literal[
 ]
 
 #: Why an enrollment waits (beside the sending constraints' own): the contact's marketing messages refused
-#: by the provider for a day (131049).
-PolicyWaitingReason = Literal["user_marketing_limit"]
+#: by the provider for a day (131049), the contact sent a message less than ``min_recipient_gap_seconds``
+#: ago.
+PolicyWaitingReason = Literal["user_marketing_limit", "recipient_gap"]
 
 #: Why an enrollment stopped (beside the stop paths' own): the provider cannot deliver to the contact.
 PolicyStopReason = Literal["undeliverable"]

@@ -5,6 +5,8 @@
     2 consent            consent mode ``required`` and the contact's consent not granted -> skip
     3 service window     enforced, and the contact has not written in 24 h -> the step's approved WhatsApp
                          template, or skip (``outside_service_window``)
+      recipient gap      the contact was sent a message (by anything) less than ``min_recipient_gap_seconds``
+                         ago -> defer to the gap's end (``recipient_gap``)
       marketing limit    a marketing step, and the provider refused the contact a marketing message for its
                          own limit (131049: ``marketing_limited_until``) -> defer until then
                          (``user_marketing_limit``)
@@ -101,6 +103,10 @@ class ConstraintState(msgspec.Struct, kw_only=True, frozen=True):
     max_in_flight_per_number: int | None
     monthly_message_quota: int | None
     max_send_lane_backlog: int | None
+    #: The least time between two messages to the contact, and when it was last sent one (read only
+    #: when the gap is set).
+    min_recipient_gap_seconds: int = 0
+    last_outbound_at: datetime | None = None
     #: Until when the provider refuses the contact marketing messages (131049), if it did.
     marketing_limited_until: datetime | None = None
     #: The number's pacing widened by a rate limit, and when (:mod:`~libs.common.followups.pacing`).
@@ -155,6 +161,9 @@ def check(
         if step.whatsapp_template is None:
             return Hold("skip", "outside_service_window")
         template = step.whatsapp_template
+    spaced = recipient_gap_end(state.min_recipient_gap_seconds, state.last_outbound_at)
+    if spaced is not None and spaced > now:
+        return Hold("defer", "recipient_gap", spaced)
     limited = state.marketing_limited_until
     if limited is not None and limited > now and definition.category_of(step) == "marketing":
         return Hold("defer", "user_marketing_limit", limited)
@@ -180,6 +189,13 @@ def check(
     if cap is not None and state.recent_followups is not None and len(state.recent_followups) >= cap:
         return Hold("defer", "contact_cap", min(state.recent_followups) + CAP_PERIOD)
     return Sending(number_id, template, gap_ms if number_id is not None else 0)
+
+
+def recipient_gap_end(gap_seconds: int, last_outbound_at: datetime | None) -> datetime | None:
+    """When the next message to a contact last sent one at ``last_outbound_at`` may go (None: any time)."""
+    if gap_seconds <= 0 or last_outbound_at is None:
+        return None
+    return last_outbound_at + timedelta(seconds=gap_seconds)
 
 
 def outside_service_window(last_inbound_at: datetime | None, now: datetime) -> bool:

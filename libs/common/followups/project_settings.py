@@ -1,6 +1,7 @@
 """A project's follow-up settings (``followup_settings``): the sending constraints the release path obeys
 and how long finished follow-ups are kept. A project without a row has the defaults, which constrain
-nothing: every constraint is opt-in.
+nothing but the spacing of messages to one contact (``min_recipient_gap_seconds``, 6 s): every other
+constraint is opt-in.
 
 The release path reads them in the same statement that locks the contact, so a change takes effect at
 the next release in every process (no cache to invalidate).
@@ -47,6 +48,9 @@ class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     max_per_contact_24h: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
     #: Pacing: the least time between two follow-ups released on one number.
     send_delay_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEND_DELAY_MS)] = 0
+    #: The least time between two messages to one contact, whatever sent them (a sequence, a rule, a
+    #: one-off, an AI step): WhatsApp paces a user at about one message per 6 seconds. 0: no spacing.
+    min_recipient_gap_seconds: Annotated[int, msgspec.Meta(ge=0, le=86400)] = 6
     #: Most follow-ups QUEUED or PROCESSING on one number at a time (null: no limit).
     max_in_flight_per_number: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
     #: Most messages the project queues in a calendar month (UTC) (null: no quota).

@@ -47,6 +47,7 @@ from libs.common.followups.definition import (
     WhatsAppTemplate,
     step_due_at,
 )
+from libs.common.followups.project_settings import DEFAULTS
 from libs.common.followups.release_claim import ClaimedEnrollment
 from libs.common.followups.sequences import version_definition, version_number
 from libs.common.followups.templates import RenderContext, TemplateSkip, render, render_message
@@ -182,6 +183,7 @@ def release_claimed(
         "last_message_id": row.last_message_id if "previous_not_read" in step.only_if else None,
         "number_id": row.number_id,
         "fixed_number_id": definition.number_id,
+        "default_recipient_gap": DEFAULTS.min_recipient_gap_seconds,
         "now": now,
     }
     with conn.cursor(row_factory=class_row(ReleaseState)) as cur:
@@ -474,6 +476,8 @@ def _advance(
     if next_index < len(claim.definition.steps):
         next_step = claim.definition.steps[next_index]
         due = step_due_at(next_step, now=claim.now, anchor_at=claim.row.anchor_at) or claim.now
+        if message_id is not None:  # the next step keeps the contact's spacing (no deferral needed)
+            due = max(due, claim.now + timedelta(seconds=claim.state.min_recipient_gap_seconds))
         due = constraints.in_window(next_step, claim.definition, claim.state, due)
         transitions.advance(
             conn,

@@ -6,7 +6,8 @@
 -- the hot row is spared a lock per step. The counts behind the caps are read only when the cap is set:
 -- the in-flight and backlog counts from message_counters (kept by a trigger), the per-contact count stops
 -- at the cap. When the contact last wrote is the contact's own column (the reply sets it), so the step
--- never reads the messages table for it. The number to send from: the enrollment's, the sequence's fixed
+-- never reads the messages table for it; when the contact was last sent a message (whatever sent it) is
+-- read only when the project spaces them (min_recipient_gap_seconds, one probe of the contact's messages). The number to send from: the enrollment's, the sequence's fixed
 -- one, the contact's last conversation's, the project's default, then any connected one; and that number's
 -- pacing widened by a rate limit (followups.pacing).
 SELECT c.opted_out_at IS NOT NULL AS opted_out,
@@ -22,6 +23,13 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
            (SELECT m.status FROM messages m WHERE m.project_id = c.project_id AND m.id = %(last_message_id)s)
        END AS last_message_status,
        c.last_inbound_at,
+       coalesce(fs.min_recipient_gap_seconds, %(default_recipient_gap)s) AS min_recipient_gap_seconds,
+       CASE WHEN coalesce(fs.min_recipient_gap_seconds, %(default_recipient_gap)s) > 0 THEN
+           (SELECT m.created_at FROM messages m
+            WHERE m.project_id = c.project_id AND m.contact_id = c.id AND m.direction = 'outbound'
+              AND m.status <> 'CANCELLED'
+            ORDER BY m.created_at DESC LIMIT 1)
+       END AS last_outbound_at,
        EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = c.project_id) AS has_numbers,
        num.id AS number_id,
        CASE WHEN fs.max_in_flight_per_number IS NOT NULL AND num.id IS NOT NULL THEN

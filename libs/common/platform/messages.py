@@ -464,3 +464,11 @@ def get_conversation_detail(
         conn, project_id, MessageFilters(conversation_id=conversation_id), limit=CONVERSATION_MESSAGES
     )
     return ConversationDetail(**msgspec.structs.asdict(conversation), last_messages=last)
+
+
+def last_outbound_at(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> datetime | None:
+    """When the contact was last sent a message (by anything; a cancelled one never went), if ever."""
+    row = conn.execute(
+        QUERIES["last_outbound_at"], {"project_id": project_id, "contact_id": contact_id}
+    ).fetchone()
+    return row[0] if row is not None else None

@@ -156,3 +156,12 @@ SELECT status, detail, action, occurred_at
 FROM message_status_events
 WHERE project_id = %(project_id)s AND message_id = %(id)s
 ORDER BY id
+
+-- name: last_outbound_at
+-- When the contact was last sent a message, whatever sent it (a cancelled one never went): one probe of the
+-- contact's messages, newest first.
+SELECT created_at FROM messages
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND direction = 'outbound'
+  AND status <> 'CANCELLED'
+ORDER BY created_at DESC
+LIMIT 1

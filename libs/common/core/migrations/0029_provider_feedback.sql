@@ -8,6 +8,9 @@
 --   followup_instance_pacing.widened_gap_ms / widened_at
 --                                        the number's pacing gap widened by a rate limit (130429) and when;
 --                                        it recovers by halves (libs/common/followups/pacing.py)
+-- followup_settings.min_recipient_gap_seconds    the least time between two messages to one contact (6 s:
+--                                        WhatsApp's pace per user), across sequences, rules and one-offs
+ALTER TABLE followup_settings ADD COLUMN min_recipient_gap_seconds integer NOT NULL DEFAULT 6;
 ALTER TABLE contacts ADD COLUMN undeliverable_at timestamptz,
     ADD COLUMN marketing_limited_until timestamptz;
 ALTER TABLE message_status_events ADD COLUMN action text;

@@ -14,7 +14,7 @@ from libs.common.core.errors import InvalidInput
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import load_queries
 from libs.common.followups import project_settings
-from libs.common.followups.constraints import outside_service_window
+from libs.common.followups.constraints import outside_service_window, recipient_gap_end
 from libs.common.followups.definition import WhatsAppTemplate, check_whatsapp_template
 from libs.common.followups.templates import (
     TOO_LONG_REASON,
@@ -25,15 +25,21 @@ from libs.common.followups.templates import (
     render,
     render_message,
 )
-from libs.common.platform.messages import OutboundMessage, queue_contact_message
+from libs.common.platform.messages import OutboundMessage, last_outbound_at, queue_contact_message
 from libs.common.rules.actions.base import ActionRejected, BaseAction, Done, Subject, form
 
 QUERIES = load_queries("libs.common.rules", "actions.sql")
 
 
+class RecipientGap(Exception):
+    """The contact was sent a message less than ``min_recipient_gap_seconds`` ago: the trigger is retried
+    (after its backoff), and the rule with it."""
+
+
 class SendMessage(BaseAction, kw_only=True, tag="send_message"):
     """Send a text (a template over the contact's fields) through the shared send path (source ``rule``),
-    obeying opt-out, consent and the WhatsApp service window (outside it: ``whatsapp_template`` if given).
+    obeying opt-out, consent, the WhatsApp service window (outside it: ``whatsapp_template`` if given) and
+    the spacing of messages to one contact (within ``min_recipient_gap_seconds`` of the last one: retried).
     A text its values make longer than a message may be is not sent: the rule is refused
     (``message_too_long``)."""
 
@@ -80,6 +86,11 @@ class SendMessage(BaseAction, kw_only=True, tag="send_message"):
         settings = project_settings.get_settings(conn, subject.project_id)
         if settings.consent_mode == "required" and consent != "granted":
             raise ActionRejected("no_consent", "consent is required and the contact has not granted it")
+        spaced = recipient_gap_end(
+            settings.min_recipient_gap_seconds, last_outbound_at(conn, subject.project_id, subject.contact_id)
+        )
+        if spaced is not None and spaced > now:
+            raise RecipientGap(f"the contact may be sent its next message at {spaced.isoformat()}")
         context = RenderContext(
             variables={"event_type": subject.type},
             anchor_at=None,
