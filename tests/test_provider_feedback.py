@@ -170,6 +170,8 @@ def test_an_undeliverable_contact_is_flagged_and_its_follow_ups_stop(
     on_first, on_second = enroll(client, first, gone), enroll(client, second, gone)
     unaffected = enroll(client, first, fine)
     release(runtime, clock)
+    clock.advance(timedelta(seconds=6))  # the contact's spacing between its two sequences' messages
+    release(runtime, clock)
     counted = metrics()
 
     # When the provider says the first message cannot be delivered

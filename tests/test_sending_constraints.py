@@ -84,6 +84,7 @@ def test_settings_default_to_no_constraint_and_are_replaced_whole(client: TestCl
         "consent_mode": "off",
         "service_window": "off",
         "max_per_contact_24h": None,
+        "max_per_contact_day": None,
         "min_recipient_gap_seconds": 6,
         "send_delay_ms": 0,
         "max_in_flight_per_number": None,

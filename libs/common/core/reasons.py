@@ -59,8 +59,13 @@ ProviderAction = Literal[
 
 #: Why an enrollment waits (beside the sending constraints' own): the contact's marketing messages refused
 #: by the provider for a day (131049), the contact sent a message less than ``min_recipient_gap_seconds``
-#: ago.
-PolicyWaitingReason = Literal["user_marketing_limit", "recipient_gap"]
+#: ago, the contact's cap of marketing messages per calendar day (in its zone) reached.
+PolicyWaitingReason = Literal["user_marketing_limit", "recipient_gap", "contact_day_cap"]
+
+#: Why a marketing message is held back (a follow-up deferred, a rule's message refused): the contact's
+#: cap per rolling 24 hours, or per calendar day in its zone, reached
+#: (:func:`~libs.common.followups.constraints.frequency_cap`).
+FrequencyCap = Literal["contact_cap", "contact_day_cap"]
 
 #: Why an enrollment stopped (beside the stop paths' own): the provider cannot deliver to the contact.
 PolicyStopReason = Literal["undeliverable"]

@@ -5,11 +5,11 @@
     2 consent            consent mode ``required`` and the contact's consent not granted -> skip
     3 service window     enforced, and the contact has not written in 24 h -> the step's approved WhatsApp
                          template, or skip (``outside_service_window``)
-      recipient gap      the contact was sent a message (by anything) less than ``min_recipient_gap_seconds``
-                         ago -> defer to the gap's end (``recipient_gap``)
       marketing limit    a marketing step, and the provider refused the contact a marketing message for its
                          own limit (131049: ``marketing_limited_until``) -> defer until then
                          (``user_marketing_limit``)
+      recipient gap      the contact was sent a message (by anything) less than ``min_recipient_gap_seconds``
+                         ago -> defer to the gap's end (``recipient_gap``)
     4 number             the enrollment's, the sequence's fixed one, the contact's last conversation's, the
                          project's default, any connected one; none connected -> defer 15 s, and after
                          30 min pause (``instance_unavailable``). A project with no numbers registered
@@ -21,7 +21,11 @@
                          (:mod:`~libs.common.followups.pacing`)
     6 in-flight window   too many follow-ups QUEUED / PROCESSING on the number -> defer
     7 quota, backlog     the monthly quota used up, or the send-lane backlog over its limit -> defer 30 min
-    8 per-contact cap    ``max_per_contact_24h`` reached -> defer until the oldest of those is 24 h old
+    8 frequency caps     a marketing step, and the engine's messages to the contact (of every kind: sequences,
+                         one-offs, AI, rules) reached ``max_per_contact_24h`` -> defer until the oldest of
+                         those is 24 h old (``contact_cap``); or ``max_per_contact_day`` since midnight in
+                         the contact's zone -> defer to the next midnight (``contact_day_cap``). Utility
+                         and service steps pass (:func:`frequency_cap`)
 
 A decision is a :class:`Hold` (what the release step does instead of sending) or a :class:`Sending`
 (how to send). Nothing here counts or commits.
@@ -31,12 +35,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, time, timedelta, tzinfo
 from typing import Any, Literal
 
 import msgspec
 from psycopg import Connection
 
+from libs.common.core.reasons import FrequencyCap
 from libs.common.core.sql import load_queries
 from libs.common.followups import pacing
 from libs.common.followups.definition import Definition, Step, WhatsAppTemplate
@@ -94,11 +99,13 @@ class ConstraintState(msgspec.Struct, kw_only=True, frozen=True):
     in_flight: int | None
     backlog: int | None
     month_messages: int | None
-    recent_followups: list[datetime] | None
+    #: When the engine's last messages to the contact within 24 h were queued (read when a cap is set).
+    recent_messages: list[datetime] | None
     send_window: dict[str, Any] | None
     consent_mode: str
     service_window: str
     max_per_contact_24h: int | None
+    max_per_contact_day: int | None = None
     send_delay_ms: int
     max_in_flight_per_number: int | None
     monthly_message_quota: int | None
@@ -161,12 +168,12 @@ def check(
         if step.whatsapp_template is None:
             return Hold("skip", "outside_service_window")
         template = step.whatsapp_template
-    spaced = recipient_gap_end(state.min_recipient_gap_seconds, state.last_outbound_at)
-    if spaced is not None and spaced > now:
-        return Hold("defer", "recipient_gap", spaced)
     limited = state.marketing_limited_until
     if limited is not None and limited > now and definition.category_of(step) == "marketing":
         return Hold("defer", "user_marketing_limit", limited)
+    spaced = recipient_gap_end(state.min_recipient_gap_seconds, state.last_outbound_at)
+    if spaced is not None and spaced > now:
+        return Hold("defer", "recipient_gap", spaced)
     number_id = enrollment.number_id
     if state.has_numbers:
         if state.number_id is None:
@@ -185,9 +192,16 @@ def check(
         return Hold("defer", "quota", now + QUOTA_RETRY)
     if state.max_send_lane_backlog is not None and (state.backlog or 0) > state.max_send_lane_backlog:
         return Hold("defer", "backlog", now + QUOTA_RETRY)
-    cap = state.max_per_contact_24h
-    if cap is not None and state.recent_followups is not None and len(state.recent_followups) >= cap:
-        return Hold("defer", "contact_cap", min(state.recent_followups) + CAP_PERIOD)
+    if definition.category_of(step) == "marketing":
+        capped = frequency_cap(
+            state.max_per_contact_24h,
+            state.max_per_contact_day,
+            state.recent_messages or [],
+            zone(state.timezone, state.project_timezone),
+            now,
+        )
+        if capped is not None:
+            return Hold("defer", capped[0], capped[1])
     return Sending(number_id, template, gap_ms if number_id is not None else 0)
 
 
@@ -196,6 +210,22 @@ def recipient_gap_end(gap_seconds: int, last_outbound_at: datetime | None) -> da
     if gap_seconds <= 0 or last_outbound_at is None:
         return None
     return last_outbound_at + timedelta(seconds=gap_seconds)
+
+
+def frequency_cap(
+    per_24h: int | None, per_day: int | None, recent: list[datetime], where: tzinfo, now: datetime
+) -> tuple[FrequencyCap, datetime] | None:
+    """Which cap a marketing message to a contact breaks and until when (None: neither): ``recent`` are
+    when the engine's messages to the contact within 24 h were queued (at least as many as the larger cap,
+    when there are); the day is the calendar day in ``where``, the contact's zone."""
+    if per_24h is not None and len(recent) >= per_24h:
+        return "contact_cap", sorted(recent, reverse=True)[per_24h - 1] + CAP_PERIOD
+    if per_day is not None:
+        today = now.astimezone(where).date()
+        midnight = datetime.combine(today, time(), where)
+        if sum(1 for sent in recent if sent >= midnight) >= per_day:
+            return "contact_day_cap", datetime.combine(today + timedelta(days=1), time(), where)
+    return None
 
 
 def outside_service_window(last_inbound_at: datetime | None, now: datetime) -> bool:

@@ -44,8 +44,13 @@ class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     #: ``enforced``: a free-form step to a contact who has not written in 24 h is sent as its approved
     #: template, or skipped (``outside_service_window``). WhatsApp Business numbers need ``enforced``.
     service_window: Literal["off", "enforced"] = "off"
-    #: Most follow-ups one contact receives in any 24 hours (null: no cap).
+    #: Most messages the engine sends one contact in any 24 hours (follow-ups, one-offs, AI steps, rules'
+    #: messages: all are counted), past which a marketing one is held back (a follow-up deferred
+    #: ``contact_cap``, a rule's refused); utility and service messages pass (null: no cap).
     max_per_contact_24h: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
+    #: The same per calendar day in the contact's zone (else the project's): held back until its midnight
+    #: (``contact_day_cap``).
+    max_per_contact_day: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
     #: Pacing: the least time between two follow-ups released on one number.
     send_delay_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEND_DELAY_MS)] = 0
     #: The least time between two messages to one contact, whatever sent them (a sequence, a rule, a

@@ -44,15 +44,15 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
            (SELECT coalesce(sum(u.messages), 0) FROM usage_counters u
             WHERE u.project_id = c.project_id AND u.month = date_trunc('month', %(now)s AT TIME ZONE 'UTC')::date)
        END AS month_messages,
-       CASE WHEN fs.max_per_contact_24h IS NOT NULL THEN
+       CASE WHEN fs.max_per_contact_24h IS NOT NULL OR fs.max_per_contact_day IS NOT NULL THEN
            ARRAY(SELECT m.created_at FROM messages m
                  WHERE m.project_id = c.project_id AND m.contact_id = c.id AND m.direction = 'outbound'
-                   AND m.source = 'followup' AND m.status <> 'CANCELLED' AND m.created_at > %(now)s - interval '24 hours'
+                   AND m.source <> 'human' AND m.status <> 'CANCELLED' AND m.created_at > %(now)s - interval '24 hours'
                  ORDER BY m.created_at DESC
-                 LIMIT fs.max_per_contact_24h)
-       END AS recent_followups,
+                 LIMIT greatest(fs.max_per_contact_24h, fs.max_per_contact_day))
+       END AS recent_messages,
        fs.send_window, coalesce(fs.consent_mode, 'off') AS consent_mode,
-       coalesce(fs.service_window, 'off') AS service_window, fs.max_per_contact_24h,
+       coalesce(fs.service_window, 'off') AS service_window, fs.max_per_contact_24h, fs.max_per_contact_day,
        coalesce(fs.send_delay_ms, 0) AS send_delay_ms, fs.max_in_flight_per_number, fs.monthly_message_quota,
        fs.max_send_lane_backlog,
        coalesce(pace.widened_gap_ms, 0) AS widened_gap_ms, pace.widened_at

@@ -472,3 +472,12 @@ def last_outbound_at(conn: Connection[Any], project_id: uuid.UUID, contact_id: u
         QUERIES["last_outbound_at"], {"project_id": project_id, "contact_id": contact_id}
     ).fetchone()
     return row[0] if row is not None else None
+
+
+def recent_outbound(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, since: datetime, limit: int
+) -> list[datetime]:
+    """When the engine's latest messages to the contact since ``since`` were queued (an agent's aside),
+    newest first, at most ``limit``: what the contact's frequency caps count."""
+    params = {"project_id": project_id, "contact_id": contact_id, "since": since, "limit": limit}
+    return [row[0] for row in conn.execute(QUERIES["recent_outbound"], params).fetchall()]

@@ -165,3 +165,12 @@ WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND direction 
   AND status <> 'CANCELLED'
 ORDER BY created_at DESC
 LIMIT 1
+
+-- name: recent_outbound
+-- When the engine's latest messages to the contact since %(since)s were queued (every kind but an agent's;
+-- a cancelled one never went), newest first, at most %(limit)s: what its frequency caps count.
+SELECT created_at FROM messages
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND direction = 'outbound'
+  AND source <> 'human' AND status <> 'CANCELLED' AND created_at > %(since)s
+ORDER BY created_at DESC
+LIMIT %(limit)s

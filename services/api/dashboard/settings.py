@@ -24,12 +24,16 @@ from services.api.problems import status_of
 #: The optional whole numbers of the settings (empty: no limit), and the two that have a default.
 LIMITS = (
     "max_per_contact_24h",
+    "max_per_contact_day",
     "max_in_flight_per_number",
     "monthly_message_quota",
     "max_send_lane_backlog",
     "ai_monthly_token_budget",
 )
-DEFAULTED = {"send_delay_ms": 0, "retention_days": 90}
+DEFAULTED = {
+    name: getattr(project_settings.DEFAULTS, name)
+    for name in ("send_delay_ms", "min_recipient_gap_seconds", "retention_days")
+}
 WINDOWS = ("send_window", "business_hours")
 
 

@@ -10,7 +10,10 @@
 --                                        it recovers by halves (libs/common/followups/pacing.py)
 -- followup_settings.min_recipient_gap_seconds    the least time between two messages to one contact (6 s:
 --                                        WhatsApp's pace per user), across sequences, rules and one-offs
-ALTER TABLE followup_settings ADD COLUMN min_recipient_gap_seconds integer NOT NULL DEFAULT 6;
+-- followup_settings.max_per_contact_day   the most marketing messages to one contact per calendar day in its
+--                                        zone (max_per_contact_24h's twin), over every message the engine makes
+ALTER TABLE followup_settings ADD COLUMN min_recipient_gap_seconds integer NOT NULL DEFAULT 6,
+    ADD COLUMN max_per_contact_day integer CHECK (max_per_contact_day > 0);
 ALTER TABLE contacts ADD COLUMN undeliverable_at timestamptz,
     ADD COLUMN marketing_limited_until timestamptz;
 ALTER TABLE message_status_events ADD COLUMN action text;
