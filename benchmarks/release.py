@@ -9,9 +9,11 @@
    over the same with 10,000 (the partial claim index should keep it flat).
 
 4. With the sending constraints configured but not binding (a send window open now, pacing 0, every cap
-   high, 20 connected numbers the contacts' conversations are spread over): steps/s again. Steps 1 and 4
-   run in turn, R rounds each (a slow spell of the machine falls on both alike); each prints the median of
-   its runs, and the ratio is the median of the rounds' ratios.
+   high (per 24 h and per calendar day in the contact's zone), the spacing per contact kept (each
+   contact's last message two days old), 20 connected numbers the contacts' conversations are spread
+   over): steps/s again. Steps 1 and 4 run in turn, R rounds each (a slow spell of the machine falls on
+   both alike); each prints the median of its runs, and the ratio is the median of the rounds' ratios.
+   (Step 1 runs with the defaults, so it spaces messages per contact, 6 s, too: the product's default.)
 5. Pacing on: the same 20 numbers with a pacing gap, over P enrollments; the ceiling is
    numbers x 1000 / send_delay_ms steps/s, and the ratio to it is printed.
 
@@ -35,9 +37,9 @@ constrained_steps_per_s=<n> constrained_ratio=<r> paced_steps_per_s=<n> paced_ce
 lag_p99_ms_steady=<n> steps_per_s_5k=<n> steps_per_s_100k=<n> backlog_ratio_100k_5k=<r>
 small_project_lag_p99_ms=<n> big_project_steps_per_s=<n> fair_drain_ratio=<r>`.
 
-Parts alone: ``--steady-only``, ``--backlog-only``, ``--fairness-only``, and ``--statements`` (the release
-transaction's statements through pgbench one at a time with one client: each one's mean latency, as
-``pgbench -r`` reports it).
+Parts alone: ``--constrained-only`` (steps 1 and 4 in turn), ``--steady-only``, ``--backlog-only``,
+``--fairness-only``, and ``--statements`` (the release transaction's statements through pgbench one at a
+time with one client: each one's mean latency, as ``pgbench -r`` reports it).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from libs.common.core.jobs import RoundRobin
 from libs.common.core.loops import PollingLoop
 from libs.common.core.settings import DatabaseSettings, FollowupSettings, WorkerSettings
 from libs.common.followups import release_claim, release_step, transitions
-from libs.common.followups.project_settings import ProjectSettings, put_settings
+from libs.common.followups.project_settings import DEFAULTS, ProjectSettings, put_settings
 from libs.common.platform import messages as platform_messages
 from services.release import release
 
@@ -320,6 +322,7 @@ _CONSTANTS = {
     "reason": "NULL",
     "data": "'{}'::jsonb",
     "followup_step_index": "0",
+    "default_recipient_gap": str(DEFAULTS.min_recipient_gap_seconds),
 }
 
 #: The types of the values carried from one statement's results to the next (pgbench passes text).
@@ -541,6 +544,11 @@ def main() -> None:
     parser.add_argument("--claim-large", type=int, default=1_000_000)
     parser.add_argument("--claim-small", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3, help="unconstrained/constrained runs in turn")
+    parser.add_argument(
+        "--constrained-only",
+        action="store_true",
+        help="the unconstrained and the constrained runs in turn only (and their line's keys)",
+    )
     parser.add_argument("--paced", type=int, default=2_000, help="enrollments of the paced run")
     parser.add_argument("--send-delay-ms", type=int, default=200, help="the paced run's pacing gap")
     parser.add_argument("--steady-rate", type=int, default=200, help="steps falling due per second")
@@ -609,19 +617,13 @@ def main() -> None:
 
     print(f"release benchmark: {args.enrollments} enrollments, {args.workers} worker processes")
     with bench_database(args.database) as url:
-        # the unconstrained and the constrained runs alternate, so that a slow spell of the machine falls
-        # on both alike; each figure is the median of its runs, the ratio the median of the pairs' ratios
-        plain: list[tuple[float, float, float]] = []
-        constrained_runs: list[float] = []
-        for _ in range(args.rounds):
-            plain.append(run_release(url, args.enrollments, args.workers))
-            constrained_runs.append(run_release(url, args.enrollments, args.workers, _open_constraints())[0])
-        steps_per_s, lag_p50, lag_p99 = sorted(plain)[len(plain) // 2]
-        constrained = statistics.median(constrained_runs)
-        constrained_ratio = statistics.median(c / p[0] for p, c in zip(plain, constrained_runs, strict=True))
-        print(f"  release path: {steps_per_s:.0f} steps/s, lag p50 {lag_p50:.0f} ms, p99 {lag_p99:.0f} ms")
-        in_turn = " ".join(f"{p[0]:.0f}/{c:.0f}" for p, c in zip(plain, constrained_runs, strict=True))
-        print(f"  constraints configured, none binding: {constrained:.0f} steps/s (runs in turn: {in_turn})")
+        steps_per_s, lag_p99, constrained, constrained_ratio = _constrained(url, args)
+        if args.constrained_only:
+            print(
+                f"release: steps_per_s={steps_per_s:.0f} lag_p99_ms={lag_p99:.0f} "
+                f"constrained_steps_per_s={constrained:.0f} constrained_ratio={constrained_ratio:.2f}"
+            )
+            return
         ceiling = run_ceiling(url, args.enrollments, args.workers)
         print(f"  pgbench ceiling (same statements, {args.workers} clients): {ceiling:.0f} tps")
         small = claim_latency(url, args.claim_small)
@@ -651,6 +653,24 @@ def main() -> None:
         f"paced_ratio={paced / paced_ceiling:.2f} lag_p99_ms_steady={steady:.0f} "
         f"{_backlog_keys(args.backlog_small, args.backlog_large, *backlog)} {_fairness_keys(*fair, single)}"
     )
+
+
+def _constrained(url: str, args: argparse.Namespace) -> tuple[float, float, float, float]:
+    """The unconstrained and the constrained runs in turn, so that a slow spell of the machine falls on both
+    alike: the unconstrained steps/s and lag p99 (of its median run), the constrained steps/s (the median)
+    and the ratio (the median of the rounds' ratios)."""
+    plain: list[tuple[float, float, float]] = []
+    constrained_runs: list[float] = []
+    for _ in range(args.rounds):
+        plain.append(run_release(url, args.enrollments, args.workers))
+        constrained_runs.append(run_release(url, args.enrollments, args.workers, _open_constraints())[0])
+    steps_per_s, lag_p50, lag_p99 = sorted(plain)[len(plain) // 2]
+    constrained = statistics.median(constrained_runs)
+    constrained_ratio = statistics.median(c / p[0] for p, c in zip(plain, constrained_runs, strict=True))
+    print(f"  release path: {steps_per_s:.0f} steps/s, lag p50 {lag_p50:.0f} ms, p99 {lag_p99:.0f} ms")
+    in_turn = " ".join(f"{p[0]:.0f}/{c:.0f}" for p, c in zip(plain, constrained_runs, strict=True))
+    print(f"  constraints configured, none binding: {constrained:.0f} steps/s (runs in turn: {in_turn})")
+    return steps_per_s, lag_p99, constrained, constrained_ratio
 
 
 def _fairness(url: str, args: argparse.Namespace) -> tuple[float, float]:
@@ -683,12 +703,16 @@ def _backlog_keys(small: int, large: int, small_rate: float, large_rate: float, 
 
 
 def _open_constraints() -> dict[str, Any]:
-    """Every constraint configured, none binding: a window open for the next hours, caps far away."""
+    """Every constraint configured, none binding: a window open for the next hours, caps far away, the
+    spacing per contact kept (each contact's last message is two days old), the frequency caps per 24 h
+    and per day in the contact's zone both set (they read the contact's recent messages)."""
     now = datetime.now(UTC)
     return {
         "send_window": {"start": f"{(now.hour - 1) % 24:02d}:00", "end": f"{(now.hour + 3) % 24:02d}:00"},
         "consent_mode": "off",
         "max_per_contact_24h": 100,
+        "max_per_contact_day": 100,
+        "min_recipient_gap_seconds": 6,
         "send_delay_ms": 0,
         "max_in_flight_per_number": 1_000_000,
         "monthly_message_quota": 1_000_000_000,
