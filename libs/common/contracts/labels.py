@@ -117,6 +117,7 @@ REASONS: Final[dict[str, str]] = {
     "backlog": "Send lane backlog",
     "contact_cap": "Per-contact cap reached",
     "contact_day_cap": "Per-contact daily cap reached",
+    "messaging_limit": "The portfolio's messaging limit reached",
     "user_marketing_limit": "The contact's marketing limit (WhatsApp 131049)",
     "recipient_gap": "Spacing between messages to the contact",
     # what a provider's failure changed (a message's timeline)

@@ -59,8 +59,9 @@ ProviderAction = Literal[
 
 #: Why an enrollment waits (beside the sending constraints' own): the contact's marketing messages refused
 #: by the provider for a day (131049), the contact sent a message less than ``min_recipient_gap_seconds``
-#: ago, the contact's cap of marketing messages per calendar day (in its zone) reached.
-PolicyWaitingReason = Literal["user_marketing_limit", "recipient_gap", "contact_day_cap"]
+#: ago, the contact's cap of marketing messages per calendar day (in its zone) reached, the number's business
+#: portfolio at its tier's limit of new recipients in 24 h (or the number at its share of it).
+PolicyWaitingReason = Literal["user_marketing_limit", "recipient_gap", "contact_day_cap", "messaging_limit"]
 
 #: Why a marketing message is held back (a follow-up deferred, a rule's message refused): the contact's
 #: cap per rolling 24 hours, or per calendar day in its zone, reached

@@ -577,6 +577,7 @@ CREATE TABLE public.numbers (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     name text,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    portfolio_id uuid,
     CONSTRAINT numbers_status_check CHECK ((status = ANY (ARRAY['connected'::text, 'disconnected'::text])))
 );
 
@@ -604,6 +605,37 @@ ALTER TABLE public.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+-- Name: portfolio_openings; Type: TABLE
+
+CREATE TABLE public.portfolio_openings (
+    project_id uuid NOT NULL,
+    portfolio_id uuid NOT NULL,
+    hour timestamp with time zone NOT NULL,
+    number_id uuid NOT NULL,
+    opened integer NOT NULL
+);
+
+-- Name: portfolio_recipients; Type: TABLE
+
+CREATE TABLE public.portfolio_recipients (
+    project_id uuid NOT NULL,
+    portfolio_id uuid NOT NULL,
+    contact_id uuid NOT NULL,
+    opened_at timestamp with time zone NOT NULL
+);
+
+-- Name: portfolios; Type: TABLE
+
+CREATE TABLE public.portfolios (
+    project_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    name text NOT NULL,
+    tier text DEFAULT 'tier_250'::text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT portfolios_tier_check CHECK ((tier = ANY (ARRAY['tier_250'::text, 'tier_1k'::text, 'tier_10k'::text, 'tier_100k'::text, 'tier_unlimited'::text])))
 );
 
 -- Name: projects; Type: TABLE
@@ -870,6 +902,21 @@ ALTER TABLE ONLY public.numbers
 
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (project_id, id);
+
+-- Name: portfolio_openings portfolio_openings_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.portfolio_openings
+    ADD CONSTRAINT portfolio_openings_pkey PRIMARY KEY (project_id, portfolio_id, hour, number_id);
+
+-- Name: portfolio_recipients portfolio_recipients_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.portfolio_recipients
+    ADD CONSTRAINT portfolio_recipients_pkey PRIMARY KEY (project_id, portfolio_id, contact_id);
+
+-- Name: portfolios portfolios_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.portfolios
+    ADD CONSTRAINT portfolios_pkey PRIMARY KEY (project_id, id);
 
 -- Name: projects projects_pkey; Type: CONSTRAINT
 
@@ -1362,10 +1409,30 @@ ALTER TABLE ONLY public.messages
 ALTER TABLE ONLY public.messages
     ADD CONSTRAINT messages_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
 
+-- Name: numbers numbers_portfolio_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.numbers
+    ADD CONSTRAINT numbers_portfolio_fkey FOREIGN KEY (project_id, portfolio_id) REFERENCES public.portfolios(project_id, id) ON DELETE SET NULL (portfolio_id);
+
 -- Name: numbers numbers_project_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.numbers
     ADD CONSTRAINT numbers_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
+
+-- Name: portfolio_openings portfolio_openings_project_id_portfolio_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.portfolio_openings
+    ADD CONSTRAINT portfolio_openings_project_id_portfolio_id_fkey FOREIGN KEY (project_id, portfolio_id) REFERENCES public.portfolios(project_id, id) ON DELETE CASCADE;
+
+-- Name: portfolio_recipients portfolio_recipients_project_id_portfolio_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.portfolio_recipients
+    ADD CONSTRAINT portfolio_recipients_project_id_portfolio_id_fkey FOREIGN KEY (project_id, portfolio_id) REFERENCES public.portfolios(project_id, id) ON DELETE CASCADE;
+
+-- Name: portfolios portfolios_project_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.portfolios
+    ADD CONSTRAINT portfolios_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
 
 -- Name: rule_pending_executions rule_pending_executions_contact_id_fkey; Type: FK CONSTRAINT
 

@@ -26,9 +26,15 @@
                          those is 24 h old (``contact_cap``); or ``max_per_contact_day`` since midnight in
                          the contact's zone -> defer to the next midnight (``contact_day_cap``). Utility
                          and service steps pass (:func:`frequency_cap`)
+    9 messaging limit    the number's business portfolio (if any), a conversation the business opens (the
+                         contact has not written in 24 h) with a recipient new in 24 h: past the tier's
+                         limit, or the number's equal share of it -> defer until the first hour that counts
+                         has left the window (``messaging_limit``); else the recipient is counted
+                         (:func:`libs.common.platform.portfolios.admit`)
 
 A decision is a :class:`Hold` (what the release step does instead of sending) or a :class:`Sending`
-(how to send). Nothing here counts or commits.
+(how to send). Nothing here commits; only the last check, the messaging limit, writes: it counts the
+recipient it lets through.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from libs.common.followups import pacing
 from libs.common.followups.definition import Definition, Step, WhatsAppTemplate
 from libs.common.followups.send_window import SendWindow, next_opening, zone
 from libs.common.followups.transitions import WaitingReason
+from libs.common.platform import portfolios
 
 QUERIES = load_queries("libs.common.followups", "release_step.sql")
 
@@ -116,6 +123,8 @@ class ConstraintState(msgspec.Struct, kw_only=True, frozen=True):
     last_outbound_at: datetime | None = None
     #: Until when the provider refuses the contact marketing messages (131049), if it did.
     marketing_limited_until: datetime | None = None
+    #: The chosen number's business portfolio (its messaging limit), if it has one.
+    portfolio_id: uuid.UUID | None = None
     #: The number's pacing widened by a rate limit, and when (:mod:`~libs.common.followups.pacing`).
     widened_gap_ms: int = 0
     widened_at: datetime | None = None
@@ -130,6 +139,7 @@ class Claimed:
     number_id: uuid.UUID | None
     waiting_reason: str | None
     unavailable_since: datetime | None
+    contact_id: uuid.UUID
 
 
 def window_for(step: Step, definition: Definition, state: ConstraintState) -> SendWindow | None:
@@ -202,6 +212,14 @@ def check(
         )
         if capped is not None:
             return Hold("defer", capped[0], capped[1])
+    business_initiated = outside_service_window(state.last_inbound_at, now)
+    if state.portfolio_id is not None and number_id is not None and business_initiated:
+        # the last check, as it counts the recipient: a business-initiated conversation of the portfolio
+        until = portfolios.admit(
+            conn, enrollment.project_id, state.portfolio_id, number_id, enrollment.contact_id, now=now
+        )
+        if until is not None:
+            return Hold("defer", "messaging_limit", until)
     return Sending(number_id, template, gap_ms if number_id is not None else 0)
 
 

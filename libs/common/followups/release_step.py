@@ -219,7 +219,9 @@ def release_claimed(
 
 
 def _constrained(row: ClaimedEnrollment) -> Claimed:
-    return Claimed(row.id, row.project_id, row.number_id, row.waiting_reason, row.unavailable_since)
+    return Claimed(
+        row.id, row.project_id, row.number_id, row.waiting_reason, row.unavailable_since, row.contact_id
+    )
 
 
 def _hold(conn: Connection[Any], claim: _Claim, hold: Hold) -> Released:

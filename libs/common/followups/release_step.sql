@@ -31,7 +31,7 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
             ORDER BY m.created_at DESC LIMIT 1)
        END AS last_outbound_at,
        EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = c.project_id) AS has_numbers,
-       num.id AS number_id,
+       num.id AS number_id, num.portfolio_id,
        CASE WHEN fs.max_in_flight_per_number IS NOT NULL AND num.id IS NOT NULL THEN
            (SELECT coalesce(sum(mc.messages), 0) FROM message_counters mc
             WHERE mc.project_id = c.project_id AND mc.kind = 'number_in_flight' AND mc.owner_id = num.id)
@@ -61,7 +61,7 @@ JOIN projects p ON p.id = c.project_id
 LEFT JOIN followup_sequences s ON s.project_id = c.project_id AND s.id = %(sequence_id)s
 LEFT JOIN followup_settings fs ON fs.project_id = c.project_id
 LEFT JOIN LATERAL (
-    SELECT n.id FROM numbers n
+    SELECT n.id, n.portfolio_id FROM numbers n
     WHERE n.project_id = c.project_id AND n.status = 'connected'
     ORDER BY n.id = %(number_id)s::uuid DESC NULLS LAST,
              n.id = %(fixed_number_id)s::uuid DESC NULLS LAST,

@@ -19,3 +19,39 @@ ALTER TABLE contacts ADD COLUMN undeliverable_at timestamptz,
 ALTER TABLE message_status_events ADD COLUMN action text;
 ALTER TABLE followup_instance_pacing ADD COLUMN widened_gap_ms integer NOT NULL DEFAULT 0,
     ADD COLUMN widened_at timestamptz;
+
+-- Portfolios (a business portfolio's messaging limit, shared by its numbers): its tier (a setting, or what
+-- a number.quality_changed / portfolio.tier_changed platform event said), each number's portfolio, the
+-- unique recipients of business-initiated conversations it opened in the last 24 h (one row a recipient,
+-- its last opening), and how many it opened each hour by number (what the limit counts: at most 25 rows a
+-- number, never a count over messages).
+CREATE TABLE portfolios (
+    project_id  uuid NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    id          uuid NOT NULL DEFAULT gen_random_uuid(),
+    name        text NOT NULL,
+    tier        text NOT NULL DEFAULT 'tier_250'
+                CHECK (tier IN ('tier_250', 'tier_1k', 'tier_10k', 'tier_100k', 'tier_unlimited')),
+    created_at  timestamptz NOT NULL,
+    updated_at  timestamptz NOT NULL,
+    PRIMARY KEY (project_id, id)
+);
+ALTER TABLE numbers ADD COLUMN portfolio_id uuid,
+    ADD CONSTRAINT numbers_portfolio_fkey FOREIGN KEY (project_id, portfolio_id)
+        REFERENCES portfolios (project_id, id) ON DELETE SET NULL (portfolio_id);
+CREATE TABLE portfolio_recipients (
+    project_id    uuid NOT NULL,
+    portfolio_id  uuid NOT NULL,
+    contact_id    uuid NOT NULL,
+    opened_at     timestamptz NOT NULL,
+    PRIMARY KEY (project_id, portfolio_id, contact_id),
+    FOREIGN KEY (project_id, portfolio_id) REFERENCES portfolios (project_id, id) ON DELETE CASCADE
+);
+CREATE TABLE portfolio_openings (
+    project_id    uuid NOT NULL,
+    portfolio_id  uuid NOT NULL,
+    hour          timestamptz NOT NULL,
+    number_id     uuid NOT NULL,
+    opened        integer NOT NULL,
+    PRIMARY KEY (project_id, portfolio_id, hour, number_id),
+    FOREIGN KEY (project_id, portfolio_id) REFERENCES portfolios (project_id, id) ON DELETE CASCADE
+);
