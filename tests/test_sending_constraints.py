@@ -93,6 +93,7 @@ def test_settings_default_to_no_constraint_and_are_replaced_whole(client: TestCl
         "retention_days": 90,
         "business_hours": None,
         "ai_monthly_token_budget": None,
+        "message_prices": None,
     }
     window = {"start": "21:00", "end": "08:00", "days": ["mon", "fri"]}
     put_settings(client, send_window=window, consent_mode="required", max_per_contact_24h=3)

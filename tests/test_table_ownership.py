@@ -100,6 +100,13 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
     ),
     **_reads(
         "followups",
+        "libs/common/followups/statistics.sql::template_messages_by_month",
+        ("messages",),
+        "a sequence's monthly spend counts its step runs' template messages the provider took, by month and "
+        "category: an aggregate over both tables",
+    ),
+    **_reads(
+        "followups",
         "libs/common/followups/statistics.sql::step_outcomes",
         ("messages",),
         "a sequence's statistics count its step runs' messages by latest status: an aggregate over both "

@@ -463,6 +463,7 @@ CREATE TABLE public.followup_settings (
     ai_monthly_token_budget bigint,
     min_recipient_gap_seconds integer DEFAULT 6 NOT NULL,
     max_per_contact_day integer,
+    message_prices jsonb,
     CONSTRAINT followup_settings_ai_monthly_token_budget_check CHECK ((ai_monthly_token_budget > 0)),
     CONSTRAINT followup_settings_consent_mode_check CHECK ((consent_mode = ANY (ARRAY['off'::text, 'required'::text]))),
     CONSTRAINT followup_settings_max_in_flight_per_number_check CHECK ((max_in_flight_per_number > 0)),

@@ -30,6 +30,22 @@ QUERIES = load_queries("libs.common.followups", "project_settings.sql")
 MAX_SEND_DELAY_MS = 3_600_000
 
 
+#: The most one message may cost (in the project's currency).
+MAX_MESSAGE_PRICE = 100.0
+Price = Annotated[float, msgspec.Meta(ge=0, le=MAX_MESSAGE_PRICE)]
+
+
+class MessagePrices(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What the provider charges the project for one template message of each category (WhatsApp prices
+    template messages by category and country; free-form messages in the service window are free)."""
+
+    marketing: Price = 0.0
+    utility: Price = 0.0
+    service: Price = 0.0
+    #: The prices' currency (ISO 4217).
+    currency: Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}$")] = "USD"
+
+
 class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Every field has a default that constrains nothing; ``PUT /v1/settings`` replaces them all (the time
     zone only when given)."""
@@ -70,6 +86,9 @@ class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     #: fallback (``ai_budget_exhausted``) without calling the model. Null: no budget, or the operator's cap
     #: (``AI_MAX_MONTHLY_TOKENS_PER_PROJECT``) when one is set; a budget may not exceed the cap.
     ai_monthly_token_budget: Annotated[int, msgspec.Meta(ge=1, le=10_000_000_000)] | None = None
+    #: The price of a template message by category: a sequence's statistics show its monthly spend (null:
+    #: no prices, no spend shown).
+    message_prices: MessagePrices | None = None
 
 
 #: What a project without a settings row has.
@@ -116,7 +135,7 @@ def put_settings(
     set its time zone when given (the platform owns it); returns them as stored."""
     check_settings(settings, ai_token_cap=ai_token_cap)
     params = msgspec.to_builtins(settings) | {"project_id": project_id, "now": now}
-    for name in ("send_window", "business_hours"):
+    for name in ("send_window", "business_hours", "message_prices"):
         params[name] = Jsonb(params[name]) if params[name] is not None else None
     conn.execute(QUERIES["put_settings"], params)
     if isinstance(settings.timezone, str):

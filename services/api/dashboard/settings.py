@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from litestar import Controller, Request, Response, get, post
 
 from libs.common.ai.step import month_tokens
@@ -99,6 +100,9 @@ class SettingsController(Controller):
                 else None
             )
         runtime = runtime_of(request)
+        with transaction(runtime) as conn:  # what the form does not show is kept (the prices: the API's)
+            kept = project_settings.get_settings(conn, project_of(request)).message_prices
+        payload["message_prices"] = msgspec.to_builtins(kept) if kept is not None else None
         cap = runtime.settings.ai.max_monthly_tokens_per_project
         # every error at once: the form's numbers, the settings' types, the checks of what decodes
         settings, refused = decoding.salvage(payload, ProjectSettings)

@@ -12,8 +12,11 @@
 --                                        WhatsApp's pace per user), across sequences, rules and one-offs
 -- followup_settings.max_per_contact_day   the most marketing messages to one contact per calendar day in its
 --                                        zone (max_per_contact_24h's twin), over every message the engine makes
+-- followup_settings.message_prices       the project's price of a template message by category (a sequence's
+--                                        monthly spend in its statistics)
 ALTER TABLE followup_settings ADD COLUMN min_recipient_gap_seconds integer NOT NULL DEFAULT 6,
-    ADD COLUMN max_per_contact_day integer CHECK (max_per_contact_day > 0);
+    ADD COLUMN max_per_contact_day integer CHECK (max_per_contact_day > 0),
+    ADD COLUMN message_prices jsonb;
 ALTER TABLE contacts ADD COLUMN undeliverable_at timestamptz,
     ADD COLUMN marketing_limited_until timestamptz;
 ALTER TABLE message_status_events ADD COLUMN action text;
