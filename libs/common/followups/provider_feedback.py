@@ -15,14 +15,18 @@ import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
 
-from libs.common.contracts.events import StepQueued
 from libs.common.core.outbox import write_events
 from libs.common.core.reasons import ProviderAction
 from libs.common.core.sql import load_queries
-from libs.common.followups.release_step import TEMPLATE_REASON, template_parameters
-from libs.common.followups.sequences import version_definition, version_number
+from libs.common.followups.release_step import (
+    TEMPLATE_REASON,
+    StepContent,
+    StepOf,
+    queue_step_message,
+    template_parameters,
+)
+from libs.common.followups.sequences import version_definition
 from libs.common.followups.templates import RenderContext
-from libs.common.platform.messages import Activity, OutboundMessage, queue_contact_message
 
 log = logging.getLogger(__name__)
 
@@ -84,41 +88,19 @@ def retry_as_template(
         conn.execute(QUERIES["rerun_step"], skipped)
         log.info("step skipped: outside the service window", extra={k: str(v) for k, v in keys.items()})
         return "step_skipped", "outside_service_window"
-    retry_id = uuid.uuid4()
-    event = StepQueued(
-        enrollment_id=failed.enrollment_id,
-        sequence_id=failed.sequence_id,
-        contact_id=failed.contact_id,
-        step_index=failed.step_index,
-        message_id=retry_id,
-        reason=TEMPLATE_REASON,
+    of = StepOf(
+        project_id,
+        failed.contact_id,
+        failed.enrollment_id,
+        failed.step_index,
+        failed.sequence_id,
+        failed.version_id,
+        failed.campaign_id,
+        failed.conversation_id,
     )
-    queued = queue_contact_message(
-        conn,
-        OutboundMessage(
-            project_id=project_id,
-            contact_id=failed.contact_id,
-            body=None,
-            source="followup",
-            number_id=failed.number_id,
-            conversation_id=failed.conversation_id,
-            followup_enrollment_id=failed.enrollment_id,
-            followup_step_index=failed.step_index,
-            sequence_id=failed.sequence_id,
-            sequence_version=(
-                version_number(conn, project_id, failed.version_id)
-                if failed.sequence_id is not None
-                else None
-            ),
-            campaign_id=failed.campaign_id,
-            template_name=template.name,
-            template_language=template.language,
-            template_parameters=parameters,
-            activity=Activity("followup_sent", event),
-            id=retry_id,
-        ),
-        now=now,
-    )
+    content = StepContent(None, template, parameters)
+    queued, event = queue_step_message(conn, of, content, failed.number_id, TEMPLATE_REASON, None, now)
+    retry_id = queued.message_id
     conn.execute(
         QUERIES["rerun_step"],
         keys | {"outcome": "queued", "reason": TEMPLATE_REASON, "new_message_id": retry_id},

@@ -52,7 +52,13 @@ from libs.common.followups.release_claim import ClaimedEnrollment
 from libs.common.followups.sequences import version_definition, version_number
 from libs.common.followups.templates import RenderContext, TemplateSkip, render, render_message
 from libs.common.followups.transitions import FinalStatus
-from libs.common.platform.messages import Activity, ConversationBusy, OutboundMessage, queue_contact_message
+from libs.common.platform.messages import (
+    Activity,
+    ConversationBusy,
+    OutboundMessage,
+    QueuedMessage,
+    queue_contact_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +294,7 @@ def _replied_since(state: ReleaseState, moment: datetime | None) -> bool:
 
 
 @dataclass(frozen=True)
-class _Content:
+class StepContent:
     """What a step sends: a free-form text, or an approved WhatsApp template with its parameters."""
 
     body: str | None
@@ -302,7 +308,7 @@ TEMPLATE_REASON: Final = "service_window_template"
 
 def _render(
     claim: _Claim, template: WhatsAppTemplate | None, draft: AiDraft | None = None
-) -> tuple[_Content | None, StepRunReason | None, str | None]:
+) -> tuple[StepContent | None, StepRunReason | None, str | None]:
     """What to send (or None), the reason and its detail: the skip reason, or why a fallback or template
     was used."""
     step = claim.step
@@ -310,14 +316,14 @@ def _render(
         parameters, skip, skip_detail = template_parameters(template, _render_context(claim))
         if parameters is None:
             return None, skip, skip_detail
-        return _Content(None, template, parameters), TEMPLATE_REASON, None
+        return StepContent(None, template, parameters), TEMPLATE_REASON, None
     fallen_back: str | None = None  # why an AI step sends its fallback
     if isinstance(step, MessageStep):
         text = step.text
     else:
         assert isinstance(step, AiStep)
         if draft is not None and draft.text is not None:
-            return _Content(draft.text), None, None  # the model's words, sent as written (not a template)
+            return StepContent(draft.text), None, None  # the model's words, sent as written (not a template)
         # no model configured, or its answer cannot be used: the step's fallback
         reason = draft.fallback_reason if draft is not None else None
         if not isinstance(step.fallback, TemplateFallback):
@@ -327,8 +333,8 @@ def _render(
     if rendered.text is None:
         return None, rendered.skip_reason, rendered.skip_detail
     if fallen_back is not None:
-        return _Content(rendered.text), "ai_fallback", fallen_back
-    return _Content(rendered.text), None, None
+        return StepContent(rendered.text), "ai_fallback", fallen_back
+    return StepContent(rendered.text), None, None
 
 
 def template_parameters(
@@ -360,7 +366,7 @@ def _render_context(claim: _Claim) -> RenderContext:
 def _queue(
     conn: Connection[Any],
     claim: _Claim,
-    content: _Content,
+    content: StepContent,
     reason: StepRunReason | None,
     detail: str | None,
     sending: Sending,
@@ -368,42 +374,17 @@ def _queue(
     row, now, step = claim.row, claim.now, claim.step
     recorded = stored(reason, detail) if reason is not None else None  # as the step run keeps it
     media = step if isinstance(step, MessageStep) and content.template is None else None
-    message_id = uuid.uuid4()
-    # the step enters the contact's timeline (a followup_sent activity, the event's data) with its message
-    event = StepQueued(
-        enrollment_id=claim.id,
-        sequence_id=row.sequence_id,
-        contact_id=row.contact_id,
-        step_index=row.step_index,
-        message_id=message_id,
-        reason=recorded,
+    of = StepOf(
+        row.project_id,
+        row.contact_id,
+        claim.id,
+        row.step_index,
+        row.sequence_id,
+        row.version_id,
+        row.campaign_id,
+        row.conversation_id,
     )
-    queued = queue_contact_message(
-        conn,
-        OutboundMessage(
-            project_id=row.project_id,
-            contact_id=row.contact_id,
-            body=content.body,
-            source="followup",
-            media_url=media.media_url if media else None,
-            media_kind=media.media_kind if media else None,
-            number_id=sending.number_id,
-            conversation_id=row.conversation_id,
-            followup_enrollment_id=claim.id,
-            followup_step_index=row.step_index,
-            sequence_id=row.sequence_id,
-            sequence_version=(
-                version_number(conn, row.project_id, row.version_id) if row.sequence_id is not None else None
-            ),
-            campaign_id=row.campaign_id,
-            template_name=content.template.name if content.template else None,
-            template_language=content.template.language if content.template else None,
-            template_parameters=content.parameters,
-            activity=Activity("followup_sent", event),
-            id=message_id,
-        ),
-        now=now,
-    )
+    queued, event = queue_step_message(conn, of, content, sending.number_id, recorded, media, now)
     constraints.after_queued(conn, row.project_id, sending, now)
     _insert_step_run(conn, claim, "queued", reason, detail, queued.message_id)
     lag = max(0.0, (now - (row.step_due_at or row.next_run_at)).total_seconds())
@@ -419,6 +400,70 @@ def _queue(
     )
     finished = _advance(conn, claim, queued.message_id, [queued.event, event], queued.conversation_id)
     return Released(claim.id, "queue", recorded, queued.message_id, lag_seconds=lag, finished=finished)
+
+
+@dataclass(frozen=True)
+class StepOf:
+    """The enrollment's step a follow-up message is for."""
+
+    project_id: uuid.UUID
+    contact_id: uuid.UUID
+    enrollment_id: uuid.UUID
+    step_index: int
+    sequence_id: uuid.UUID | None
+    version_id: uuid.UUID
+    campaign_id: uuid.UUID | None
+    conversation_id: uuid.UUID | None
+
+
+def queue_step_message(
+    conn: Connection[Any],
+    of: StepOf,
+    content: StepContent,
+    number_id: uuid.UUID | None,
+    reason: str | None,
+    media: MessageStep | None,
+    now: datetime,
+) -> tuple[QueuedMessage, StepQueued]:
+    """Queue the step's message (its ``followup.step_queued`` event, with ``reason``, is returned for the
+    caller to write with its own events)."""
+    message_id = uuid.uuid4()
+    # the step enters the contact's timeline (a followup_sent activity, the event's data) with its message
+    event = StepQueued(
+        enrollment_id=of.enrollment_id,
+        sequence_id=of.sequence_id,
+        contact_id=of.contact_id,
+        step_index=of.step_index,
+        message_id=message_id,
+        reason=reason,
+    )
+    queued = queue_contact_message(
+        conn,
+        OutboundMessage(
+            project_id=of.project_id,
+            contact_id=of.contact_id,
+            body=content.body,
+            source="followup",
+            media_url=media.media_url if media else None,
+            media_kind=media.media_kind if media else None,
+            number_id=number_id,
+            conversation_id=of.conversation_id,
+            followup_enrollment_id=of.enrollment_id,
+            followup_step_index=of.step_index,
+            sequence_id=of.sequence_id,
+            sequence_version=(
+                version_number(conn, of.project_id, of.version_id) if of.sequence_id is not None else None
+            ),
+            campaign_id=of.campaign_id,
+            template_name=content.template.name if content.template else None,
+            template_language=content.template.language if content.template else None,
+            template_parameters=content.parameters,
+            activity=Activity("followup_sent", event),
+            id=message_id,
+        ),
+        now=now,
+    )
+    return queued, event
 
 
 def _skip(conn: Connection[Any], claim: _Claim, reason: StepRunReason, detail: str | None = None) -> Released:
