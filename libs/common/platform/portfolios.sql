@@ -44,7 +44,7 @@ SELECT p.tier,
        (SELECT count(*) FROM numbers n WHERE n.project_id = p.project_id AND n.portfolio_id = p.id) AS numbers,
        EXISTS (SELECT 1 FROM portfolio_recipients r
                WHERE r.project_id = p.project_id AND r.portfolio_id = p.id AND r.contact_id = %(contact_id)s
-                 AND r.opened_at > %(now)s - interval '24 hours') AS known
+                 AND r.opened_at > %(now)s::timestamptz - interval '24 hours') AS known
 FROM portfolios p
 WHERE p.project_id = %(project_id)s AND p.id = %(portfolio_id)s
 FOR NO KEY UPDATE
@@ -58,7 +58,7 @@ SELECT coalesce(sum(opened), 0) AS total,
        min(hour) FILTER (WHERE number_id = %(number_id)s) AS my_first_hour
 FROM portfolio_openings
 WHERE project_id = %(project_id)s AND portfolio_id = %(portfolio_id)s
-  AND hour > %(now)s - interval '25 hours'
+  AND hour > %(now)s::timestamptz - interval '25 hours'
 
 -- name: record_opening
 -- A new recipient's conversation opened: the recipient remembered, its hour's count up by one, and the
@@ -70,7 +70,7 @@ WITH recipient AS (
 ), dropped AS (
     DELETE FROM portfolio_openings
     WHERE project_id = %(project_id)s AND portfolio_id = %(portfolio_id)s
-      AND hour <= %(now)s - interval '25 hours'
+      AND hour <= %(now)s::timestamptz - interval '25 hours'
 )
 INSERT INTO portfolio_openings (project_id, portfolio_id, hour, number_id, opened)
 VALUES (%(project_id)s, %(portfolio_id)s, date_trunc('hour', %(now)s), %(number_id)s, 1)
