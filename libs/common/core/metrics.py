@@ -39,6 +39,11 @@ FOLLOWUP_TRIGGERS: Final = Counter(
     "Rule triggers processed, by type and outcome.",
     ["type", "outcome"],
 )
+TRIGGER_RULES_RUN_AGAIN: Final = Counter(
+    "followups_trigger_rules_run_again_total",
+    "Leased triggers whose rules, run together first, ran again one by one (one was refused or failed).",
+    ["type"],
+)
 RULE_EXECUTIONS: Final = Counter(
     "whatstig_rule_executions_total",
     "Delayed rule executions the sweep finished, by outcome (executed, skipped, retry) and reason.",
@@ -100,6 +105,12 @@ RETENTION_DELETED: Final = Counter(
     "whatstig_retention_rows_deleted_total",
     "Rows the retention job deleted, by table.",
     ["table"],
+)
+FOLLOWUP_LIVE_DRIFT: Final = Counter(
+    "whatstig_followup_live_count_drift_total",
+    "Live enrollments the retention job's recount found miscounted by a project's live-enrollment counter"
+    " (what a plan limit reads), by direction (over: the counter said more, under: fewer); corrected.",
+    ["direction"],
 )
 OUTBOX_OLDEST_UNPUBLISHED: Final = Gauge(
     "followups_outbox_oldest_unpublished_seconds",

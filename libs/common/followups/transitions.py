@@ -83,6 +83,9 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
     reason: EnrollmentReason | None
     #: Why a live enrollment is waiting past its due time (send_window, pacing, quota, ...), if it is.
     waiting_reason: WaitingReason | None
+    #: What the check that holds it compared (``{"local": "09:00", "timezone": "Europe/Lisbon", ...}``:
+    #: docs/api.md lists them by reason), if it is waiting and kept them.
+    waiting_values: dict[str, Any] | None = None
     note: str | None
     failure_count: int
     last_error: str | None
@@ -147,14 +150,17 @@ def defer(
     reason: str,
     *,
     unavailable_since: datetime | None = None,
+    values: dict[str, Any] | None = None,
 ) -> None:
     """Try the same step again at ``until``; ``reason`` is what the enrollment is waiting for (one of
-    :data:`WaitingReason`: the enrollment's read refuses any other)."""
+    :data:`WaitingReason`: the enrollment's read refuses any other), ``values`` what its check compared
+    (:mod:`~libs.common.followups.held`), kept until the enrollment moves on."""
     params = {
         "project_id": project_id,
         "id": enrollment_id,
         "next_run_at": until,
         "reason": reason,
+        "values": Jsonb(values) if values is not None else None,
         "unavailable_since": unavailable_since,
     }
     conn.execute(QUERIES["defer"], params)
@@ -277,3 +283,15 @@ def purge_finished(conn: Connection[Any], project_id: uuid.UUID, *, now: datetim
     batch per transaction, project by project)."""
     params = {"project_id": project_id, "now": now, "limit": limit}
     return conn.execute(QUERIES["finished_enrollments"], params).rowcount
+
+
+def recount_live(conn: Connection[Any], project_id: uuid.UUID) -> tuple[int, int]:
+    """Count the project's live enrollments anew and make its live count say so (the retention job's
+    reconciliation, a transaction of its own per project): returns the count and what the counter said
+    (their difference is the drift corrected). The counter's shards are locked first, so the project's
+    enrollments and finishes wait for the count (one index walk over its live enrollments)."""
+    params = {"project_id": project_id}
+    conn.execute(QUERIES["lock_live_counters"], params)
+    row = conn.execute(QUERIES["recount_live"], params).fetchone()
+    assert row is not None
+    return row[0], row[1]

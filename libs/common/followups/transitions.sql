@@ -7,17 +7,17 @@
 -- and the conversation it went to when the enrollment had none.
 UPDATE followup_enrollments
 SET step_index = %(step_index)s, next_run_at = %(next_run_at)s, step_due_at = %(next_run_at)s,
-    waiting_reason = NULL, unavailable_since = NULL,
+    waiting_reason = NULL, waiting_values = NULL, unavailable_since = NULL,
     last_message_id = coalesce(%(message_id)s, last_message_id),
     conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),
     last_step_at = %(now)s, failure_count = 0, locked_until = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: defer
--- Try the same step again later, saying why (an AI step's lease is given back); unavailable_since is kept
--- once set.
+-- Try the same step again later, saying why and with what values (an AI step's lease is given back);
+-- unavailable_since is kept once set.
 UPDATE followup_enrollments
-SET next_run_at = %(next_run_at)s, waiting_reason = %(reason)s, locked_until = NULL,
+SET next_run_at = %(next_run_at)s, waiting_reason = %(reason)s, waiting_values = %(values)s, locked_until = NULL,
     unavailable_since = coalesce(%(unavailable_since)s, unavailable_since)
 WHERE project_id = %(project_id)s AND id = %(id)s
 
@@ -32,7 +32,7 @@ RETURNING *
 -- Resume paused enrollments; a step that fell due meanwhile is due now.
 UPDATE followup_enrollments
 SET status = 'active', reason = NULL, next_run_at = greatest(next_run_at, %(now)s),
-    step_due_at = greatest(coalesce(step_due_at, next_run_at), %(now)s), waiting_reason = NULL,
+    step_due_at = greatest(coalesce(step_due_at, next_run_at), %(now)s), waiting_reason = NULL, waiting_values = NULL,
     unavailable_since = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status = 'paused'
 RETURNING *
@@ -40,15 +40,22 @@ RETURNING *
 -- name: finish
 -- Finish live enrollments: completed, stopped or failed, with the reason (and a note). The last step's
 -- advance folds in here: step_index, last message (and its conversation, when the enrollment had none) and
--- last step time, when given. Nothing is due any more: a next run still ahead is brought back to now.
-UPDATE followup_enrollments
-SET status = %(status)s, reason = %(reason)s, note = coalesce(%(note)s, note), finished_at = %(now)s,
-    locked_until = NULL, updated_at = %(now)s, next_run_at = least(next_run_at, %(now)s),
-    step_index = coalesce(%(step_index)s, step_index),
-    last_message_id = coalesce(%(message_id)s, last_message_id),
-    conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),
-    last_step_at = CASE WHEN %(step_index)s::integer IS NULL THEN last_step_at ELSE %(now)s END
-WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status IN ('active', 'paused')
+-- last step time, when given. Nothing is due any more: a next run still ahead is brought back to now. The
+-- project's live count loses them (migration 0027: the session's shard).
+WITH finished AS (
+    UPDATE followup_enrollments
+    SET status = %(status)s, reason = %(reason)s, note = coalesce(%(note)s, note), finished_at = %(now)s,
+        locked_until = NULL, updated_at = %(now)s, next_run_at = least(next_run_at, %(now)s),
+        step_index = coalesce(%(step_index)s, step_index),
+        last_message_id = coalesce(%(message_id)s, last_message_id),
+        conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),
+        last_step_at = CASE WHEN %(step_index)s::integer IS NULL THEN last_step_at ELSE %(now)s END
+    WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status IN ('active', 'paused')
+    RETURNING 1
+)
+INSERT INTO followup_live_counters AS c (project_id, shard, live)
+SELECT %(project_id)s, pg_backend_pid() & 15, -count(*) FROM finished HAVING count(*) > 0
+ON CONFLICT (project_id, shard) DO UPDATE SET live = c.live + excluded.live
 
 -- name: lease
 -- Lease an AI step for its model call: the claim skips the enrollment until ``until``, and the attempts it
@@ -75,9 +82,17 @@ WHERE project_id = %(project_id)s AND id = %(id)s AND status IN ('active', 'paus
 RETURNING *
 
 -- name: anonymise
--- Privacy erasure: the contact's enrollments keep no variables or keys that could identify the person.
+-- Privacy erasure: the contact's enrollments keep no variables, keys or values of their checks that could
+-- identify the person (nor do their step runs).
+WITH runs AS (
+    UPDATE followup_step_runs r SET reason_values = NULL
+    FROM followup_enrollments e
+    WHERE r.project_id = %(project_id)s AND e.project_id = r.project_id AND e.id = r.enrollment_id
+      AND e.contact_id = %(contact_id)s AND r.reason_values IS NOT NULL
+)
 UPDATE followup_enrollments
-SET variables = '{}'::jsonb, dedupe_key = NULL, note = NULL, last_error = NULL, updated_at = %(now)s
+SET variables = '{}'::jsonb, dedupe_key = NULL, note = NULL, last_error = NULL, waiting_values = NULL,
+    updated_at = %(now)s
 WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s
 
 -- name: finished_enrollments
@@ -94,3 +109,26 @@ WHERE project_id = %(project_id)s AND id = ANY(ARRAY(
     ORDER BY e.finished_at
     LIMIT %(limit)s
 ))
+
+-- name: lock_live_counters
+-- The project's 16 live-count shards, each created at 0 when missing, all locked in key order (the
+-- recount's first statement): an enrollment or a finish of the project waits until the recount commits.
+INSERT INTO followup_live_counters AS c (project_id, shard, live)
+SELECT %(project_id)s, shard, 0 FROM generate_series(0, 15) AS shard ORDER BY shard
+ON CONFLICT (project_id, shard) DO UPDATE SET live = c.live
+
+-- name: recount_live
+-- The project's live enrollments counted anew (the shards locked, in a statement of its own: it sees every
+-- change that committed before the lock was held), written as shard 0 (the others to 0); returns the count
+-- and what the shards said.
+WITH counted AS (
+    SELECT count(*) AS live FROM followup_enrollments
+    WHERE project_id = %(project_id)s AND status IN ('active', 'paused')
+), summed AS (
+    SELECT coalesce(sum(live), 0)::bigint AS live FROM followup_live_counters WHERE project_id = %(project_id)s
+), written AS (
+    UPDATE followup_live_counters c SET live = CASE WHEN c.shard = 0 THEN counted.live ELSE 0 END
+    FROM counted
+    WHERE c.project_id = %(project_id)s
+)
+SELECT counted.live, summed.live FROM counted, summed
