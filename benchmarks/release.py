@@ -9,9 +9,11 @@
    over the same with 10,000 (the partial claim index should keep it flat).
 
 4. With the sending constraints configured but not binding (a send window open now, pacing 0, every cap
-   high, 20 connected numbers the contacts' conversations are spread over): steps/s again. Steps 1 and 4
-   run in turn, R rounds each (a slow spell of the machine falls on both alike); each prints the median of
-   its runs, and the ratio is the median of the rounds' ratios.
+   high (per 24 h and per calendar day in the contact's zone), the spacing per contact kept (each
+   contact's last message two days old), 20 connected numbers the contacts' conversations are spread
+   over): steps/s again. Steps 1 and 4 run in turn, R rounds each (a slow spell of the machine falls on
+   both alike); each prints the median of its runs, and the ratio is the median of the rounds' ratios.
+   (Step 1 runs with the defaults, so it spaces messages per contact, 6 s, too: the product's default.)
 5. Pacing on: the same 20 numbers with a pacing gap, over P enrollments; the ceiling is
    numbers x 1000 / send_delay_ms steps/s, and the ratio to it is printed.
 
@@ -35,9 +37,9 @@ constrained_steps_per_s=<n> constrained_ratio=<r> paced_steps_per_s=<n> paced_ce
 lag_p99_ms_steady=<n> steps_per_s_5k=<n> steps_per_s_100k=<n> backlog_ratio_100k_5k=<r>
 small_project_lag_p99_ms=<n> big_project_steps_per_s=<n> fair_drain_ratio=<r>`.
 
-Parts alone: ``--steady-only``, ``--backlog-only``, ``--fairness-only``, and ``--statements`` (the release
-transaction's statements through pgbench one at a time with one client: each one's mean latency, as
-``pgbench -r`` reports it).
+Parts alone: ``--constrained-only`` (steps 1 and 4 in turn), ``--steady-only``, ``--backlog-only``,
+``--fairness-only``, and ``--statements`` (the release transaction's statements through pgbench one at a
+time with one client: each one's mean latency, as ``pgbench -r`` reports it).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ from libs.common.core.jobs import RoundRobin
 from libs.common.core.loops import PollingLoop
 from libs.common.core.settings import DatabaseSettings, FollowupSettings, WorkerSettings
 from libs.common.followups import release_claim, release_step, transitions
-from libs.common.followups.project_settings import ProjectSettings, put_settings
+from libs.common.followups.project_settings import DEFAULTS, ProjectSettings, put_settings
 from libs.common.platform import messages as platform_messages
 from services.release import release
 
@@ -337,6 +339,7 @@ _CONSTANTS = {
     "reason": "NULL",
     "data": "'{}'::jsonb",
     "followup_step_index": "0",
+    "default_recipient_gap": str(DEFAULTS.min_recipient_gap_seconds),
     "sequence_version": "NULL",
     "campaign_id": "NULL",
     "rule_id": "NULL",
@@ -643,6 +646,11 @@ def main() -> None:
         action="store_true",
         help="the claim latency and a worker's RSS with 10k and 1m not-due enrollments in turn only",
     )
+    parser.add_argument(
+        "--constrained-only",
+        action="store_true",
+        help="the unconstrained and the constrained runs in turn only (and their line's keys)",
+    )
     parser.add_argument("--paced", type=int, default=2_000, help="enrollments of the paced run")
     parser.add_argument("--send-delay-ms", type=int, default=200, help="the paced run's pacing gap")
     parser.add_argument("--steady-rate", type=int, default=200, help="steps falling due per second")
@@ -728,6 +736,13 @@ def main() -> None:
         print(f"release: {_ratio_keys(runs)}")
         return
 
+    if args.constrained_only:
+        with bench_database(args.database) as url:
+            runs = run_in_turn(url, args, constrained=True, ceiling=False)
+        steps_per_s, _, lag_p99 = sorted(runs.plain)[len(runs.plain) // 2]
+        print(f"release: steps_per_s={steps_per_s:.0f} lag_p99_ms={lag_p99:.0f} {_constrained_keys(runs)}")
+        return
+
     if args.scale_only:
         with bench_database(args.database) as url:
             scale = run_scale(url, args)
@@ -751,11 +766,9 @@ def main() -> None:
         single = backlog[1]
         if args.fair_big != args.backlog_large:
             single = run_release(url, args.fair_big, args.workers)[0]
-    constrained = statistics.median(runs.constrained)
-    constrained_ratio = statistics.median(c / p[0] for p, c in zip(runs.plain, runs.constrained, strict=True))
     print(
         f"release: {_ratio_keys(runs, lag=True)} claim_ratio_1m_10k={_scale_ratio(scale.claims):.2f} "
-        f"constrained_steps_per_s={constrained:.0f} constrained_ratio={constrained_ratio:.2f} "
+        f"{_constrained_keys(runs)} "
         f"paced_steps_per_s={paced:.1f} paced_ceiling={paced_ceiling:.0f} "
         f"paced_ratio={paced / paced_ceiling:.2f} lag_p99_ms_steady={steady:.0f} "
         f"{_backlog_keys(args.backlog_small, args.backlog_large, *backlog)} {_fairness_keys(*fair, single)} "
@@ -773,15 +786,16 @@ class InTurn:
     ceilings: list[float] = field(default_factory=list)
 
 
-def run_in_turn(url: str, args: argparse.Namespace, *, constrained: bool) -> InTurn:
-    """The release path, then (``constrained``) the same with every constraint configured, then its pgbench
-    ceiling, in turn for ``args.rounds`` rounds."""
+def run_in_turn(url: str, args: argparse.Namespace, *, constrained: bool, ceiling: bool = True) -> InTurn:
+    """The release path, then (``constrained``) the same with every constraint configured, then
+    (``ceiling``) its pgbench ceiling, in turn for ``args.rounds`` rounds."""
     runs = InTurn()
     for _ in range(args.rounds):
         runs.plain.append(run_release(url, args.enrollments, args.workers))
         if constrained:
             runs.constrained.append(run_release(url, args.enrollments, args.workers, _open_constraints())[0])
-        runs.ceilings.append(run_ceiling(url, args.enrollments, args.workers))
+        if ceiling:
+            runs.ceilings.append(run_ceiling(url, args.enrollments, args.workers))
     steps_per_s, lag_p50, lag_p99 = sorted(runs.plain)[len(runs.plain) // 2]
     print(f"  release path: {steps_per_s:.0f} steps/s, lag p50 {lag_p50:.0f} ms, p99 {lag_p99:.0f} ms")
     if constrained:
@@ -790,12 +804,21 @@ def run_in_turn(url: str, args: argparse.Namespace, *, constrained: bool) -> InT
             f"  constraints configured, none binding: {statistics.median(runs.constrained):.0f} steps/s"
             f" (runs in turn: {in_turn})"
         )
+    if not ceiling:
+        return runs
     in_turn = " ".join(f"{p[0]:.0f}/{c:.0f}" for p, c in zip(runs.plain, runs.ceilings, strict=True))
     print(
         f"  pgbench ceiling (same statements, {args.workers} clients): {statistics.median(runs.ceilings):.0f}"
         f" tps (runs in turn, release/pgbench: {in_turn})"
     )
     return runs
+
+
+def _constrained_keys(runs: InTurn) -> str:
+    """The constrained figure (the median) and the median of the rounds' ratios to the release path."""
+    constrained = statistics.median(runs.constrained)
+    ratio = statistics.median(c / p[0] for p, c in zip(runs.plain, runs.constrained, strict=True))
+    return f"constrained_steps_per_s={constrained:.0f} constrained_ratio={ratio:.2f}"
 
 
 def _ratio_keys(runs: InTurn, *, lag: bool = False) -> str:
@@ -837,12 +860,16 @@ def _backlog_keys(small: int, large: int, small_rate: float, large_rate: float, 
 
 
 def _open_constraints() -> dict[str, Any]:
-    """Every constraint configured, none binding: a window open for the next hours, caps far away."""
+    """Every constraint configured, none binding: a window open for the next hours, caps far away, the
+    spacing per contact kept (each contact's last message is two days old), the frequency caps per 24 h
+    and per day in the contact's zone both set (they read the contact's recent messages)."""
     now = datetime.now(UTC)
     return {
         "send_window": {"start": f"{(now.hour - 1) % 24:02d}:00", "end": f"{(now.hour + 3) % 24:02d}:00"},
         "consent_mode": "off",
         "max_per_contact_24h": 100,
+        "max_per_contact_day": 100,
+        "min_recipient_gap_seconds": 6,
         "send_delay_ms": 0,
         "max_in_flight_per_number": 1_000_000,
         "monthly_message_quota": 1_000_000_000,

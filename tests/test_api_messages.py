@@ -262,6 +262,7 @@ def test_a_failure_is_in_the_history_with_its_error(client: TestClient[Any], run
     assert detail["status_history"][-1] | {"occurred_at": None} == {
         "status": "FAILED",
         "detail": "131026 undeliverable",
+        "action": None,
         "occurred_at": None,
     }
 

@@ -143,7 +143,7 @@ def test_the_enrollment_list_is_newest_first_with_the_step_each_is_at(
     done = enroll(client, token, sequence_id, "+14155550183")
     for _ in range(3):
         release_one(runtime.pool, clock, runtime.settings.followup)
-    clock.advance(timedelta(seconds=1))
+        clock.advance(timedelta(seconds=6))  # Ada's spacing between two messages
     enroll(client, token, sequence_id, "+14155550184")
 
     # Then the list shows Bob first at step 1, and Ada at the last step she reached (3, not 4)
@@ -327,7 +327,7 @@ def test_the_contact_card_shows_the_conversation_newest_first_with_status_and_se
     )
     while release_one(runtime.pool, runtime.clock, runtime.settings.followup):
         pass
-    clock.advance(timedelta(seconds=5))
+    clock.advance(timedelta(seconds=6))  # the contact's spacing before the rule's message
     api(
         client, project, "POST", "/v1/events", json={"type": "conversation.created", "contact_id": contact_id}
     )

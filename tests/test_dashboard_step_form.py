@@ -72,3 +72,16 @@ def test_the_preview_sits_beside_the_text_in_the_page(signed_in) -> None:
     form = client.get(f"/app/sequences/{sequence_id}/steps/new").text
     editor = form.split('<div class="step-editor">')[1].split("<legend>When</legend>")[0]
     assert 'name="text"' in editor and 'id="step-preview"' in editor
+
+
+def test_a_steps_category_is_chosen_kept_and_left_to_its_sequence_by_default(signed_in, runtime) -> None:
+    client, token = signed_in
+    sequence_id = make_sequence_via_form(client, token, "S")
+    data = {"_csrf": token, "_op": "save", "kind": "message", "text": "Your order", "category": "utility"}
+    saved = client.post(f"/app/sequences/{sequence_id}/steps/new", data=data, follow_redirects=False)
+    assert saved.status_code == 303, saved.text
+    add_step(client, token, sequence_id, text="Promo")
+    first, second = draft_of_steps(runtime.pool, sequence_id)
+    assert (first["category"], second.get("category")) == ("utility", None)
+    edit = client.get(f"/app/sequences/{sequence_id}/steps/0").text
+    assert re.search(r'<option value="utility" selected>', edit)

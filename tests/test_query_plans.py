@@ -272,10 +272,11 @@ def test_the_send_lane_claim_is_never_a_prepared_statement(pool: ConnectionPool,
 
 def test_the_release_state_reads_no_message_history(pool: ConnectionPool, seeded: Seeded) -> None:
     """The step's state reads the contact's last inbound time from the contact row: of the messages table
-    it reads only the previous step's message, by key, and the contact's follow-ups of the last 24 hours
-    (only when that cap is set), so its cost does not grow with the contact's history. (Each read has an
-    equality on project_id, so the contact's follow-ups may come from the project's index of a contact's
-    messages, in the same order as the contact's own.)"""
+    it reads only the previous step's message, by key, the contact's messages of the last 24 hours (only
+    when a cap is set) and its newest outbound one (the spacing per contact), newest first, so its cost does
+    not grow with the contact's history. (Each read has an equality on project_id, so the contact's
+    follow-ups may come from the project's index of a contact's messages, in the same order as the
+    contact's own.)"""
     query = release_step.QUERIES["release_state"]
     params = {
         "project_id": seeded.project_id,
@@ -286,6 +287,7 @@ def test_the_release_state_reads_no_message_history(pool: ConnectionPool, seeded
         "number_id": None,
         "fixed_number_id": None,
         "conversation_id": None,
+        "default_recipient_gap": 6,
         "now": NOW,
     }
     with pool.connection() as conn, conn.transaction(force_rollback=True):

@@ -76,6 +76,7 @@ def test_the_form_inputs_are_the_ones_the_form_always_had() -> None:
         ("whatsapp_template.name", "WhatsApp template name (optional)", "text"),
         ("whatsapp_template.language", "Template language", "text"),
         ("whatsapp_template.parameters", "Template parameters (one a line)", "textarea"),
+        ("category", "Category", "select:send_message.category"),
     ]
     assert shown["enroll_in_sequence"][0] == ("sequence_id", "Sequence", "select:sequences")
     assert shown["add_label"] == [("labels", "Labels (comma separated)", "list")]
@@ -135,8 +136,14 @@ def test_a_template_without_a_name_is_left_out_and_an_empty_anchor_is_none() -> 
         "whatsapp_template.name": "",
         "whatsapp_template.language": "",
         "whatsapp_template.parameters": "",
+        "category": "",
     }
-    assert action_json(row, "actions.0", FormErrors()) == {"type": "send_message", "text": "Hi"}
+    # an empty category is the field's default
+    assert action_json(row, "actions.0", FormErrors()) == {
+        "type": "send_message",
+        "text": "Hi",
+        "category": "marketing",
+    }
     enroll = action_row({"type": "enroll_in_sequence", "sequence_id": "x", "anchor": ""})
     assert action_json(enroll, "actions.0", FormErrors())["anchor"] == "none"
 

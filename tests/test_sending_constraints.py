@@ -84,6 +84,8 @@ def test_settings_default_to_no_constraint_and_are_replaced_whole(client: TestCl
         "consent_mode": "off",
         "service_window": "off",
         "max_per_contact_24h": None,
+        "max_per_contact_day": None,
+        "min_recipient_gap_seconds": 6,
         "send_delay_ms": 0,
         "max_in_flight_per_number": None,
         "monthly_message_quota": None,
@@ -91,6 +93,7 @@ def test_settings_default_to_no_constraint_and_are_replaced_whole(client: TestCl
         "retention_days": 90,
         "business_hours": None,
         "ai_monthly_token_budget": None,
+        "message_prices": None,
     }
     window = {"start": "21:00", "end": "08:00", "days": ["mon", "fri"]}
     put_settings(client, send_window=window, consent_mode="required", max_per_contact_24h=3)
@@ -347,6 +350,7 @@ def test_the_number_is_the_enrollments_then_the_sequences_then_the_conversations
     for gone in (default, fixed, pinned, chatting):
         ok(client.post("/v1/events", json={"type": "number.disconnected", "number_id": gone}))
     late = enroll(client, with_fixed, talker)
+    clock.advance(timedelta(seconds=6))  # the talker's spacing after its first follow-up
     release(runtime, clock)
     sql = "SELECT number_id::text FROM messages WHERE followup_enrollment_id = %s"
     assert rows(runtime.pool, sql, late) == [(first,)]

@@ -100,10 +100,25 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
     ),
     **_reads(
         "followups",
+        "libs/common/followups/statistics.sql::template_messages_by_month",
+        ("messages",),
+        "a sequence's monthly spend counts its step runs' template messages the provider took, by month and "
+        "category: an aggregate over both tables",
+    ),
+    **_reads(
+        "followups",
         "libs/common/followups/statistics.sql::step_outcomes",
         ("messages",),
         "a sequence's statistics count its step runs' messages by latest status: an aggregate over both "
         "tables (a message's status per step run would be a round trip each)",
+    ),
+    **_reads(
+        "followups",
+        "libs/common/followups/provider_feedback.sql::failed_step",
+        ("messages", "contacts", "projects"),
+        "a follow-up refused outside the service window is retried as its template: the step run of the "
+        "failed message, locked, with what its parameters are rendered from (the contact, the project's "
+        "zone) in one statement, as the release step reads them",
     ),
     **_reads(
         "followups",

@@ -22,6 +22,7 @@ from services.api.routes.enrollments import EnrollmentsController
 from services.api.routes.events import EventsController
 from services.api.routes.messages import MessagesController
 from services.api.routes.numbers import NumbersController
+from services.api.routes.portfolios import PortfoliosController
 from services.api.routes.providers import ChannelsController, ProviderWebhooksController
 from services.api.routes.rules import RulesController, WebhookDeliveriesController
 from services.api.routes.send_lane import SendLaneController
@@ -47,6 +48,7 @@ def create_app(runtime: Runtime) -> Litestar:
             EventsController,
             SendLaneController,
             NumbersController,
+            PortfoliosController,
             ChannelsController,
             ProviderWebhooksController,
             SettingsController,

@@ -172,6 +172,27 @@ class NumberDisconnected(_Event, kw_only=True, tag="number.disconnected"):
     number_id: uuid.UUID
 
 
+#: A messaging limit tier of a business portfolio (WhatsApp's ``TIER_250`` ... ``TIER_UNLIMITED``).
+MessagingTier = Literal["tier_250", "tier_1k", "tier_10k", "tier_100k", "tier_unlimited"]
+
+
+class NumberQualityChanged(_Event, kw_only=True, tag="number.quality_changed"):
+    """The provider rated a number again (WhatsApp's ``phone_number_quality_update``): its portfolio's
+    messaging limit tier is now ``tier`` (a number in no portfolio: recorded, nothing changes)."""
+
+    number_id: uuid.UUID
+    tier: MessagingTier
+    #: The provider's quality rating (``GREEN``, ``YELLOW``, ``RED``), for the record.
+    quality: Annotated[str, msgspec.Meta(max_length=32)] | None = None
+
+
+class PortfolioTierChanged(_Event, kw_only=True, tag="portfolio.tier_changed"):
+    """A business portfolio's messaging limit tier changed."""
+
+    portfolio_id: uuid.UUID
+    tier: MessagingTier
+
+
 PlatformEvent = (
     InboundMessage
     | HumanMessage
@@ -191,4 +212,6 @@ PlatformEvent = (
     | CampaignRecipientReleased
     | NumberConnected
     | NumberDisconnected
+    | NumberQualityChanged
+    | PortfolioTierChanged
 )

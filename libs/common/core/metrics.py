@@ -59,6 +59,12 @@ RULE_PENDING_EXECUTIONS: Final = Gauge(
     "Delayed rule executions waiting for their time.",
     multiprocess_mode="livemax",
 )
+PROVIDER_ERRORS: Final = Counter(
+    "followups_provider_errors_total",
+    "Failures the providers reported (message.status FAILED with an error_code), by class of code"
+    " (marketing_limit, outside_service_window, undeliverable, rate_limit, other).",
+    ["code_class"],
+)
 WEBHOOK_DELIVERIES: Final = Counter(
     "whatstig_webhook_deliveries_total",
     "Webhook delivery attempts of rules, by outcome (delivered, retry: will be retried, failed: given up).",

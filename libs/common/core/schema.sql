@@ -257,6 +257,8 @@ CREATE TABLE public.contacts (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     last_inbound_at timestamp with time zone,
+    undeliverable_at timestamp with time zone,
+    marketing_limited_until timestamp with time zone,
     CONSTRAINT contacts_consent_check CHECK ((consent = ANY (ARRAY['unknown'::text, 'granted'::text, 'revoked'::text])))
 )
 WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.05', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.05');
@@ -411,7 +413,9 @@ WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_
 CREATE TABLE public.followup_instance_pacing (
     number_id uuid NOT NULL,
     project_id uuid NOT NULL,
-    next_release_at timestamp with time zone NOT NULL
+    next_release_at timestamp with time zone NOT NULL,
+    widened_gap_ms integer DEFAULT 0 NOT NULL,
+    widened_at timestamp with time zone
 )
 WITH (fillfactor='50', autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500', autovacuum_vacuum_cost_delay='0');
 
@@ -467,10 +471,14 @@ CREATE TABLE public.followup_settings (
     max_send_lane_backlog integer,
     business_hours jsonb,
     ai_monthly_token_budget bigint,
+    min_recipient_gap_seconds integer DEFAULT 6 NOT NULL,
+    max_per_contact_day integer,
+    message_prices jsonb,
     CONSTRAINT followup_settings_ai_monthly_token_budget_check CHECK ((ai_monthly_token_budget > 0)),
     CONSTRAINT followup_settings_consent_mode_check CHECK ((consent_mode = ANY (ARRAY['off'::text, 'required'::text]))),
     CONSTRAINT followup_settings_max_in_flight_per_number_check CHECK ((max_in_flight_per_number > 0)),
     CONSTRAINT followup_settings_max_per_contact_24h_check CHECK ((max_per_contact_24h > 0)),
+    CONSTRAINT followup_settings_max_per_contact_day_check CHECK ((max_per_contact_day > 0)),
     CONSTRAINT followup_settings_max_send_lane_backlog_check CHECK ((max_send_lane_backlog > 0)),
     CONSTRAINT followup_settings_monthly_message_quota_check CHECK ((monthly_message_quota > 0)),
     CONSTRAINT followup_settings_retention_days_check CHECK ((retention_days > 0)),
@@ -555,7 +563,8 @@ CREATE TABLE public.message_status_events (
     message_id uuid NOT NULL,
     status text NOT NULL,
     detail text,
-    occurred_at timestamp with time zone NOT NULL
+    occurred_at timestamp with time zone NOT NULL,
+    action text
 );
 
 -- Name: message_status_events_id_seq; Type: SEQUENCE
@@ -580,6 +589,7 @@ CREATE TABLE public.numbers (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     name text,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    portfolio_id uuid,
     CONSTRAINT numbers_status_check CHECK ((status = ANY (ARRAY['connected'::text, 'disconnected'::text])))
 );
 
@@ -607,6 +617,37 @@ ALTER TABLE public.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+-- Name: portfolio_openings; Type: TABLE
+
+CREATE TABLE public.portfolio_openings (
+    project_id uuid NOT NULL,
+    portfolio_id uuid NOT NULL,
+    hour timestamp with time zone NOT NULL,
+    number_id uuid NOT NULL,
+    opened integer NOT NULL
+);
+
+-- Name: portfolio_recipients; Type: TABLE
+
+CREATE TABLE public.portfolio_recipients (
+    project_id uuid NOT NULL,
+    portfolio_id uuid NOT NULL,
+    contact_id uuid NOT NULL,
+    opened_at timestamp with time zone NOT NULL
+);
+
+-- Name: portfolios; Type: TABLE
+
+CREATE TABLE public.portfolios (
+    project_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    name text NOT NULL,
+    tier text DEFAULT 'tier_250'::text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT portfolios_tier_check CHECK ((tier = ANY (ARRAY['tier_250'::text, 'tier_1k'::text, 'tier_10k'::text, 'tier_100k'::text, 'tier_unlimited'::text])))
 );
 
 -- Name: projects; Type: TABLE
@@ -880,6 +921,21 @@ ALTER TABLE ONLY public.numbers
 
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (project_id, id);
+
+-- Name: portfolio_openings portfolio_openings_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.portfolio_openings
+    ADD CONSTRAINT portfolio_openings_pkey PRIMARY KEY (project_id, portfolio_id, hour, number_id);
+
+-- Name: portfolio_recipients portfolio_recipients_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.portfolio_recipients
+    ADD CONSTRAINT portfolio_recipients_pkey PRIMARY KEY (project_id, portfolio_id, contact_id);
+
+-- Name: portfolios portfolios_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.portfolios
+    ADD CONSTRAINT portfolios_pkey PRIMARY KEY (project_id, id);
 
 -- Name: projects projects_pkey; Type: CONSTRAINT
 
@@ -1372,10 +1428,30 @@ ALTER TABLE ONLY public.messages
 ALTER TABLE ONLY public.messages
     ADD CONSTRAINT messages_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
 
+-- Name: numbers numbers_portfolio_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.numbers
+    ADD CONSTRAINT numbers_portfolio_fkey FOREIGN KEY (project_id, portfolio_id) REFERENCES public.portfolios(project_id, id) ON DELETE SET NULL (portfolio_id);
+
 -- Name: numbers numbers_project_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.numbers
     ADD CONSTRAINT numbers_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
+
+-- Name: portfolio_openings portfolio_openings_project_id_portfolio_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.portfolio_openings
+    ADD CONSTRAINT portfolio_openings_project_id_portfolio_id_fkey FOREIGN KEY (project_id, portfolio_id) REFERENCES public.portfolios(project_id, id) ON DELETE CASCADE;
+
+-- Name: portfolio_recipients portfolio_recipients_project_id_portfolio_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.portfolio_recipients
+    ADD CONSTRAINT portfolio_recipients_project_id_portfolio_id_fkey FOREIGN KEY (project_id, portfolio_id) REFERENCES public.portfolios(project_id, id) ON DELETE CASCADE;
+
+-- Name: portfolios portfolios_project_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.portfolios
+    ADD CONSTRAINT portfolios_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
 
 -- Name: rule_pending_executions rule_pending_executions_contact_id_fkey; Type: FK CONSTRAINT
 

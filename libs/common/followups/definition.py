@@ -72,6 +72,11 @@ decoding.PATTERNS |= {
     _DOMAIN: "must be a domain name in lowercase, such as example.com (an internationalised one as xn--)",
 }
 
+#: What a message is for, as WhatsApp prices and limits it: ``marketing`` (a promotion, a nudge: the
+#: provider's per-user marketing limit applies), ``utility`` (about something the contact did or asked for),
+#: ``service`` (an answer within a conversation the contact opened).
+MessageCategory = Literal["marketing", "utility", "service"]
+
 #: ``only_if`` conditions: the step is skipped unless every one holds at release.
 OnlyIf = Literal["no_reply_since_previous_step", "no_reply_since_enrollment", "previous_not_read"]
 #: The conditions the first step may not have (each needs a step before it), and why.
@@ -120,6 +125,8 @@ class _Step(_Def, kw_only=True):
     send_window: SendWindow | None = None
     #: Sent instead of the free-form text when the contact has not written in 24 hours.
     whatsapp_template: WhatsAppTemplate | None = None
+    #: The step's category (overrides the sequence's).
+    category: MessageCategory | None = None
 
 
 class MessageStep(_Step, kw_only=True, tag="message", tag_field="kind"):
@@ -192,6 +199,12 @@ class Definition(_Def, kw_only=True):
     send_window: SendWindow | None = None
     #: The sequence's fixed sending number (after the enrollment's own, before the conversation's).
     number_id: uuid.UUID | None = None
+    #: What its messages are for (a step's own overrides it): a follow-up is ``marketing`` unless said.
+    category: MessageCategory = "marketing"
+
+    def category_of(self, step: Step) -> MessageCategory:
+        """The category of ``step``'s message: its own, else the sequence's."""
+        return step.category or self.category
 
 
 def decode_definition(raw: Any, field: str = "definition") -> Definition:

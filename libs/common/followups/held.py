@@ -6,7 +6,10 @@ A release that does not send records why in the row it writes anyway: a skipped 
 step is held (the sending path builds none):
 
     send_window             opens_at, local (HH:MM), day, timezone, window {start, end, days}
-    contact_cap             sent, limit, until, local (HH:MM), timezone
+    contact_cap             sent, limit, until, local (HH:MM), timezone (contact_day_cap the same)
+    user_marketing_limit    until
+    recipient_gap           last_outbound_at, gap_s
+    messaging_limit         portfolio_id, number_id, until
     pacing                  number_id, slot (the number's next free one, reserved), gap_ms
     in_flight               in_flight, limit, number_id
     quota                   used, limit

@@ -1,6 +1,7 @@
 """A project's follow-up settings (``followup_settings``): the sending constraints the release path obeys
 and how long finished follow-ups are kept. A project without a row has the defaults, which constrain
-nothing: every constraint is opt-in.
+nothing but the spacing of messages to one contact (``min_recipient_gap_seconds``, 6 s): every other
+constraint is opt-in.
 
 The release path reads them in the same statement that locks the contact, so a change takes effect at
 the next release in every process (no cache to invalidate).
@@ -29,6 +30,22 @@ QUERIES = load_queries("libs.common.followups", "project_settings.sql")
 MAX_SEND_DELAY_MS = 3_600_000
 
 
+#: The most one message may cost (in the project's currency).
+MAX_MESSAGE_PRICE = 100.0
+Price = Annotated[float, msgspec.Meta(ge=0, le=MAX_MESSAGE_PRICE)]
+
+
+class MessagePrices(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What the provider charges the project for one template message of each category (WhatsApp prices
+    template messages by category and country; free-form messages in the service window are free)."""
+
+    marketing: Price = 0.0
+    utility: Price = 0.0
+    service: Price = 0.0
+    #: The prices' currency (ISO 4217).
+    currency: Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}$")] = "USD"
+
+
 class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Every field has a default that constrains nothing; ``PUT /v1/settings`` replaces them all (the time
     zone only when given)."""
@@ -43,10 +60,18 @@ class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     #: ``enforced``: a free-form step to a contact who has not written in 24 h is sent as its approved
     #: template, or skipped (``outside_service_window``). WhatsApp Business numbers need ``enforced``.
     service_window: Literal["off", "enforced"] = "off"
-    #: Most follow-ups one contact receives in any 24 hours (null: no cap).
+    #: Most messages the engine sends one contact in any 24 hours (follow-ups, one-offs, AI steps, rules'
+    #: messages: all are counted), past which a marketing one is held back (a follow-up deferred
+    #: ``contact_cap``, a rule's refused); utility and service messages pass (null: no cap).
     max_per_contact_24h: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
+    #: The same per calendar day in the contact's zone (else the project's): held back until its midnight
+    #: (``contact_day_cap``).
+    max_per_contact_day: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
     #: Pacing: the least time between two follow-ups released on one number.
     send_delay_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEND_DELAY_MS)] = 0
+    #: The least time between two messages to one contact, whatever sent them (a sequence, a rule, a
+    #: one-off, an AI step): WhatsApp paces a user at about one message per 6 seconds. 0: no spacing.
+    min_recipient_gap_seconds: Annotated[int, msgspec.Meta(ge=0, le=86400)] = 6
     #: Most follow-ups QUEUED or PROCESSING on one number at a time (null: no limit).
     max_in_flight_per_number: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
     #: Most messages the project queues in a calendar month (UTC) (null: no quota).
@@ -61,6 +86,9 @@ class ProjectSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     #: fallback (``ai_budget_exhausted``) without calling the model. Null: no budget, or the operator's cap
     #: (``AI_MAX_MONTHLY_TOKENS_PER_PROJECT``) when one is set; a budget may not exceed the cap.
     ai_monthly_token_budget: Annotated[int, msgspec.Meta(ge=1, le=10_000_000_000)] | None = None
+    #: The price of a template message by category: a sequence's statistics show its monthly spend (null:
+    #: no prices, no spend shown).
+    message_prices: MessagePrices | None = None
 
 
 #: What a project without a settings row has.
@@ -107,7 +135,7 @@ def put_settings(
     set its time zone when given (the platform owns it); returns them as stored."""
     check_settings(settings, ai_token_cap=ai_token_cap)
     params = msgspec.to_builtins(settings) | {"project_id": project_id, "now": now}
-    for name in ("send_window", "business_hours"):
+    for name in ("send_window", "business_hours", "message_prices"):
         params[name] = Jsonb(params[name]) if params[name] is not None else None
     conn.execute(QUERIES["put_settings"], params)
     if isinstance(settings.timezone, str):

@@ -1,7 +1,8 @@
 """One step, one transaction: the release step of seed 000, for an enrollment the caller has claimed.
 
     contact   FOR SHARE SKIP LOCKED (busy: retry in FOLLOWUP_BUSY_RETRY_SECONDS; never wait for a lock)
-    checks    sequence paused -> pause; plan lost -> stop; opted out / erased -> stop; replied -> stop
+    checks    sequence paused -> pause; plan lost -> stop; opted out / erased / undeliverable -> stop;
+              replied -> stop
     timing    rescheduled -> defer; reminder past grace -> skip; only_if not met -> skip
     sending   constraints (send window, consent, number, pacing, quotas, caps): see _sending_constraints
     render    missing vars.* / anchor.* -> skip
@@ -47,6 +48,7 @@ from libs.common.followups.definition import (
     step_due_at,
 )
 from libs.common.followups.held import HeldValues
+from libs.common.followups.project_settings import DEFAULTS
 from libs.common.followups.release_claim import ClaimedEnrollment
 from libs.common.followups.sequences import version_definition, version_number
 from libs.common.followups.templates import RenderContext, TemplateSkip, render, render_message
@@ -56,6 +58,7 @@ from libs.common.platform.messages import (
     ConversationBusy,
     LockedConversation,
     OutboundMessage,
+    QueuedMessage,
     queue_contact_message,
 )
 
@@ -104,6 +107,8 @@ class ReleaseState(ConstraintState, kw_only=True, frozen=True):
 
     opted_out: bool
     erased: bool
+    #: The provider said the phone cannot receive (131026, ...).
+    undeliverable: bool
     name: str | None
     phone: str | None
     attributes: dict[str, Any]
@@ -192,6 +197,7 @@ def release_claimed(
         "number_id": row.number_id,
         "fixed_number_id": definition.number_id,
         "conversation_id": row.conversation_id,
+        "default_recipient_gap": DEFAULTS.min_recipient_gap_seconds,
         "now": now,
     }
     with conn.cursor(row_factory=class_row(ReleaseState)) as cur:
@@ -232,7 +238,9 @@ def release_claimed(
 
 
 def _constrained(row: ClaimedEnrollment) -> Claimed:
-    return Claimed(row.id, row.project_id, row.number_id, row.waiting_reason, row.unavailable_since)
+    return Claimed(
+        row.id, row.project_id, row.number_id, row.waiting_reason, row.unavailable_since, row.contact_id
+    )
 
 
 def _hold(conn: Connection[Any], claim: _Claim, hold: Hold) -> Released:
@@ -252,7 +260,8 @@ def _hold(conn: Connection[Any], claim: _Claim, hold: Hold) -> Released:
 
 
 def _checks(conn: Connection[Any], claim: _Claim) -> Released | None:
-    """Sequence paused -> pause; plan lost -> stop; opted out or erased -> stop; replied -> stop."""
+    """Sequence paused -> pause; plan lost -> stop; opted out, erased or undeliverable -> stop; replied ->
+    stop."""
     state = claim.state
     if state.sequence_status == "paused":
         transitions.pause(conn, claim.row.project_id, [claim.id], "sequence_paused", now=claim.now)
@@ -263,6 +272,8 @@ def _checks(conn: Connection[Any], claim: _Claim) -> Released | None:
         return _stop(conn, claim, "contact_erased")
     if state.opted_out:
         return _stop(conn, claim, "opted_out")
+    if state.undeliverable:
+        return _stop(conn, claim, "undeliverable")
     if claim.row.stop_on_reply and state.replied_at is not None:
         # the backstop: the reply's own stop path normally got here first
         return _stop(conn, claim, "replied")
@@ -304,7 +315,7 @@ def _replied_since(state: ReleaseState, moment: datetime | None) -> bool:
 
 
 @dataclass(frozen=True)
-class _Content:
+class StepContent:
     """What a step sends: a free-form text, or an approved WhatsApp template with its parameters."""
 
     body: str | None
@@ -318,25 +329,22 @@ TEMPLATE_REASON: Final = "service_window_template"
 
 def _render(
     claim: _Claim, template: WhatsAppTemplate | None, draft: AiDraft | None = None
-) -> tuple[_Content | None, StepRunReason | None, str | None]:
+) -> tuple[StepContent | None, StepRunReason | None, str | None]:
     """What to send (or None), the reason and its detail: the skip reason, or why a fallback or template
     was used."""
     step = claim.step
     if template is not None:
-        parameters = []
-        for source in template.parameters:
-            rendered = render(source, _render_context(claim))
-            if rendered.text is None:
-                return None, rendered.skip_reason, rendered.skip_detail
-            parameters.append(rendered.text)
-        return _Content(None, template, parameters), TEMPLATE_REASON, None
+        parameters, skip, skip_detail = template_parameters(template, _render_context(claim))
+        if parameters is None:
+            return None, skip, skip_detail
+        return StepContent(None, template, parameters), TEMPLATE_REASON, None
     fallen_back: str | None = None  # why an AI step sends its fallback
     if isinstance(step, MessageStep):
         text = step.text
     else:
         assert isinstance(step, AiStep)
         if draft is not None and draft.text is not None:
-            return _Content(draft.text), None, None  # the model's words, sent as written (not a template)
+            return StepContent(draft.text), None, None  # the model's words, sent as written (not a template)
         # no model configured, or its answer cannot be used: the step's fallback
         reason = draft.fallback_reason if draft is not None else None
         if not isinstance(step.fallback, TemplateFallback):
@@ -346,8 +354,21 @@ def _render(
     if rendered.text is None:
         return None, rendered.skip_reason, rendered.skip_detail
     if fallen_back is not None:
-        return _Content(rendered.text), "ai_fallback", fallen_back
-    return _Content(rendered.text), None, None
+        return StepContent(rendered.text), "ai_fallback", fallen_back
+    return StepContent(rendered.text), None, None
+
+
+def template_parameters(
+    template: WhatsAppTemplate, context: RenderContext
+) -> tuple[list[str] | None, TemplateSkip | None, str | None]:
+    """A template's parameters rendered for ``context``, or None with the skip reason and its detail."""
+    parameters = []
+    for source in template.parameters:
+        rendered = render(source, context)
+        if rendered.text is None:
+            return None, rendered.skip_reason, rendered.skip_detail
+        parameters.append(rendered.text)
+    return parameters, None, None
 
 
 def _render_context(claim: _Claim) -> RenderContext:
@@ -366,7 +387,7 @@ def _render_context(claim: _Claim) -> RenderContext:
 def _queue(
     conn: Connection[Any],
     claim: _Claim,
-    content: _Content,
+    content: StepContent,
     reason: StepRunReason | None,
     detail: str | None,
     sending: Sending,
@@ -374,46 +395,23 @@ def _queue(
     row, now, step = claim.row, claim.now, claim.step
     recorded = stored(reason, detail) if reason is not None else None  # as the step run keeps it
     media = step if isinstance(step, MessageStep) and content.template is None else None
-    message_id = uuid.uuid4()
-    # the step enters the contact's timeline (a followup_sent activity, the event's data) with its message
-    event = StepQueued(
-        enrollment_id=claim.id,
-        sequence_id=row.sequence_id,
-        contact_id=row.contact_id,
-        step_index=row.step_index,
-        message_id=message_id,
-        reason=recorded,
+    of = StepOf(
+        row.project_id,
+        row.contact_id,
+        claim.id,
+        row.step_index,
+        row.sequence_id,
+        row.version_id,
+        row.campaign_id,
+        row.conversation_id,
     )
-    queued = queue_contact_message(
-        conn,
-        OutboundMessage(
-            project_id=row.project_id,
-            contact_id=row.contact_id,
-            body=content.body,
-            source="followup",
-            media_url=media.media_url if media else None,
-            media_kind=media.media_kind if media else None,
-            number_id=sending.number_id,
-            conversation_id=row.conversation_id,
-            followup_enrollment_id=claim.id,
-            followup_step_index=row.step_index,
-            sequence_id=row.sequence_id,
-            sequence_version=(
-                version_number(conn, row.project_id, row.version_id) if row.sequence_id is not None else None
-            ),
-            campaign_id=row.campaign_id,
-            template_name=content.template.name if content.template else None,
-            template_language=content.template.language if content.template else None,
-            template_parameters=content.parameters,
-            activity=Activity("followup_sent", event),
-            id=message_id,
-        ),
-        now=now,
-        conversation=(
-            LockedConversation(claim.state.open_conversation_id, claim.state.open_conversation_number_id)
-            if claim.state.open_conversation_id is not None
-            else None
-        ),
+    locked = (
+        LockedConversation(claim.state.open_conversation_id, claim.state.open_conversation_number_id)
+        if claim.state.open_conversation_id is not None
+        else None
+    )
+    queued, event = queue_step_message(
+        conn, of, content, sending.number_id, recorded, media, now, conversation=locked
     )
     constraints.after_queued(conn, row.project_id, sending, now)
     _insert_step_run(conn, claim, "queued", reason, detail, queued.message_id, None)
@@ -430,6 +428,74 @@ def _queue(
     )
     finished = _advance(conn, claim, queued.message_id, [queued.event, event], queued.conversation_id)
     return Released(claim.id, "queue", recorded, queued.message_id, lag_seconds=lag, finished=finished)
+
+
+@dataclass(frozen=True)
+class StepOf:
+    """The enrollment's step a follow-up message is for."""
+
+    project_id: uuid.UUID
+    contact_id: uuid.UUID
+    enrollment_id: uuid.UUID
+    step_index: int
+    sequence_id: uuid.UUID | None
+    version_id: uuid.UUID
+    campaign_id: uuid.UUID | None
+    conversation_id: uuid.UUID | None
+
+
+def queue_step_message(
+    conn: Connection[Any],
+    of: StepOf,
+    content: StepContent,
+    number_id: uuid.UUID | None,
+    reason: str | None,
+    media: MessageStep | None,
+    now: datetime,
+    *,
+    conversation: LockedConversation | None = None,
+) -> tuple[QueuedMessage, StepQueued]:
+    """Queue the step's message (its ``followup.step_queued`` event, with ``reason``, is returned for the
+    caller to write with its own events). ``conversation``: the open conversation the caller already locked
+    (the release state's read locks it), so queueing does not look for it again."""
+    message_id = uuid.uuid4()
+    # the step enters the contact's timeline (a followup_sent activity, the event's data) with its message
+    event = StepQueued(
+        enrollment_id=of.enrollment_id,
+        sequence_id=of.sequence_id,
+        contact_id=of.contact_id,
+        step_index=of.step_index,
+        message_id=message_id,
+        reason=reason,
+    )
+    queued = queue_contact_message(
+        conn,
+        OutboundMessage(
+            project_id=of.project_id,
+            contact_id=of.contact_id,
+            body=content.body,
+            source="followup",
+            media_url=media.media_url if media else None,
+            media_kind=media.media_kind if media else None,
+            number_id=number_id,
+            conversation_id=of.conversation_id,
+            followup_enrollment_id=of.enrollment_id,
+            followup_step_index=of.step_index,
+            sequence_id=of.sequence_id,
+            sequence_version=(
+                version_number(conn, of.project_id, of.version_id) if of.sequence_id is not None else None
+            ),
+            campaign_id=of.campaign_id,
+            template_name=content.template.name if content.template else None,
+            template_language=content.template.language if content.template else None,
+            template_parameters=content.parameters,
+            activity=Activity("followup_sent", event),
+            id=message_id,
+        ),
+        now=now,
+        conversation=conversation,
+    )
+    return queued, event
 
 
 def _skip(
@@ -505,6 +571,8 @@ def _advance(
     if next_index < len(claim.definition.steps):
         next_step = claim.definition.steps[next_index]
         due = step_due_at(next_step, now=claim.now, anchor_at=claim.row.anchor_at) or claim.now
+        if message_id is not None:  # the next step keeps the contact's spacing (no deferral needed)
+            due = max(due, claim.now + timedelta(seconds=claim.state.min_recipient_gap_seconds))
         due = constraints.in_window(next_step, claim.definition, claim.state, due)
         transitions.advance(
             conn,

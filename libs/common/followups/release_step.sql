@@ -6,8 +6,11 @@
 -- the hot row is spared a lock per step. The counts behind the caps are read only when the cap is set:
 -- the in-flight and backlog counts from message_counters (kept by a trigger), the per-contact count stops
 -- at the cap. When the contact last wrote is the contact's own column (the reply sets it), so the step
--- never reads the messages table for it. The number to send from: the enrollment's, the sequence's fixed
--- one, the contact's last conversation's, the project's default, then any connected one.
+-- never reads the messages table for it; when the contact was last sent a message (whatever sent it) is
+-- read only when the project spaces them (min_recipient_gap_seconds, one probe of the contact's messages).
+-- The number to send from: the enrollment's, the sequence's fixed one, the contact's last conversation's,
+-- the project's default, then any connected one; and that number's pacing widened by a rate limit
+-- (followups.pacing).
 -- The conversation a queued message threads into is locked here too (the same choice as the platform's
 -- lock_open_conversation: the enrollment's own while open, else the contact's newest open one, locked SKIP
 -- LOCKED), so queueing costs no round trip of its own: open_conversation_busy says one is open but another
@@ -15,6 +18,8 @@
 -- platform opens one).
 SELECT c.opted_out_at IS NOT NULL AS opted_out,
        c.erased_at IS NOT NULL AS erased,
+       c.undeliverable_at IS NOT NULL AS undeliverable,
+       c.marketing_limited_until,
        c.name, c.phone, c.attributes, c.timezone, c.consent,
        p.timezone AS project_timezone,
        p.plan_active,
@@ -24,8 +29,15 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
            (SELECT m.status FROM messages m WHERE m.project_id = c.project_id AND m.id = %(last_message_id)s)
        END AS last_message_status,
        c.last_inbound_at,
+       coalesce(fs.min_recipient_gap_seconds, %(default_recipient_gap)s) AS min_recipient_gap_seconds,
+       CASE WHEN coalesce(fs.min_recipient_gap_seconds, %(default_recipient_gap)s) > 0 THEN
+           (SELECT m.created_at FROM messages m
+            WHERE m.project_id = c.project_id AND m.contact_id = c.id AND m.direction = 'outbound'
+              AND m.status <> 'CANCELLED'
+            ORDER BY m.created_at DESC LIMIT 1)
+       END AS last_outbound_at,
        EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = c.project_id) AS has_numbers,
-       num.id AS number_id,
+       num.id AS number_id, num.portfolio_id,
        CASE WHEN fs.max_in_flight_per_number IS NOT NULL AND num.id IS NOT NULL THEN
            (SELECT coalesce(sum(mc.messages), 0) FROM message_counters mc
             WHERE mc.project_id = c.project_id AND mc.kind = 'number_in_flight' AND mc.owner_id = num.id)
@@ -38,27 +50,28 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
            (SELECT coalesce(sum(u.messages), 0) FROM usage_counters u
             WHERE u.project_id = c.project_id AND u.month = date_trunc('month', %(now)s AT TIME ZONE 'UTC')::date)
        END AS month_messages,
-       CASE WHEN fs.max_per_contact_24h IS NOT NULL THEN
+       CASE WHEN fs.max_per_contact_24h IS NOT NULL OR fs.max_per_contact_day IS NOT NULL THEN
            ARRAY(SELECT m.created_at FROM messages m
                  WHERE m.project_id = c.project_id AND m.contact_id = c.id AND m.direction = 'outbound'
-                   AND m.source = 'followup' AND m.status <> 'CANCELLED' AND m.created_at > %(now)s - interval '24 hours'
+                   AND m.source <> 'human' AND m.status <> 'CANCELLED' AND m.created_at > %(now)s - interval '24 hours'
                  ORDER BY m.created_at DESC
-                 LIMIT fs.max_per_contact_24h)
-       END AS recent_followups,
+                 LIMIT greatest(fs.max_per_contact_24h, fs.max_per_contact_day))
+       END AS recent_messages,
        fs.send_window, coalesce(fs.consent_mode, 'off') AS consent_mode,
-       coalesce(fs.service_window, 'off') AS service_window, fs.max_per_contact_24h,
+       coalesce(fs.service_window, 'off') AS service_window, fs.max_per_contact_24h, fs.max_per_contact_day,
        coalesce(fs.send_delay_ms, 0) AS send_delay_ms, fs.max_in_flight_per_number, fs.monthly_message_quota,
        fs.max_send_lane_backlog,
        thread.id AS open_conversation_id, thread.number_id AS open_conversation_number_id,
        thread.id IS NULL AND EXISTS (SELECT 1 FROM conversations v
                                      WHERE v.project_id = c.project_id AND v.contact_id = c.id
-                                       AND v.status <> 'resolved') AS open_conversation_busy
+                                       AND v.status <> 'resolved') AS open_conversation_busy,
+       coalesce(pace.widened_gap_ms, 0) AS widened_gap_ms, pace.widened_at
 FROM contacts c
 JOIN projects p ON p.id = c.project_id
 LEFT JOIN followup_sequences s ON s.project_id = c.project_id AND s.id = %(sequence_id)s
 LEFT JOIN followup_settings fs ON fs.project_id = c.project_id
 LEFT JOIN LATERAL (
-    SELECT n.id FROM numbers n
+    SELECT n.id, n.portfolio_id FROM numbers n
     WHERE n.project_id = c.project_id AND n.status = 'connected'
     ORDER BY n.id = %(number_id)s::uuid DESC NULLS LAST,
              n.id = %(fixed_number_id)s::uuid DESC NULLS LAST,
@@ -79,6 +92,7 @@ LEFT JOIN LATERAL (
       AND v.status <> 'resolved'
     FOR UPDATE SKIP LOCKED
 ) thread ON true
+LEFT JOIN followup_instance_pacing pace ON pace.project_id = c.project_id AND pace.number_id = num.id
 WHERE c.project_id = %(project_id)s AND c.id = %(contact_id)s
 FOR SHARE OF c SKIP LOCKED
 

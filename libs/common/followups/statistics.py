@@ -11,6 +11,7 @@ import msgspec
 from psycopg import Connection
 
 from libs.common.core.sql import load_queries
+from libs.common.followups.project_settings import get_settings
 from libs.common.followups.sequences import get_sequence
 
 QUERIES = load_queries("libs.common.followups", "statistics.sql")
@@ -72,6 +73,16 @@ class StepStatistics(msgspec.Struct, kw_only=True):
     stopped_by_reason: dict[str, int] = msgspec.field(default_factory=dict)
 
 
+class MonthlySpend(msgspec.Struct, kw_only=True):
+    """A UTC month of a sequence's template messages the provider took, by category, and what they cost at
+    the project's prices (``message_prices``)."""
+
+    month: str
+    messages_by_category: dict[str, int] = msgspec.field(default_factory=dict)
+    amount: float = 0.0
+    currency: str = "USD"
+
+
 class SequenceStatistics(msgspec.Struct, kw_only=True):
     """A sequence's enrollments by status, and its steps' messages, skips, replies and stops (the steps'
     sums at the top); the definitions are those of ``docs/api.md``, the dashboard's results page shows
@@ -93,6 +104,9 @@ class SequenceStatistics(msgspec.Struct, kw_only=True):
     replied: int = 0
     #: One entry per step of the sequence's published versions (the longest one), in step order.
     steps: list[StepStatistics] = msgspec.field(default_factory=list)
+    #: Per UTC month, oldest first: its template messages by category and their cost (empty while the
+    #: project has no ``message_prices``).
+    spend: list[MonthlySpend] = msgspec.field(default_factory=list)
 
 
 def _bump(counts: dict[str, int], key: str | None, count: int) -> None:
@@ -134,7 +148,23 @@ def sequence_statistics(
         step(step_index).replied = count
         stats.replied += count
     stats.steps = [steps[i] for i in sorted(steps)]
+    stats.spend = monthly_spend(conn, project_id, sequence_id)
     return stats
+
+
+def monthly_spend(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) -> list[MonthlySpend]:
+    """What the sequence's template messages cost each month: their count by category times the project's
+    price of the category (none while the project has no prices)."""
+    prices = get_settings(conn, project_id).message_prices
+    if prices is None:
+        return []
+    params = {"project_id": project_id, "sequence_id": sequence_id}
+    months: dict[str, MonthlySpend] = {}
+    for month, category, count in conn.execute(QUERIES["template_messages_by_month"], params):
+        spend = months.setdefault(month, MonthlySpend(month=month, currency=prices.currency))
+        spend.messages_by_category[category] = count
+        spend.amount = round(spend.amount + count * getattr(prices, category, 0.0), 6)
+    return list(months.values())
 
 
 class SequenceCounts(msgspec.Struct, kw_only=True):

@@ -77,3 +77,19 @@ FROM followup_enrollments e
 WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND e.finished_at >= %(since)s
   AND e.status IN ('completed', 'stopped')
 GROUP BY 1, 2
+
+-- name: template_messages_by_month
+-- A sequence's template messages the provider took (SENT, DELIVERED or READ: what it charges), counted by
+-- UTC month and by category (the step's, else its version's, else marketing).
+SELECT to_char(m.created_at AT TIME ZONE 'UTC', 'YYYY-MM') AS month,
+       coalesce(v.definition -> 'steps' -> r.step_index ->> 'category', v.definition ->> 'category',
+                'marketing') AS category,
+       count(*)::int
+FROM followup_step_runs r
+JOIN followup_enrollments e ON e.project_id = r.project_id AND e.id = r.enrollment_id
+JOIN followup_sequence_versions v ON v.project_id = e.project_id AND v.id = e.version_id
+JOIN messages m ON m.project_id = r.project_id AND m.id = r.message_id
+WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND r.outcome = 'queued'
+  AND m.template_name IS NOT NULL AND m.status IN ('SENT', 'DELIVERED', 'READ')
+GROUP BY 1, 2
+ORDER BY 1, 2

@@ -35,7 +35,10 @@ log = logging.getLogger(__name__)
 QUERIES = load_queries("libs.common.followups", "stops.sql")
 
 #: Which copied stop flag a stop path honours (``any``: every live enrollment, as erasure does).
-StopFlag = Literal["reply", "human_message", "opt_out", "lead_closed", "conversation_resolved", "any"]
+#: ``undeliverable``: every live enrollment too, the provider having said the phone cannot receive.
+StopFlag = Literal[
+    "reply", "human_message", "opt_out", "lead_closed", "conversation_resolved", "undeliverable", "any"
+]
 
 #: The reason recorded on the enrollment for each stop path.
 REASONS: dict[StopFlag, EnrollmentReason] = {
@@ -44,6 +47,7 @@ REASONS: dict[StopFlag, EnrollmentReason] = {
     "opt_out": "opted_out",
     "lead_closed": "lead_closed",
     "conversation_resolved": "conversation_resolved",
+    "undeliverable": "undeliverable",
     "any": "contact_erased",
 }
 

@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import FINISHED, Event
 from libs.common.core.outbox import write_events
+from libs.common.core.reasons import PolicyStopReason, PolicyWaitingReason
 from libs.common.core.sql import load_queries
 
 QUERIES = load_queries("libs.common.followups", "transitions.sql")
@@ -29,8 +30,9 @@ EnrollmentStatus = Literal["active", "paused", "completed", "stopped", "failed"]
 FinalStatus = Literal["completed", "stopped", "failed"]
 #: Why an enrollment stopped, failed or is paused (a completed or active one has none): the stop paths
 #: (``stops.REASONS``: replied, human_message, opted_out, lead_closed, conversation_resolved,
-#: contact_erased), a stop by hand or on re-entry, the plan lost, the release's error; a pause by hand, of
-#: the sequence, or of a number without a channel.
+#: contact_erased, undeliverable: the provider cannot deliver to the contact), a stop by hand or on
+#: re-entry, the plan lost, the release's error; a pause by hand, of the sequence, or of a number without
+#: a channel.
 EnrollmentReason = Literal[
     "replied",
     "human_message",
@@ -44,9 +46,10 @@ EnrollmentReason = Literal[
     "error",
     "sequence_paused",
     "instance_unavailable",
+    PolicyStopReason,
 ]
 #: Why a live enrollment waits past its due time (the release's deferrals: the sending constraints, a busy
-#: conversation, a step rescheduled, an error's backoff).
+#: conversation, a step rescheduled, an error's backoff, the provider's per-user marketing limit).
 WaitingReason = Literal[
     "send_window",
     "in_flight",
@@ -58,6 +61,7 @@ WaitingReason = Literal[
     "pacing",
     "rescheduled",
     "error",
+    PolicyWaitingReason,
 ]
 
 

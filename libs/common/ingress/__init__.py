@@ -22,6 +22,8 @@ below, :data:`HANDLERS`, maps each event to its handler.
     conversation.created / opened / status_changed / resolved / updated (labels, assignee, team,
                                  priority, attributes, a private note)
     number.connected / disconnected   a connected number resumes enrollments paused for want of one
+    number.quality_changed       the number's portfolio takes the tier the provider gave it
+    portfolio.tier_changed       a portfolio's messaging limit tier
 
 Rule events recorded: contact.created / tag_added / tag_removed / updated, lead.created,
 lead.status_changed, deal.stage_changed, conversation.created / updated / opened / resolved, and
@@ -58,7 +60,9 @@ from libs.common.contracts.platform_events import (
     MessageStatus,
     NumberConnected,
     NumberDisconnected,
+    NumberQualityChanged,
     PlatformEvent,
+    PortfolioTierChanged,
 )
 from libs.common.core import effects
 from libs.common.core.db import map_errors
@@ -103,6 +107,8 @@ HANDLERS: dict[type[Any], Handler] = {
     CampaignRecipientReleased: campaigns.recipient_released,
     NumberConnected: numbers.number_status,
     NumberDisconnected: numbers.number_status,
+    NumberQualityChanged: numbers.quality_changed,
+    PortfolioTierChanged: numbers.tier_changed,
 }
 
 

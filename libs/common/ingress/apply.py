@@ -46,6 +46,9 @@ class EventResult(msgspec.Struct, kw_only=True):
     number_id: uuid.UUID | None = None
     #: Enrollments paused for want of a usable number that a connected number resumed.
     resumed_enrollment_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
+    #: What the engine did about a provider's failure (``message.status`` FAILED with an ``error_code``):
+    #: a :data:`~libs.common.core.reasons.ProviderAction`, with its detail after a colon.
+    provider_action: str | None = None
     #: The enrollment a released campaign recipient got.
     enrollment_id: uuid.UUID | None = None
     #: Triggers recorded for the rules that listen for this event (public ids: random, they tell nothing of

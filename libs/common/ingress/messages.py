@@ -13,6 +13,7 @@ from psycopg import Connection
 from libs.common.contracts.platform_events import HumanMessage, InboundMessage, MessageStatus
 from libs.common.core import validation
 from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.ingress import provider_feedback
 from libs.common.ingress.apply import EventResult, record, stop
 from libs.common.platform import contacts, conversations, messages
 from libs.common.platform.send_lane import StatusReport, report_status
@@ -146,6 +147,8 @@ def human(conn: Connection[Any], project_id: uuid.UUID, event: HumanMessage, now
 
 
 def status(conn: Connection[Any], project_id: uuid.UUID, event: MessageStatus, now: datetime) -> EventResult:
+    """A status report; a failure with the provider's code then acts by its class
+    (:mod:`~libs.common.ingress.provider_feedback`)."""
     report = StatusReport(
         status=event.status,
         message_id=event.message_id,
@@ -153,8 +156,11 @@ def status(conn: Connection[Any], project_id: uuid.UUID, event: MessageStatus, n
         error=event.error,
         error_code=event.error_code,
     )
+    requeued = provider_feedback.requeue_rate_limited(conn, project_id, report, now=now)
+    if requeued is not None:
+        return requeued
     state, applied = report_status(conn, project_id, report, now=now)
-    return EventResult(
+    result = EventResult(
         type="message.status",
         applied=applied,
         message_id=state.id,
@@ -162,3 +168,6 @@ def status(conn: Connection[Any], project_id: uuid.UUID, event: MessageStatus, n
         contact_id=state.contact_id,
         conversation_id=state.conversation_id,
     )
+    if applied and state.status == "FAILED" and state.error_code is not None:
+        provider_feedback.act(conn, project_id, state, result, now=now)
+    return result

@@ -1,5 +1,5 @@
 """Ingress of numbers: connected (which resumes the enrollments paused for want of a usable number) or
-disconnected."""
+disconnected; a number's new quality rating and its portfolio's tier, and a portfolio's tier."""
 
 from __future__ import annotations
 
@@ -9,10 +9,15 @@ from typing import Any
 
 from psycopg import Connection
 
-from libs.common.contracts.platform_events import NumberConnected, NumberDisconnected
+from libs.common.contracts.platform_events import (
+    NumberConnected,
+    NumberDisconnected,
+    NumberQualityChanged,
+    PortfolioTierChanged,
+)
 from libs.common.followups.enrollments import resume_waiting_for_a_number
 from libs.common.ingress.apply import EventResult
-from libs.common.platform import numbers
+from libs.common.platform import numbers, portfolios
 from libs.common.platform.numbers import NumberStatus
 
 
@@ -30,3 +35,23 @@ def number_status(
     if connected:
         result.resumed_enrollment_ids = resume_waiting_for_a_number(conn, project_id, now=now)
     return result
+
+
+def quality_changed(
+    conn: Connection[Any], project_id: uuid.UUID, event: NumberQualityChanged, now: datetime
+) -> EventResult:
+    """The tier the provider gave a number is its portfolio's (a number in none: nothing changes)."""
+    numbers.get_number(conn, project_id, event.number_id)  # 404 for an unknown number
+    portfolio_id = portfolios.set_tier_of_number(conn, project_id, event.number_id, event.tier, now=now)
+    return EventResult(
+        type="number.quality_changed", applied=portfolio_id is not None, number_id=event.number_id
+    )
+
+
+def tier_changed(
+    conn: Connection[Any], project_id: uuid.UUID, event: PortfolioTierChanged, now: datetime
+) -> EventResult:
+    """A portfolio's new tier."""
+    update = portfolios.PortfolioUpdate(tier=event.tier)
+    portfolios.update_portfolio(conn, project_id, event.portfolio_id, update, now=now)
+    return EventResult(type="portfolio.tier_changed")

@@ -5,7 +5,8 @@ lane's claim and status reports, leads and deals.
 
 Owns: ``projects``, ``api_keys``, ``dashboard_sessions``, ``numbers``, ``contacts``, ``activities``,
 ``conversations``, ``messages``, ``message_status_events``, ``message_counters`` (kept by a trigger on
-``messages``), ``usage_counters``, ``leads``, ``deals``.
+``messages``), ``usage_counters``, ``leads``, ``deals``, ``portfolios`` with ``portfolio_recipients`` and
+``portfolio_openings`` (a portfolio's messaging limit, :mod:`~libs.common.platform.portfolios`).
 May import: ``core``, ``contracts``. Knows nothing of follow-ups: stop paths run above it (``ingress``).
 """
 
@@ -29,5 +30,8 @@ OWNS: Final = frozenset(
         "usage_counters",
         "leads",
         "deals",
+        "portfolios",
+        "portfolio_recipients",
+        "portfolio_openings",
     }
 )

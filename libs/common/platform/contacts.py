@@ -77,6 +77,8 @@ class Contact(msgspec.Struct, kw_only=True, frozen=True):
     attributes: dict[str, Any]
     tags: list[str]
     opted_out_at: datetime | None
+    #: When the provider said the phone cannot receive (131026, ...): the contact's follow-ups stopped then.
+    undeliverable_at: datetime | None = None
     consent: str
     created_at: datetime
     updated_at: datetime
@@ -249,6 +251,21 @@ def opt_in(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, 
     """Record an opt-in (consent granted); False when nothing changed."""
     params = {"project_id": project_id, "id": contact_id, "now": now}
     return conn.execute(QUERIES["opt_in"], params).fetchone() is not None
+
+
+def flag_undeliverable(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, now: datetime
+) -> bool:
+    """Flag the contact undeliverable (the provider said so); False when it already was."""
+    params = {"project_id": project_id, "id": contact_id, "now": now}
+    return conn.execute(QUERIES["flag_undeliverable"], params).fetchone() is not None
+
+
+def limit_marketing(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, until: datetime
+) -> None:
+    """The contact's marketing follow-ups wait until ``until`` (the provider's per-user marketing limit)."""
+    conn.execute(QUERIES["limit_marketing"], {"project_id": project_id, "id": contact_id, "until": until})
 
 
 def erase_contact(

@@ -2,7 +2,7 @@
 -- Create a contact.
 INSERT INTO contacts (project_id, phone, name, timezone, attributes, tags)
 VALUES (%(project_id)s, %(phone)s, %(name)s, %(timezone)s, %(attributes)s, %(tags)s)
-RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, undeliverable_at, consent, created_at, updated_at
 
 -- name: upsert_contact
 -- Create the contact with this phone, or merge the given fields into it; returns (id, created).
@@ -18,20 +18,20 @@ RETURNING id, (xmax = 0) AS created
 
 -- name: get_contact
 -- One contact of a project (an erased contact is gone: none).
-SELECT id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+SELECT id, phone, name, timezone, attributes, tags, opted_out_at, undeliverable_at, consent, created_at, updated_at
 FROM contacts
 WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
 
 -- name: contact_by_phone
 -- The contact with this phone, locked (an upsert that follows compares it with what it becomes).
-SELECT id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+SELECT id, phone, name, timezone, attributes, tags, opted_out_at, undeliverable_at, consent, created_at, updated_at
 FROM contacts
 WHERE project_id = %(project_id)s AND phone = %(phone)s
 FOR NO KEY UPDATE
 
 -- name: list_contacts
 -- A page of contacts in id order (erased contacts left out).
-SELECT id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+SELECT id, phone, name, timezone, attributes, tags, opted_out_at, undeliverable_at, consent, created_at, updated_at
 FROM contacts
 WHERE project_id = %(project_id)s AND erased_at IS NULL
   AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
@@ -50,7 +50,7 @@ UPDATE contacts SET
                       ELSE attributes END,
     updated_at = now()
 WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
-RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, undeliverable_at, consent, created_at, updated_at
 
 -- name: add_tags
 -- Add tags to a contact (none for an erased contact).
@@ -58,7 +58,7 @@ UPDATE contacts SET
     tags = ARRAY(SELECT DISTINCT t FROM unnest(tags || %(tags)s::text[]) AS t ORDER BY t),
     updated_at = now()
 WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
-RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, undeliverable_at, consent, created_at, updated_at
 
 -- name: remove_tags
 -- Remove tags from a contact (none for an erased contact).
@@ -66,7 +66,7 @@ UPDATE contacts SET
     tags = ARRAY(SELECT t FROM unnest(tags) AS t WHERE t <> ALL (%(tags)s::text[]) ORDER BY t),
     updated_at = now()
 WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
-RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, consent, created_at, updated_at
+RETURNING id, phone, name, timezone, attributes, tags, opted_out_at, undeliverable_at, consent, created_at, updated_at
 
 -- name: lock_contact
 -- Lock a contact of the project for a stop path (erased contacts are gone for good). NO KEY UPDATE: it
@@ -104,6 +104,18 @@ UPDATE contacts SET opted_out_at = NULL, consent = 'granted', updated_at = %(now
 WHERE project_id = %(project_id)s AND id = %(id)s AND (opted_out_at IS NOT NULL OR consent <> 'granted')
   AND erased_at IS NULL
 RETURNING id
+
+-- name: flag_undeliverable
+-- The provider cannot deliver to the contact (131026, ...): flagged once (the first time is kept).
+UPDATE contacts SET undeliverable_at = %(now)s, updated_at = %(now)s
+WHERE project_id = %(project_id)s AND id = %(id)s AND undeliverable_at IS NULL AND erased_at IS NULL
+RETURNING id
+
+-- name: limit_marketing
+-- The provider refused a marketing message for the user's own limit (131049): the contact's marketing
+-- follow-ups wait until %(until)s (never sooner than an earlier refusal said).
+UPDATE contacts SET marketing_limited_until = greatest(marketing_limited_until, %(until)s)
+WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
 
 -- name: erase_contact
 -- Privacy erasure, the platform's part: the contact's messages and activities are deleted, the contact is

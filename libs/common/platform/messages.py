@@ -336,6 +336,9 @@ class StatusChange(msgspec.Struct, kw_only=True, frozen=True):
 
     status: MessageStatus
     detail: str | None
+    #: What the engine did about a provider's failure (a :data:`~libs.common.core.reasons.ProviderAction`
+    #: and its detail: ``marketing_deferred:<until>``, ``template_retry:<message id>``), else null.
+    action: str | None = None
     occurred_at: datetime
 
 
@@ -480,3 +483,20 @@ def get_conversation_detail(
         conn, project_id, MessageFilters(conversation_id=conversation_id), limit=CONVERSATION_MESSAGES
     )
     return ConversationDetail(**msgspec.structs.asdict(conversation), last_messages=last)
+
+
+def last_outbound_at(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> datetime | None:
+    """When the contact was last sent a message (by anything; a cancelled one never went), if ever."""
+    row = conn.execute(
+        QUERIES["last_outbound_at"], {"project_id": project_id, "contact_id": contact_id}
+    ).fetchone()
+    return row[0] if row is not None else None
+
+
+def recent_outbound(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, since: datetime, limit: int
+) -> list[datetime]:
+    """When the engine's latest messages to the contact since ``since`` were queued (an agent's aside),
+    newest first, at most ``limit``: what the contact's frequency caps count."""
+    params = {"project_id": project_id, "contact_id": contact_id, "since": since, "limit": limit}
+    return [row[0] for row in conn.execute(QUERIES["recent_outbound"], params).fetchall()]

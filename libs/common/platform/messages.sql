@@ -152,7 +152,25 @@ LIMIT %(limit)s
 
 -- name: status_history
 -- A message's status events, oldest first (QUEUED, PROCESSING, SENT, ... as the send lane reported them).
-SELECT status, detail, occurred_at
+SELECT status, detail, action, occurred_at
 FROM message_status_events
 WHERE project_id = %(project_id)s AND message_id = %(id)s
 ORDER BY id
+
+-- name: last_outbound_at
+-- When the contact was last sent a message, whatever sent it (a cancelled one never went): one probe of the
+-- contact's messages, newest first.
+SELECT created_at FROM messages
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND direction = 'outbound'
+  AND status <> 'CANCELLED'
+ORDER BY created_at DESC
+LIMIT 1
+
+-- name: recent_outbound
+-- When the engine's latest messages to the contact since %(since)s were queued (every kind but an agent's;
+-- a cancelled one never went), newest first, at most %(limit)s: what its frequency caps count.
+SELECT created_at FROM messages
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND direction = 'outbound'
+  AND source <> 'human' AND status <> 'CANCELLED' AND created_at > %(since)s
+ORDER BY created_at DESC
+LIMIT %(limit)s

@@ -28,6 +28,8 @@ class NumberCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: Name | None = None
     is_default: bool = False
     status: NumberStatus = "connected"
+    #: The business portfolio whose messaging limit it shares (``/v1/portfolios``).
+    portfolio_id: uuid.UUID | None = None
 
 
 class NumberUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -36,6 +38,8 @@ class NumberUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: Name | msgspec.UnsetType | None = msgspec.UNSET
     is_default: bool | msgspec.UnsetType = msgspec.UNSET
     status: NumberStatus | msgspec.UnsetType = msgspec.UNSET
+    #: Its portfolio (null: none).
+    portfolio_id: uuid.UUID | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class Number(msgspec.Struct, kw_only=True, frozen=True):
@@ -44,12 +48,14 @@ class Number(msgspec.Struct, kw_only=True, frozen=True):
     name: str | None
     status: str
     is_default: bool
+    portfolio_id: uuid.UUID | None = None
     created_at: datetime
     updated_at: datetime
 
 
 _CONSTRAINTS = {
-    "numbers_project_phone_key": lambda: AlreadyExists("a number with this phone exists", field="phone")
+    "numbers_project_phone_key": lambda: AlreadyExists("a number with this phone exists", field="phone"),
+    "numbers_portfolio_fkey": lambda: NotFound("portfolio not found", field="portfolio_id"),
 }
 
 
@@ -67,6 +73,7 @@ def create_number(
         "phone": validation.phone(data.phone),
         "name": _name(data.name),
         "status": data.status,
+        "portfolio_id": data.portfolio_id,
         "now": now,
     }
     with map_errors(_CONSTRAINTS), conn.cursor(row_factory=class_row(Number)) as cur:
@@ -109,11 +116,14 @@ def update_number(
         "name": current.name if isinstance(data.name, msgspec.UnsetType) else _name(data.name),
         "is_default": is_default,
         "status": current.status if isinstance(data.status, msgspec.UnsetType) else data.status,
+        "portfolio_id": (
+            current.portfolio_id if isinstance(data.portfolio_id, msgspec.UnsetType) else data.portfolio_id
+        ),
         "now": now,
     }
     if is_default and not current.is_default:
         conn.execute(QUERIES["clear_default"], params)
-    with conn.cursor(row_factory=class_row(Number)) as cur:
+    with map_errors(_CONSTRAINTS), conn.cursor(row_factory=class_row(Number)) as cur:
         number = cur.execute(QUERIES["update_number"], params).fetchone()
     assert number is not None
     return number

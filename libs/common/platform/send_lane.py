@@ -102,6 +102,7 @@ class MessageState(msgspec.Struct, kw_only=True, frozen=True):
     followup_enrollment_id: uuid.UUID | None
     contact_id: uuid.UUID
     conversation_id: uuid.UUID | None
+    number_id: uuid.UUID | None = None
 
 
 def claim_messages(
@@ -261,6 +262,38 @@ def report_sent(
     ]
     write_events(conn, project_id, events, occurred_at=now)
     return [event.message_id for event in events]
+
+
+def requeue_message(
+    conn: Connection[Any], project_id: uuid.UUID, report: StatusReport, *, action: str, now: datetime
+) -> MessageState | None:
+    """A SENT message the provider then failed for its number's rate limit (``report``), QUEUED again for
+    the send lane, its status event keeping the report's error and ``action``; None when the message is not
+    SENT (then the report is applied as any other)."""
+    params = {
+        "project_id": project_id,
+        "id": report.message_id,
+        "provider_message_id": report.provider_message_id,
+        "detail": report.error or report.error_code,
+        "action": action,
+        "now": now,
+    }
+    with conn.cursor(row_factory=class_row(MessageState)) as cur:
+        return cur.execute(QUERIES["requeue_message"], params).fetchone()
+
+
+def record_action(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    message_id: uuid.UUID,
+    *,
+    detail: str,
+    action: str,
+    now: datetime,
+) -> None:
+    """What the engine did about the message's failure, in its timeline (a status event of its status)."""
+    params = {"project_id": project_id, "id": message_id, "detail": detail, "action": action, "now": now}
+    conn.execute(QUERIES["record_action"], params)
 
 
 def _moves_forward(current: str, reported: str) -> bool:

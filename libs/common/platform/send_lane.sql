@@ -43,7 +43,7 @@ ORDER BY claimed.priority, claimed.created_at
 -- name: lock_message
 -- Lock an outbound message of the project by our id or the provider's.
 SELECT id, status, provider_message_id, error, error_code, status_changed_at, followup_enrollment_id, contact_id,
-       conversation_id
+       conversation_id, number_id
 FROM messages
 WHERE project_id = %(project_id)s AND direction = 'outbound'
   AND (id = %(id)s::uuid OR (%(id)s::uuid IS NULL AND provider_message_id = %(provider_message_id)s::text))
@@ -58,13 +58,13 @@ WITH updated AS (
         error = coalesce(%(error)s, error), error_code = coalesce(%(error_code)s, error_code)
     WHERE project_id = %(project_id)s AND id = %(id)s
     RETURNING id, project_id, status, provider_message_id, error, error_code, status_changed_at, followup_enrollment_id,
-              contact_id, conversation_id
+              contact_id, conversation_id, number_id
 ), status_events AS (
     INSERT INTO message_status_events (project_id, message_id, status, detail, occurred_at)
     SELECT project_id, id, status, error, %(now)s FROM updated
 )
 SELECT id, status, provider_message_id, error, error_code, status_changed_at, followup_enrollment_id, contact_id,
-       conversation_id
+       conversation_id, number_id
 FROM updated
 
 -- name: pick_queued_for_numbers
@@ -122,3 +122,27 @@ WITH given AS (
     SELECT %(project_id)s, id, status, %(now)s FROM updated
 )
 SELECT id, provider_message_id, followup_enrollment_id FROM updated
+
+-- name: requeue_message
+-- A message the provider took, then failed for its number's rate limit (130429), by our id or the
+-- provider's: QUEUED again for the send lane to claim anew (one not SENT, its send not settled or already
+-- ended, is left as it is), with its status event naming the error and what was done.
+WITH updated AS (
+    UPDATE messages SET status = 'QUEUED', status_changed_at = %(now)s
+    WHERE project_id = %(project_id)s AND direction = 'outbound' AND status = 'SENT'
+      AND (id = %(id)s::uuid OR (%(id)s::uuid IS NULL AND provider_message_id = %(provider_message_id)s::text))
+    RETURNING project_id, id, status, provider_message_id, error, error_code, status_changed_at,
+              followup_enrollment_id, contact_id, conversation_id, number_id
+), status_events AS (
+    INSERT INTO message_status_events (project_id, message_id, status, detail, action, occurred_at)
+    SELECT project_id, id, 'QUEUED', %(detail)s, %(action)s, %(now)s FROM updated
+)
+SELECT id, status, provider_message_id, error, error_code, status_changed_at, followup_enrollment_id, contact_id,
+       conversation_id, number_id
+FROM updated
+
+-- name: record_action
+-- What the engine did about a message's failure, in its timeline: a status event of its status as it is.
+INSERT INTO message_status_events (project_id, message_id, status, detail, action, occurred_at)
+SELECT project_id, id, status, %(detail)s, %(action)s, %(now)s FROM messages
+WHERE project_id = %(project_id)s AND id = %(id)s

@@ -74,6 +74,8 @@ def _input(
     if get_origin(hint) is Literal:
         values = tuple((str(v), str(v)) for v in get_args(hint))
         choices = ((("", "none"),) if optional else ()) + values
+        if not optional and isinstance(default, str):  # left empty: the field's default
+            return ActionInput(name, label, widget or f"select:{select}", "or_default", default, choices)
         return ActionInput(
             name, label, widget or f"select:{select}", "or_none" if optional else "raw", None, choices
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from litestar import Controller, Request, Response, get, post
 
 from libs.common.ai.step import month_tokens
@@ -24,12 +25,16 @@ from services.api.problems import status_of
 #: The optional whole numbers of the settings (empty: no limit), and the two that have a default.
 LIMITS = (
     "max_per_contact_24h",
+    "max_per_contact_day",
     "max_in_flight_per_number",
     "monthly_message_quota",
     "max_send_lane_backlog",
     "ai_monthly_token_budget",
 )
-DEFAULTED = {"send_delay_ms": 0, "retention_days": 90}
+DEFAULTED = {
+    name: getattr(project_settings.DEFAULTS, name)
+    for name in ("send_delay_ms", "min_recipient_gap_seconds", "retention_days")
+}
 WINDOWS = ("send_window", "business_hours")
 
 
@@ -95,6 +100,9 @@ class SettingsController(Controller):
                 else None
             )
         runtime = runtime_of(request)
+        with transaction(runtime) as conn:  # what the form does not show is kept (the prices: the API's)
+            kept = project_settings.get_settings(conn, project_of(request)).message_prices
+        payload["message_prices"] = msgspec.to_builtins(kept) if kept is not None else None
         cap = runtime.settings.ai.max_monthly_tokens_per_project
         # every error at once: the form's numbers, the settings' types, the checks of what decodes
         settings, refused = decoding.salvage(payload, ProjectSettings)

@@ -112,6 +112,8 @@ class StepForm:
     template_name: str = ""
     template_language: str = "en"
     template_parameters: str = ""
+    #: The step's category ("": its sequence's).
+    category: str = ""
     #: An AI step's lists (one name a line): what the model sees, what it must not repeat, where it may link.
     ai_lists: dict[str, str] = field(default_factory=lambda: dict.fromkeys(AI_LISTS, ""))
 
@@ -160,6 +162,7 @@ class StepForm:
             out.template_name = step.whatsapp_template.name
             out.template_language = step.whatsapp_template.language
             out.template_parameters = "\n".join(step.whatsapp_template.parameters)
+        out.category = step.category or ""
         return out
 
     @classmethod
@@ -193,6 +196,7 @@ class StepForm:
             template_name=form.get("whatsapp_template.name"),
             template_language=form.get("whatsapp_template.language"),
             template_parameters=form.get("whatsapp_template.parameters"),
+            category=form.get("category"),
             ai_lists={name: form.get(name) for name in AI_LISTS},
         )
 
@@ -253,6 +257,7 @@ class StepForm:
                 "language": self.template_language.strip() or "en",
                 "parameters": lines(self.template_parameters),
             }
+        out["category"] = self.category or None
         return out
 
 

@@ -16,6 +16,7 @@ from psycopg import Connection
 from libs.common.contracts.limits import MAX_ACTION_LABELS, NOT_BLANK
 from libs.common.core import validation
 from libs.common.core.errors import Conflict, FollowupsError, InvalidInput
+from libs.common.core.reasons import FrequencyCap
 from libs.common.followups.enrollments import EnrollmentRejected, EnrollmentRejection
 from libs.common.followups.stops import Stopped
 from libs.common.followups.templates import TemplateSkip
@@ -48,7 +49,8 @@ def form(label: str, *, widget: str | None = None, parts: dict[str, Any] | None 
 
 
 #: Why an action refuses to act (:class:`ActionRejected`'s codes): no conversation to act on, the contact
-#: erased, opted out, without consent, outside the service window without an approved template, or a text
+#: erased, opted out, without consent, outside the service window without an approved template, a marketing
+#: message past the contact's frequency cap (``contact_cap``, ``contact_day_cap``), or a text
 #: that cannot be rendered (``missing_variable`` with the placeholder as detail, ``missing_anchor``,
 #: ``message_too_long``).
 ActionRefusal = Literal[
@@ -58,6 +60,7 @@ ActionRefusal = Literal[
     "no_consent",
     "outside_service_window",
     TemplateSkip,
+    FrequencyCap,
 ]
 #: Why a rule's run was refused, as its run and a delayed execution record it (with the detail of
 #: ``missing_variable``): an action's refusal, or ``enroll()``'s.

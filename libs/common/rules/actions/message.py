@@ -14,8 +14,14 @@ from libs.common.core.errors import InvalidInput
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import load_queries
 from libs.common.followups import project_settings
-from libs.common.followups.constraints import outside_service_window
-from libs.common.followups.definition import WhatsAppTemplate, check_whatsapp_template
+from libs.common.followups.constraints import (
+    CAP_PERIOD,
+    frequency_cap,
+    outside_service_window,
+    recipient_gap_end,
+)
+from libs.common.followups.definition import MessageCategory, WhatsAppTemplate, check_whatsapp_template
+from libs.common.followups.send_window import zone
 from libs.common.followups.templates import (
     TOO_LONG_REASON,
     RenderContext,
@@ -25,15 +31,26 @@ from libs.common.followups.templates import (
     render,
     render_message,
 )
-from libs.common.platform.messages import OutboundMessage, queue_contact_message
+from libs.common.platform.messages import (
+    OutboundMessage,
+    last_outbound_at,
+    queue_contact_message,
+    recent_outbound,
+)
 from libs.common.rules.actions.base import ActionRejected, BaseAction, Done, Subject, form
 
 QUERIES = load_queries("libs.common.rules", "actions.sql")
 
 
+class RecipientGap(Exception):
+    """The contact was sent a message less than ``min_recipient_gap_seconds`` ago: the trigger is retried
+    (after its backoff), and the rule with it."""
+
+
 class SendMessage(BaseAction, kw_only=True, tag="send_message"):
     """Send a text (a template over the contact's fields) through the shared send path (source ``rule``),
-    obeying opt-out, consent and the WhatsApp service window (outside it: ``whatsapp_template`` if given).
+    obeying opt-out, consent, the WhatsApp service window (outside it: ``whatsapp_template`` if given) and
+    the spacing of messages to one contact (within ``min_recipient_gap_seconds`` of the last one: retried).
     A text its values make longer than a message may be is not sent: the rule is refused
     (``message_too_long``)."""
 
@@ -49,6 +66,9 @@ class SendMessage(BaseAction, kw_only=True, tag="send_message"):
             },
         ),
     ] = None
+    #: What the message is for: a ``marketing`` one is refused past the contact's frequency caps
+    #: (``contact_cap``, ``contact_day_cap``); ``utility`` and ``service`` pass.
+    category: Annotated[MessageCategory, form("Category")] = "marketing"
 
     def validate(self, conn: Connection[Any], project_id: uuid.UUID, where: str) -> None:
         validation.message_text(self.text, f"{where}.text")
@@ -80,6 +100,12 @@ class SendMessage(BaseAction, kw_only=True, tag="send_message"):
         settings = project_settings.get_settings(conn, subject.project_id)
         if settings.consent_mode == "required" and consent != "granted":
             raise ActionRejected("no_consent", "consent is required and the contact has not granted it")
+        spaced = recipient_gap_end(
+            settings.min_recipient_gap_seconds, last_outbound_at(conn, subject.project_id, subject.contact_id)
+        )
+        if spaced is not None and spaced > now:
+            raise RecipientGap(f"the contact may be sent its next message at {spaced.isoformat()}")
+        _check_caps(conn, subject, settings, timezone, project_timezone, self.category, now)
         context = RenderContext(
             variables={"event_type": subject.type},
             anchor_at=None,
@@ -118,6 +144,33 @@ class SendMessage(BaseAction, kw_only=True, tag="send_message"):
         )
         write_events(conn, subject.project_id, [queued.event], occurred_at=now)
         done.message_ids.append(queued.message_id)
+
+
+def _check_caps(
+    conn: Connection[Any],
+    subject: Subject,
+    settings: project_settings.ProjectSettings,
+    timezone: str | None,
+    project_timezone: str,
+    category: MessageCategory,
+    now: datetime,
+) -> None:
+    """A marketing message past the contact's frequency caps is refused (utility and service pass)."""
+    caps = [c for c in (settings.max_per_contact_24h, settings.max_per_contact_day) if c is not None]
+    if category != "marketing" or not caps:
+        return
+    recent = recent_outbound(
+        conn, subject.project_id, subject.contact_id, since=now - CAP_PERIOD, limit=max(caps)
+    )
+    capped = frequency_cap(
+        settings.max_per_contact_24h,
+        settings.max_per_contact_day,
+        recent,
+        zone(timezone, project_timezone),
+        now,
+    )
+    if capped is not None:
+        raise ActionRejected(capped[0], f"the contact's cap is reached until {capped[1].isoformat()}")
 
 
 def _body(text: str, context: RenderContext) -> str:
