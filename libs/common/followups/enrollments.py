@@ -168,7 +168,7 @@ def enroll(
     typed (:class:`EnrollmentRejected`) and counted in ``whatstig_followup_enrollments_total``.
     """
     try:
-        enrollment, created = _enroll(
+        enrollment, created = create_enrollment(
             conn, project_id, request, now=now, source=source, campaign_id=campaign_id
         )
     except EnrollmentRejected as rejection:
@@ -197,15 +197,17 @@ def _by_dedupe_key(conn: Connection[Any], project_id: uuid.UUID, key: str) -> En
         return cur.execute(QUERIES["by_dedupe_key"], {"project_id": project_id, "dedupe_key": key}).fetchone()
 
 
-def _enroll(
+def create_enrollment(
     conn: Connection[Any],
     project_id: uuid.UUID,
     request: EnrollRequest,
     *,
     now: datetime,
     source: str,
-    campaign_id: uuid.UUID | None,
+    campaign_id: uuid.UUID | None = None,
 ) -> tuple[Enrollment, bool]:
+    """What :func:`enroll` does, without counting, logging or nudging: the enrollment and whether it was
+    created (a sequence's preview enrolls so, in a savepoint it rolls back)."""
     existing = _deduplicated(conn, project_id, request)
     if existing is not None:
         return existing, False
