@@ -22,6 +22,9 @@ from services.release.release import release_one
 from tests.conftest import Project
 from tests.delayed_rule_helpers import assert_problem
 from tests.helpers import rows
+from tests.release_helpers import sample
+
+PREVIEWS = "whatstig_followup_previews_total"
 
 SETTINGS = FollowupSettings()
 #: Friday 2030-01-11, 21:30 UTC: 16:30 in New York, half an hour before its send window closes.
@@ -49,7 +52,9 @@ def new_contact(client: TestClient[Any], **fields: Any) -> str:
     return ok(client.post("/v1/contacts", json={"phone": phone, **fields}), 201)["id"]  # type: ignore[no-any-return]
 
 
-def new_sequence(client: TestClient[Any], *steps: dict[str, Any], publish: bool = True, **definition: Any) -> str:
+def new_sequence(
+    client: TestClient[Any], *steps: dict[str, Any], publish: bool = True, **definition: Any
+) -> str:
     body = {"name": "s", "definition": {"steps": list(steps), **definition}}
     created = ok(client.post("/v1/sequences", json=body), 201)
     if publish:
@@ -106,7 +111,7 @@ def _time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-# --- what it predicts is what happens ---------------------------------------------------------------------
+# --- what it predicts is what happens -----------------------------------------------------------------------
 
 
 def test_the_preview_predicts_what_the_release_path_then_does_for_the_same_contact(
@@ -132,13 +137,14 @@ def test_the_preview_predicts_what_the_release_path_then_does_for_the_same_conta
             "delay_seconds": 3600,
         },
     )
-    before = table_counts(runtime)
+    before, counted = table_counts(runtime), sample(PREVIEWS, result="complete")
 
     # When the contact's schedule is previewed
     answer = previewed(client, sequence, contact_id=contact, variables={"first": "Ada"})
 
     # Then it says what each step would do, when, in the contact's zone, and nothing was kept
     assert table_counts(runtime) == before
+    assert sample(PREVIEWS, result="complete") == counted + 1
     assert (answer["rejected"], answer["complete"], answer["timezone"]) == (None, True, "America/New_York")
     assert answer["version"] == 1
     steps = answer["steps"]
@@ -149,7 +155,9 @@ def test_the_preview_predicts_what_the_release_path_then_does_for_the_same_conta
     assert steps[1]["due_at"] == steps[1]["at"] == "2030-01-14T14:00:00Z"
     assert steps[1]["text"] == "Still there, Ada?"
     # a minute later the cap holds it a day, then its variable is missing
-    assert [(d["reason"], d["until"]) for d in steps[2]["deferrals"]] == [("contact_cap", "2030-01-15T14:00:00Z")]
+    assert [(d["reason"], d["until"]) for d in steps[2]["deferrals"]] == [
+        ("contact_cap", "2030-01-15T14:00:00Z")
+    ]
     assert (steps[2]["reason"], steps[2]["reason_detail"], steps[2]["text"]) == (
         "missing_variable",
         "vars.code",
@@ -165,7 +173,8 @@ def test_the_preview_predicts_what_the_release_path_then_does_for_the_same_conta
     # When the same contact is enrolled for real and released on the clock
     enrollment = ok(
         client.post(
-            "/v1/enrollments", json={"sequence_id": sequence, "contact_id": contact, "variables": {"first": "Ada"}}
+            "/v1/enrollments",
+            json={"sequence_id": sequence, "contact_id": contact, "variables": {"first": "Ada"}},
         ),
         201,
     )["id"]
@@ -221,7 +230,10 @@ def test_a_paused_sequence_pauses_at_its_first_step_and_the_rest_is_not_reached(
 
     steps = previewed(client, sequence, contact_id=contact)["steps"]
 
-    assert [(s["outcome"], s["reason"]) for s in steps] == [("paused", "sequence_paused"), ("not_reached", None)]
+    assert [(s["outcome"], s["reason"]) for s in steps] == [
+        ("paused", "sequence_paused"),
+        ("not_reached", None),
+    ]
     assert steps[1]["at"] is None
 
 
@@ -235,9 +247,12 @@ def test_a_step_held_back_again_and_again_ends_the_preview_there(
         client, {"kind": "message", "text": "one"}, {"kind": "message", "text": "two", "delay_seconds": 60}
     )
 
+    counted = sample(PREVIEWS, result="incomplete")
+
     answer = previewed(client, sequence, contact_id=contact)
 
     assert answer["complete"] is False
+    assert sample(PREVIEWS, result="incomplete") == counted + 1
     first, second = answer["steps"]
     assert first["outcome"] == "deferred" and first["at"] is None
     assert {d["reason"] for d in first["deferrals"]} == {"instance_unavailable"}
@@ -252,7 +267,9 @@ def test_an_ai_step_with_a_model_configured_says_the_model_would_write_it(
 ) -> None:
     contact = new_contact(client)
     sequence = new_sequence(
-        client, {"kind": "ai", "instructions": "Say hello", "fallback": {"kind": "skip"}}, {"kind": "message", "text": "bye"}
+        client,
+        {"kind": "ai", "instructions": "Say hello", "fallback": {"kind": "skip"}},
+        {"kind": "message", "text": "bye"},
     )
     before = table_counts(runtime)
 
@@ -288,12 +305,14 @@ def test_a_contact_that_cannot_be_enrolled_gets_the_rejection_and_no_steps(
     ok(client.post("/v1/enrollments", json={"sequence_id": sequence, "contact_id": enrolled}), 201)
 
     for contact, code in ((opted_out, "opted_out"), (enrolled, "already_enrolled")):
+        counted = sample(PREVIEWS, result=code)
         answer = previewed(client, sequence, contact_id=contact)
+        assert sample(PREVIEWS, result=code) == counted + 1
         assert (answer["rejected"], answer["steps"], answer["version"]) == (code, [], None)
         assert answer["rejected_message"]
 
 
-# --- bad input ------------------------------------------------------------------------------------------------
+# --- bad input ----------------------------------------------------------------------------------------------
 
 
 def test_bad_input_is_a_problem_naming_the_field(
@@ -304,7 +323,8 @@ def test_bad_input_is_a_problem_naming_the_field(
     draft = new_sequence(client, {"kind": "message", "text": "one"}, publish=False)
     with runtime.pool.connection() as conn:
         theirs = conn.execute(
-            "INSERT INTO contacts (project_id, phone) VALUES (%s, '+15559990000') RETURNING id", (other_project.id,)
+            "INSERT INTO contacts (project_id, phone) VALUES (%s, '+15559990000') RETURNING id",
+            (other_project.id,),
         ).fetchone()
     assert theirs is not None
     url = f"/v1/sequences/{sequence}/preview"
@@ -317,8 +337,14 @@ def test_bad_input_is_a_problem_naming_the_field(
     assert_problem(client.post(url, json={"phone": "not a phone"}), (400, 422), "phone")
     assert_problem(client.post(url, json={}), 422, "contact_id")
     assert_problem(client.post(url, json={"contact_id": contact, "phone": "+15558887777"}), 422, "contact_id")
-    assert_problem(client.post(url, json={"contact_id": contact, "anchor_at": "2030-01-01T09:00:00"}), (400, 422), "anchor_at")
-    assert_problem(client.post(url, json={"contact_id": contact, "anchor_at": "tomorrow"}), (400, 422), "anchor_at")
+    assert_problem(
+        client.post(url, json={"contact_id": contact, "anchor_at": "2030-01-01T09:00:00"}),
+        (400, 422),
+        "anchor_at",
+    )
+    assert_problem(
+        client.post(url, json={"contact_id": contact, "anchor_at": "tomorrow"}), (400, 422), "anchor_at"
+    )
     assert_problem(
         client.post(url, json={"contact_id": contact, "anchor_at": "0001-01-01T00:30:00Z"}), 422, "anchor_at"
     )
@@ -331,5 +357,7 @@ def test_bad_input_is_a_problem_naming_the_field(
     assert_problem(
         client.post(f"/v1/sequences/{uuid.uuid4()}/preview", json={"contact_id": contact}), 404, "sequence_id"
     )
-    assert_problem(client.post(f"/v1/sequences/{draft}/preview", json={"contact_id": contact}), 409, "sequence_id")
+    assert_problem(
+        client.post(f"/v1/sequences/{draft}/preview", json={"contact_id": contact}), 409, "sequence_id"
+    )
     assert table_counts(runtime) == before

@@ -37,9 +37,9 @@ from libs.common.contracts.limits import Phone, Variables
 from libs.common.core import validation
 from libs.common.core.effects import rolled_back
 from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.core.metrics import FOLLOWUP_PREVIEWS
 from libs.common.core.reasons import Other, split
 from libs.common.core.settings import FollowupSettings
-from libs.common.core.sql import load_queries
 from libs.common.followups.definition import MAX_DELAY_SECONDS, AiStep, Step
 from libs.common.followups.enrollments import (
     AwareDatetime,
@@ -54,12 +54,12 @@ from libs.common.followups.release_step import AiDraft, Released, StepRunReason,
 from libs.common.followups.send_window import zone
 from libs.common.followups.sequences import version_definition, version_number
 from libs.common.followups.transitions import EnrollmentReason, WaitingReason
+from libs.common.platform import contacts, projects
+from libs.common.platform.contacts import Contact
 from libs.common.platform.messages import get_message
 from libs.common.platform.send_lane import report_sent
 
 log = logging.getLogger(__name__)
-
-QUERIES = load_queries("libs.common.followups", "preview.sql")
 
 #: Deferrals of one step the preview follows; at the next it stops there (``complete`` false).
 MAX_DEFERRALS: Final = 8
@@ -152,12 +152,6 @@ class Preview(msgspec.Struct, kw_only=True, frozen=True):
     previewed_at: datetime
 
 
-class _Contact(msgspec.Struct, frozen=True, array_like=True):
-    id: uuid.UUID
-    timezone: str | None
-    project_timezone: str | None
-
-
 def preview(
     conn: Connection[Any],
     project_id: uuid.UUID,
@@ -174,7 +168,7 @@ def preview(
     ``enrolled_at``, ``anchor_at`` or ``variables`` for what cannot be previewed."""
     contact = _contact(conn, project_id, request)
     enrolled_at = _enrolled_at(request.enrolled_at, now)
-    tz = zone(contact.timezone, contact.project_timezone)
+    tz = _zone(conn, project_id, contact)
     enroll = EnrollRequest(
         contact_id=contact.id,
         sequence_id=sequence_id,
@@ -193,18 +187,20 @@ def preview(
                 conn, project_id, enrollment.id, enrollment.version_id, settings, tz, ai_lease
             )
     except EnrollmentRejected as rejection:
-        if rejection.code == "sequence_not_enrollable" or rejection.field == "sequence_id":
+        if rejection.code == "sequence_not_enrollable":
             raise  # the sequence's fault, not the contact's: as enroll answers it
         rejected = rejection
+    result = rejected.code if rejected else "complete" if complete else "incomplete"
+    FOLLOWUP_PREVIEWS.labels(result or "rejected").inc()
     log.info(
         "sequence previewed",
         extra={
             "project_id": str(project_id),
             "sequence_id": str(sequence_id),
             "contact_id": str(contact.id),
-            "rejected": rejected.code if rejected else None,
+            "result": result,
+            "version": version,
             "steps": len(steps),
-            "complete": complete,
         },
     )
     return Preview(
@@ -222,16 +218,23 @@ def preview(
     )
 
 
-def _contact(conn: Connection[Any], project_id: uuid.UUID, request: PreviewRequest) -> _Contact:
+def _contact(conn: Connection[Any], project_id: uuid.UUID, request: PreviewRequest) -> Contact:
     """The request's contact, by id or by phone (404 naming the field given)."""
     if (request.contact_id is None) == (request.phone is None):
         raise InvalidInput("give either contact_id or phone", field="contact_id")
-    phone = validation.phone(request.phone) if request.phone is not None else None
-    params = {"project_id": project_id, "contact_id": request.contact_id, "phone": phone}
-    row = conn.execute(QUERIES["preview_contact"], params).fetchone()
-    if row is None:
-        raise NotFound("contact not found", field="contact_id" if request.contact_id else "phone")
-    return msgspec.convert(row, _Contact)
+    if request.contact_id is not None:
+        return contacts.get_contact(conn, project_id, request.contact_id)
+    assert request.phone is not None
+    found = contacts.list_contacts(conn, project_id, limit=1, phone=validation.phone(request.phone))
+    if not found:
+        raise NotFound("contact not found", field="phone")
+    return found[0]
+
+
+def _zone(conn: Connection[Any], project_id: uuid.UUID, contact: Contact) -> tzinfo:
+    """The zone the release path reads the contact's wall clock in: its own, else its project's."""
+    project = projects.project_name(conn, project_id)
+    return zone(contact.timezone, project[1] if project else None)
 
 
 def _enrolled_at(requested: datetime | None, now: datetime) -> datetime:

@@ -157,8 +157,8 @@ class SequencesController(Controller):
             **not_found("The contact (`contact_id`, or `phone`) is not one of the project's."),
             **conflict("The sequence has no published version, or is archived: nobody can be enrolled."),
             **invalid(
-                "A well-formed value the server refuses: neither or both of `contact_id` and `phone`, a phone "
-                "that is not E.164 (`phone`), an `enrolled_at` in the past or over a year ahead, an "
+                "A well-formed value the server refuses: neither or both of `contact_id` and `phone`, a "
+                "phone that is not E.164 (`phone`), an `enrolled_at` in the past or over a year ahead, an "
                 "`anchor_at` too near the ends of the calendar for the steps' offsets, `variables` over "
                 "16 KB as JSON."
             ),
