@@ -20,8 +20,11 @@ NINE_TO_FIVE = {"start": "09:00", "end": "17:00", "days": ["mon", "tue", "wed", 
 def timeline(page: str) -> list[tuple[str, str]]:
     """Each step of the page's timeline: its outcome and its text, whitespace collapsed."""
     found = re.findall(r'<li class="[^"]+" data-outcome="([^"]+)">(.*?)</li>', page, re.S)
-    words = [" ".join(re.sub(r"<[^>]+>", " ", html.unescape(body)).split()) for _, body in found]
-    return [(outcome, text.replace("( ", "(").replace(" )", ")")) for (outcome, _), text in zip(found, words)]
+    out = []
+    for outcome, body in found:
+        text = " ".join(re.sub(r"<[^>]+>", " ", html.unescape(body)).split())
+        out.append((outcome, text.replace("( ", "(").replace(" )", ")")))
+    return out
 
 
 def test_the_preview_page_draws_the_timeline_in_the_contacts_zone(signed_in, project, runtime) -> None:
