@@ -69,12 +69,12 @@ def test_the_preview_page_draws_the_timeline_in_the_contacts_zone(signed_in, pro
     # 04:00 in New York: the first step waits for the window to open at 09:00
     assert first == "queued"
     assert first_text.startswith(
-        "Step 1 · Message · sent · 2030-01-01T09:00:00-05:00 (2030-01-01 14:00:00 UTC"
+        "Step 1 · Message · sent · Tue 2030-01-01 09:00 local (2030-01-01 14:00:00 UTC"
     )
     assert "Waits: Outside the send window: held until 2030-01-01 14:00:00 UTC" in first_text
     assert first_text.endswith("Hi Ada, your plan is gold")
     assert second == "skipped"
-    assert second_text.startswith("Step 2 · Message · skipped · 2030-01-01T10:00:00-05:00")
+    assert second_text.startswith("Step 2 · Message · skipped · Tue 2030-01-01 10:00 local")
     assert second_text.endswith("A placeholder has no value: vars.code")
     assert rows(runtime.pool, "SELECT count(*) FROM followup_enrollments") == [(0,)]
     assert rows(runtime.pool, "SELECT count(*) FROM messages") == [(0,)]

@@ -106,11 +106,18 @@ def shown(step: PreviewStep) -> ShownStep:
         title=f"Step {step.step_index + 1} · {'AI-written message' if step.kind == 'ai' else 'Message'}",
         outcome=outcome,
         at=step.at,
-        local_at=step.local_at,
+        local_at=_local(step.local_at),
         reason=label(step.reason, "reason", step.reason_detail) if step.reason else None,
         text=text,
         deferrals=held,
     )
+
+
+def _local(local_at: str | None) -> str | None:
+    """A time on the contact's wall clock as the timeline shows it: ``Tue 2030-01-01 09:00 local``."""
+    if local_at is None:
+        return None
+    return datetime.fromisoformat(local_at).strftime("%a %Y-%m-%d %H:%M local")
 
 
 class SequencePreviewController(Controller):
