@@ -27,6 +27,14 @@ def timeline(page: str) -> list[tuple[str, str]]:
     return out
 
 
+def one_step_sequence(client, project) -> dict[str, str]:
+    """A published sequence named ``s`` of one message."""
+    body = {"name": "s", "definition": {"steps": [{"kind": "message", "text": "hi"}]}}
+    sequence: dict[str, str] = api(client, project, "POST", "/v1/sequences", json=body)
+    api(client, project, "POST", f"/v1/sequences/{sequence['id']}/publish")
+    return sequence
+
+
 def test_the_preview_page_draws_the_timeline_in_the_contacts_zone(signed_in, project, runtime) -> None:
     client, token = signed_in
     assert runtime.clock.now() == datetime(2030, 1, 1, 9, 0, tzinfo=UTC)  # a Tuesday, 04:00 in New York
@@ -83,14 +91,7 @@ def test_the_preview_page_draws_the_timeline_in_the_contacts_zone(signed_in, pro
 def test_a_contact_that_cannot_be_enrolled_is_said_so(signed_in, project, runtime) -> None:
     client, token = signed_in
     contact = api(client, project, "POST", "/v1/contacts", json={"phone": "+14155550124"})
-    sequence = api(
-        client,
-        project,
-        "POST",
-        "/v1/sequences",
-        json={"name": "s", "definition": {"steps": [{"kind": "message", "text": "hi"}]}},
-    )
-    api(client, project, "POST", f"/v1/sequences/{sequence['id']}/publish")
+    sequence = one_step_sequence(client, project)
     api(
         client,
         project,
@@ -124,14 +125,7 @@ def test_a_bad_preview_input_is_shown_next_to_its_field(
 ) -> None:
     client, token = signed_in
     api(client, project, "POST", "/v1/contacts", json={"phone": "+14155550100"})
-    sequence = api(
-        client,
-        project,
-        "POST",
-        "/v1/sequences",
-        json={"name": "s", "definition": {"steps": [{"kind": "message", "text": "hi"}]}},
-    )
-    api(client, project, "POST", f"/v1/sequences/{sequence['id']}/publish")
+    sequence = one_step_sequence(client, project)
     data = {"_csrf": token, "contact": "+14155550100", **fields}
 
     page = client.post(f"/app/sequences/{sequence['id']}/preview", data=data)

@@ -88,8 +88,7 @@ def predicted(answer: dict[str, Any]) -> list[tuple[int, str, str | None, dateti
 def released_for_real(runtime: Runtime, enrollment_id: str) -> list[tuple[int, str, str | None, datetime]]:
     """Release the enrollment on the controllable clock at each of its due times until it is no longer
     active: (step, action, reason, when) of each release."""
-    clock = runtime.clock
-    assert isinstance(clock, ManualClock)
+    clock = manual(runtime)
     out: list[tuple[int, str, str | None, datetime]] = []
     while True:
         found = rows(
@@ -107,6 +106,12 @@ def released_for_real(runtime: Runtime, enrollment_id: str) -> list[tuple[int, s
         assert len(out) < 50, out
 
 
+def manual(runtime: Runtime) -> ManualClock:
+    clock = runtime.clock
+    assert isinstance(clock, ManualClock)
+    return clock
+
+
 def _time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
@@ -120,9 +125,7 @@ def test_the_preview_predicts_what_the_release_path_then_does_for_the_same_conta
     # Given a project with a send window (09:00-17:00 weekdays, in the contact's zone) and a cap of one
     # follow-up a day, and a sequence whose steps meet the window, the cap, a missing variable and an AI
     # step without a model configured
-    clock = runtime.clock
-    assert isinstance(clock, ManualClock)
-    clock.set(FRIDAY_EVENING)
+    manual(runtime).set(FRIDAY_EVENING)
     ok(client.put("/v1/settings", json={"send_window": NINE_TO_FIVE, "max_per_contact_24h": 1}))
     contact = new_contact(client, name="Ada", timezone="America/New_York")
     sequence = new_sequence(
@@ -193,9 +196,7 @@ def test_the_preview_predicts_what_the_release_path_then_does_for_the_same_conta
 def test_an_anchored_reminder_previewed_by_phone_for_a_later_enrollment(
     client: TestClient[Any], runtime: Runtime
 ) -> None:
-    clock = runtime.clock
-    assert isinstance(clock, ManualClock)
-    clock.set(FRIDAY_EVENING)
+    manual(runtime).set(FRIDAY_EVENING)
     phone = "+15550001234"
     contact = new_contact(client, phone=phone, name="Bea")
     sequence = new_sequence(

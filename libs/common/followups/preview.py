@@ -114,21 +114,21 @@ class PreviewStep(msgspec.Struct, kw_only=True, frozen=True):
     kind: StepKind
     outcome: PreviewOutcome
     #: When the step would first fall due (null: not reached).
-    due_at: datetime | None
+    due_at: datetime | None = None
     #: When it would go, be skipped, or stop or pause the enrollment (null: deferred or not reached).
-    at: datetime | None
+    at: datetime | None = None
     #: ``at`` on the contact's wall clock (its zone, else the project's), with its offset.
-    local_at: str | None
+    local_at: str | None = None
     #: Why: a skip's reason, a queued step's reason when not sent as written (``service_window_template``,
     #: ``ai_fallback``), the stop's or the pause's; the same codes as the release path records.
-    reason: Literal[StepEnd, Other] | None
-    reason_detail: str | None
-    deferrals: list[Deferral]
+    reason: Literal[StepEnd, Other] | None = None
+    reason_detail: str | None = None
+    deferrals: list[Deferral] = msgspec.field(default_factory=list)
     #: The message's text, its placeholders filled in (null: not queued, a template, or the model's).
-    text: str | None
-    template: PreviewTemplate | None
+    text: str | None = None
+    template: PreviewTemplate | None = None
     #: An AI step whose message the model would write (it is not called for a preview).
-    written_by_model: bool
+    written_by_model: bool = False
 
 
 class Preview(msgspec.Struct, kw_only=True, frozen=True):
@@ -277,7 +277,16 @@ def _follow(
             assert code is not None  # a deferral has its reason
             deferrals.append(Deferral(at=at, reason=code, reason_detail=detail, until=following.next_run_at))
             if len(deferrals) > MAX_DEFERRALS:
-                steps.append(_deferred(row.step_index, kind, deferrals))
+                # still held back: the preview stops following it here
+                steps.append(
+                    PreviewStep(
+                        step_index=row.step_index,
+                        kind=kind,
+                        outcome="deferred",
+                        due_at=deferrals[0].at,
+                        deferrals=deferrals,
+                    )
+                )
                 complete = False
                 break
         else:
@@ -288,7 +297,10 @@ def _follow(
                 )
             deferrals = []
         row = following
-    steps += [_not_reached(index, kinds[index]) for index in range(len(steps), len(kinds))]
+    # the steps the enrollment would not reach (it ended before them, or the preview stopped)
+    steps += [
+        PreviewStep(step_index=i, kind=kinds[i], outcome="not_reached") for i in range(len(steps), len(kinds))
+    ]
     return steps, complete
 
 
@@ -347,42 +359,6 @@ def _went(
         text=text,
         template=template,
         written_by_model=by_model,
-    )
-
-
-def _deferred(index: int, kind: StepKind, deferrals: list[Deferral]) -> PreviewStep:
-    """A step still deferred when the preview stopped following it."""
-    return PreviewStep(
-        step_index=index,
-        kind=kind,
-        outcome="deferred",
-        due_at=deferrals[0].at,
-        at=None,
-        local_at=None,
-        reason=None,
-        reason_detail=None,
-        deferrals=deferrals,
-        text=None,
-        template=None,
-        written_by_model=False,
-    )
-
-
-def _not_reached(index: int, kind: StepKind) -> PreviewStep:
-    """A step the enrollment would not reach (it ended before, or the preview stopped)."""
-    return PreviewStep(
-        step_index=index,
-        kind=kind,
-        outcome="not_reached",
-        due_at=None,
-        at=None,
-        local_at=None,
-        reason=None,
-        reason_detail=None,
-        deferrals=[],
-        text=None,
-        template=None,
-        written_by_model=False,
     )
 
 

@@ -16,16 +16,14 @@ from litestar.params import FromPath
 from psycopg import Connection
 
 from libs.common.contracts.labels import label
-from libs.common.core.errors import FollowupsError, NotFound
 from libs.common.followups import preview, sequences
 from libs.common.followups.preview import MAX_DEFERRALS, Preview, PreviewRequest, PreviewStep
 from libs.common.platform import contacts
 from services.api.dashboard.base import project_of
-from services.api.dashboard.forms import Form, FormErrors, anchor_time, error_of, key_values, validation_error
+from services.api.dashboard.forms import Form, FormErrors, anchor_time, key_values, try_form
 from services.api.dashboard.queries import typed_contact_id
 from services.api.dashboard.render import moment, page
 from services.api.deps import runtime_of, transaction
-from services.api.problems import status_of
 
 #: The form's input for each field of the request (an error of the domain is shown next to its input).
 FIELDS = {"contact_id": "contact", "phone": "contact"}
@@ -136,37 +134,23 @@ class SequencePreviewController(Controller):
         """Preview the sequence for the contact: the page with its timeline."""
         project_id = project_of(request)
         runtime = runtime_of(request)
+        settings = runtime.settings
         typed = PreviewForm.of_form(Form.of(request))
-        errors = FormErrors()
-        try:
-            with transaction(runtime) as conn:
-                data = typed.request(conn, project_id, errors)
-                answer = (
-                    preview.preview(
-                        conn,
-                        project_id,
-                        sequence_id,
-                        data,
-                        runtime.settings.followup,
-                        now=runtime.clock.now(),
-                        ai_lease=runtime.settings.ai.step_lease,
-                    )
-                    if data
-                    else None
-                )
-        except msgspec.ValidationError as exc:
-            return self._page(
-                request, sequence_id, typed, errors=validation_error(exc).renamed(FIELDS), status=422
+
+        def attempt(conn: Connection[Any], errors: FormErrors) -> Preview | None:
+            data = typed.request(conn, project_id, errors)
+            if data is None:
+                return None
+            now = runtime.clock.now()
+            lease = settings.ai.step_lease
+            return preview.preview(
+                conn, project_id, sequence_id, data, settings.followup, now=now, ai_lease=lease
             )
-        except FollowupsError as exc:
-            if isinstance(exc, NotFound) and exc.field == "sequence_id":
-                raise  # another project's sequence: the 404 page
-            return self._page(
-                request, sequence_id, typed, errors=error_of(exc).renamed(FIELDS), status=status_of(exc)
-            )
-        if answer is None:
-            return self._page(request, sequence_id, typed, errors=errors, status=422)
-        return self._page(request, sequence_id, typed, answer=answer)
+
+        tried = try_form(runtime, attempt, FIELDS, owner="sequence_id")  # another project's: the 404 page
+        return self._page(
+            request, sequence_id, typed, answer=tried.answer, errors=tried.errors, status=tried.status
+        )
 
     def _page(
         self,
