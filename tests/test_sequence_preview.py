@@ -193,6 +193,50 @@ def test_the_preview_predicts_what_the_release_path_then_does_for_the_same_conta
     assert bodies == [(s["step_index"], s["text"]) for s in steps if s["outcome"] == "queued"]
 
 
+def test_pacing_and_the_service_window_are_predicted_as_the_release_path_applies_them(
+    client: TestClient[Any], runtime: Runtime
+) -> None:
+    # Given a number paced at one follow-up a minute, the service window enforced, a contact who never wrote,
+    # and steps due at once: three with an approved template, one without
+    ok(client.put("/v1/settings", json={"send_delay_ms": 60_000, "service_window": "enforced"}))
+    ok(client.post("/v1/numbers", json={"phone": "+15550000301"}), 201)
+    contact = new_contact(client, name="Ada")
+    template = {"name": "check_in", "language": "en", "parameters": ["{{contact.name}}"]}
+    sequence = new_sequence(
+        client,
+        {"kind": "message", "text": "Hi {{contact.name}}", "whatsapp_template": template},
+        {"kind": "message", "text": "Still there?", "whatsapp_template": template},
+        {
+            "kind": "message",
+            "text": "Read it?",
+            "whatsapp_template": template,
+            "only_if": ["previous_not_read"],
+        },
+        {"kind": "message", "text": "Free-form"},
+    )
+    start = manual(runtime).now()
+
+    answer = previewed(client, sequence, contact_id=contact)
+
+    steps = answer["steps"]
+    assert [(s["outcome"], s["reason"]) for s in steps] == [
+        ("queued", "service_window_template"),
+        ("queued", "service_window_template"),
+        ("queued", "service_window_template"),
+        ("skipped", "outside_service_window"),
+    ]
+    assert steps[0]["template"] == {"name": "check_in", "language": "en", "parameters": ["Ada"]}
+    assert [[d["reason"] for d in s["deferrals"]] for s in steps] == [[], ["pacing"], ["pacing"], []]
+    assert [_time(s["at"]) - start for s in steps[:3]] == [timedelta(minutes=m) for m in range(3)]
+    assert table_counts(runtime)["followup_instance_pacing"] == 0  # the number's pacing row went too
+
+    # the same contact released for real on the clock meets the same pacing, at the same times
+    enrollment = ok(
+        client.post("/v1/enrollments", json={"sequence_id": sequence, "contact_id": contact}), 201
+    )
+    assert released_for_real(runtime, enrollment["id"]) == predicted(answer)
+
+
 def test_an_anchored_reminder_previewed_by_phone_for_a_later_enrollment(
     client: TestClient[Any], runtime: Runtime
 ) -> None:
