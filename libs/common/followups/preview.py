@@ -180,7 +180,8 @@ def preview(
     steps: list[PreviewStep] = []
     complete = True
     try:
-        with rolled_back(conn):
+        # pipeline mode (as the release loop's): the writes no read waits for travel together
+        with conn.pipeline(), rolled_back(conn):
             enrollment, _ = create_enrollment(conn, project_id, enroll, now=enrolled_at, source="preview")
             version = version_number(conn, project_id, enrollment.version_id)
             steps, complete = _follow(
