@@ -21,6 +21,7 @@ from libs.common.followups.preview import PreviewRequest, preview
 from services.release.release import release_one
 from tests.conftest import Project
 from tests.delayed_rule_helpers import assert_problem
+from tests.factories import make_contact, make_sequence
 from tests.helpers import rows
 from tests.release_helpers import sample
 
@@ -406,3 +407,37 @@ def test_bad_input_is_a_problem_naming_the_field(
         client.post(f"/v1/sequences/{draft}/preview", json={"contact_id": contact}), 409, "sequence_id"
     )
     assert table_counts(runtime) == before
+
+
+# --- one project's previews at once -------------------------------------------------------------------------
+
+
+def test_a_project_runs_two_previews_at_once_and_a_third_is_refused_without_waiting(
+    client: TestClient[Any], runtime: Runtime, project: Project, other_project: Project
+) -> None:
+    contact = new_contact(client)
+    sequence = new_sequence(client, {"kind": "message", "text": "one"})
+    request = PreviewRequest(contact_id=uuid.UUID(contact))
+    busy = sample(PREVIEWS, result="busy")
+    with runtime.pool.connection() as first, runtime.pool.connection() as second:
+        # Given two previews of the project whose transactions have not ended
+        for conn in (first, second):
+            held = preview(conn, project.id, uuid.UUID(sequence), request, SETTINGS, now=runtime.clock.now())
+            assert held.steps[0].outcome == "queued"
+
+        # When a third comes, it is refused at once (429, busy), and another project's is not
+        refused = client.post(f"/v1/sequences/{sequence}/preview", json={"contact_id": contact})
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["code"] == "busy" and refused.headers["retry-after"] == "1"
+        assert sample(PREVIEWS, result="busy") == busy + 1
+        theirs = PreviewRequest(contact_id=make_contact(runtime.pool, other_project.id))
+        their_sequence = make_sequence(runtime.pool, other_project.id)
+        with runtime.pool.connection() as conn:
+            answer = preview(
+                conn, other_project.id, their_sequence, theirs, SETTINGS, now=runtime.clock.now()
+            )
+        assert answer.steps[0].outcome == "queued"
+        first.commit()
+
+    # Then, a slot free again, the next one runs
+    assert previewed(client, sequence, contact_id=contact)["steps"][0]["outcome"] == "queued"

@@ -36,10 +36,11 @@ from psycopg import Connection
 from libs.common.contracts.limits import Phone, Variables
 from libs.common.core import validation
 from libs.common.core.effects import rolled_back
-from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.core.errors import Busy, InvalidInput, NotFound
 from libs.common.core.metrics import FOLLOWUP_PREVIEWS
 from libs.common.core.reasons import Other, split
 from libs.common.core.settings import FollowupSettings
+from libs.common.core.sql import load_queries
 from libs.common.followups.definition import MAX_DELAY_SECONDS, AiStep, Step
 from libs.common.followups.enrollments import (
     AwareDatetime,
@@ -61,6 +62,12 @@ from libs.common.platform.send_lane import report_sent
 
 log = logging.getLogger(__name__)
 
+QUERIES = load_queries("libs.common.followups", "preview.sql")
+
+#: Previews of one project that may run at once: each holds a slot (a transaction-scoped advisory lock)
+#: until its transaction ends; one more is refused (429, ``busy``), so one project's previews cannot take
+#: the API's threads and connections from the others.
+PREVIEW_SLOTS: Final = 2
 #: Deferrals of one step the preview follows; at the next it stops there (``complete`` false).
 MAX_DEFERRALS: Final = 8
 #: The draft an AI step is released with in the preview (never shown: the step says the model writes it).
@@ -168,6 +175,7 @@ def preview(
     ``enrolled_at``, ``anchor_at`` or ``variables`` for what cannot be previewed."""
     contact = _contact(conn, project_id, request)
     enrolled_at = _enrolled_at(request.enrolled_at, now)
+    _take_slot(conn, project_id)
     tz = _zone(conn, project_id, contact)
     enroll = EnrollRequest(
         contact_id=contact.id,
@@ -236,6 +244,18 @@ def _zone(conn: Connection[Any], project_id: uuid.UUID, contact: Contact) -> tzi
     """The zone the release path reads the contact's wall clock in: its own, else its project's."""
     project = projects.project_name(conn, project_id)
     return zone(contact.timezone, project[1] if project else None)
+
+
+def _take_slot(conn: Connection[Any], project_id: uuid.UUID) -> None:
+    """One of the project's :data:`PREVIEW_SLOTS`, held until the caller's transaction ends; Busy when
+    every one is taken (never waits)."""
+    for slot in range(PREVIEW_SLOTS):
+        row = conn.execute(QUERIES["take_preview_slot"], {"key": f"preview:{project_id}:{slot}"}).fetchone()
+        if row is not None and row[0]:
+            return
+    FOLLOWUP_PREVIEWS.labels("busy").inc()
+    log.info("sequence preview refused: busy", extra={"project_id": str(project_id)})
+    raise Busy(f"{PREVIEW_SLOTS} previews of this project are running: try again in a moment")
 
 
 def _enrolled_at(requested: datetime | None, now: datetime) -> datetime:
