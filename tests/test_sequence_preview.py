@@ -265,6 +265,34 @@ def test_an_anchored_reminder_previewed_by_phone_for_a_later_enrollment(
     assert steps[0]["text"].startswith("Booked for ")
 
 
+def test_a_reminder_whose_time_has_passed_goes_now_within_its_grace_and_is_skipped_past_it(
+    client: TestClient[Any], runtime: Runtime
+) -> None:
+    contact = new_contact(client)
+    sequence = new_sequence(
+        client,
+        {"kind": "message", "text": "In two hours", "anchor_offset_seconds": -7200, "grace_seconds": 3600},
+        {"kind": "message", "text": "In one hour", "anchor_offset_seconds": -3600, "grace_seconds": 3600},
+    )
+    now = manual(runtime).now()
+    # the first reminder was due 90 minutes ago (past its grace), the second 30 minutes ago (within it)
+    anchor = now + timedelta(minutes=30)
+
+    answer = previewed(client, sequence, contact_id=contact, anchor_at=anchor.isoformat())
+
+    first, second = answer["steps"]
+    assert (first["outcome"], first["reason"], _time(first["at"])) == ("skipped", "past_due", now)
+    assert (second["outcome"], second["text"], _time(second["at"])) == ("queued", "In one hour", now)
+    enrollment = ok(
+        client.post(
+            "/v1/enrollments",
+            json={"sequence_id": sequence, "contact_id": contact, "anchor_at": anchor.isoformat()},
+        ),
+        201,
+    )
+    assert released_for_real(runtime, enrollment["id"]) == predicted(answer)
+
+
 def test_a_paused_sequence_pauses_at_its_first_step_and_the_rest_is_not_reached(
     client: TestClient[Any], runtime: Runtime
 ) -> None:

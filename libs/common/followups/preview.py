@@ -193,7 +193,7 @@ def preview(
             enrollment, _ = create_enrollment(conn, project_id, enroll, now=enrolled_at, source="preview")
             version = version_number(conn, project_id, enrollment.version_id)
             steps, complete = _follow(
-                conn, project_id, enrollment.id, enrollment.version_id, settings, tz, ai_lease
+                conn, project_id, enrollment.id, enrollment.version_id, enrolled_at, settings, tz, ai_lease
             )
     except EnrollmentRejected as rejection:
         if rejection.code == "sequence_not_enrollable":
@@ -277,6 +277,7 @@ def _follow(
     project_id: uuid.UUID,
     enrollment_id: uuid.UUID,
     version_id: uuid.UUID,
+    enrolled_at: datetime,
     settings: FollowupSettings,
     tz: tzinfo,
     ai_lease: timedelta | None,
@@ -287,9 +288,12 @@ def _follow(
     steps: list[PreviewStep] = []
     deferrals: list[Deferral] = []
     complete = True
+    clock = enrolled_at  # the preview's clock: it only moves forward, to each due time
     row = enrollment_to_release(conn, project_id, enrollment_id)
     while row is not None:
-        at, kind = row.next_run_at, kinds[row.step_index]
+        # a step due before the clock (an anchor's offset already past) is released now, as it would be
+        at = clock = max(row.next_run_at, clock)
+        kind = kinds[row.step_index]
         released, by_model = _release(conn, row, settings, at, ai_lease)
         following = enrollment_to_release(conn, project_id, enrollment_id)
         if released.action == "defer":
