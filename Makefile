@@ -84,7 +84,7 @@ bench-triggers: $(STAMP) ## rule matching throughput and event-to-action latency
 bench-sweep: $(STAMP) ## delayed-rule sweep: drain 100k due executions, then lag of a steady 500/s stream
 	$(BIN)/python -m benchmarks.sweep $(ARGS)
 
-bench-bulk: $(STAMP) ## bulk enrollment: one job of 100k contacts, against enroll() one by one
+bench-bulk: $(STAMP) ## bulk enrollment: one job of 100k contacts against enroll() one by one; a plan limit against none at 100k live
 	$(BIN)/python -m benchmarks.bulk $(ARGS)
 
 bench-ai: $(STAMP) $(WANTS_LOCAL_MODEL) ## AI steps through a local model answering in 500 ms, one ai_steps process (ARGS=--local-model: and SmolLM2)

@@ -72,10 +72,10 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
     ),
     **_reads(
         "followups",
-        "libs/common/followups/enrollments.sql::lock_project_and_count_live",
+        "libs/common/followups/enrollments.sql::lock_project",
         ("projects",),
-        "the plan limit: the project row is locked (NO KEY UPDATE) to serialise its enrollments, with the "
-        "count of live enrollments in the same statement",
+        "the plan limit: a project with one takes a lock serialising its enrollments, before its live "
+        "count is read",
     ),
     **_reads(
         "followups",

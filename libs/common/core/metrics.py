@@ -100,6 +100,12 @@ RETENTION_DELETED: Final = Counter(
     "Rows the retention job deleted, by table.",
     ["table"],
 )
+FOLLOWUP_LIVE_DRIFT: Final = Counter(
+    "whatstig_followup_live_count_drift_total",
+    "Live enrollments the retention job's recount found miscounted by a project's live-enrollment counter"
+    " (what a plan limit reads), by direction (over: the counter said more, under: fewer); corrected.",
+    ["direction"],
+)
 OUTBOX_OLDEST_UNPUBLISHED: Final = Gauge(
     "followups_outbox_oldest_unpublished_seconds",
     "Age of the oldest domain event not yet relayed to RabbitMQ (0: none waits).",

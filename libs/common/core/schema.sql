@@ -414,6 +414,15 @@ CREATE TABLE public.followup_instance_pacing (
 )
 WITH (fillfactor='50', autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500', autovacuum_vacuum_cost_delay='0');
 
+-- Name: followup_live_counters; Type: TABLE
+
+CREATE TABLE public.followup_live_counters (
+    project_id uuid NOT NULL,
+    shard smallint NOT NULL,
+    live bigint NOT NULL
+)
+WITH (fillfactor='50', autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500', autovacuum_vacuum_cost_delay='0');
+
 -- Name: followup_sequence_versions; Type: TABLE
 
 CREATE TABLE public.followup_sequence_versions (
@@ -797,6 +806,11 @@ ALTER TABLE ONLY public.followup_enrollments
 
 ALTER TABLE ONLY public.followup_instance_pacing
     ADD CONSTRAINT followup_instance_pacing_pkey PRIMARY KEY (project_id, number_id);
+
+-- Name: followup_live_counters followup_live_counters_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.followup_live_counters
+    ADD CONSTRAINT followup_live_counters_pkey PRIMARY KEY (project_id, shard);
 
 -- Name: followup_sequence_versions followup_sequence_versions_number_key; Type: CONSTRAINT
 

@@ -17,7 +17,8 @@ erasure.
 
 Owns: ``followup_sequences``, ``followup_sequence_versions``, ``followup_enrollments``,
 ``followup_step_runs``, ``followup_campaigns``,
-``followup_instance_pacing``, ``followup_settings``.
+``followup_instance_pacing``, ``followup_settings``, ``followup_live_counters`` (a project's live
+enrollments, kept by the two statements that change how many are live).
 May import: ``platform``, ``core``, ``contracts``.
 """
 
@@ -35,5 +36,6 @@ OWNS: Final = frozenset(
         "followup_campaigns",
         "followup_instance_pacing",
         "followup_settings",
+        "followup_live_counters",
     }
 )

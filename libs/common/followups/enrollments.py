@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Final, Literal, get_args
+from typing import Annotated, Any, Final, Literal, cast, get_args
 
 import msgspec
 from psycopg import Connection
@@ -16,9 +17,8 @@ from psycopg.types.json import Jsonb
 
 from libs.common.contracts.limits import DedupeKey, StopNote, Variables
 from libs.common.core import validation
-from libs.common.core.db import map_errors
 from libs.common.core.effects import NudgeRelease, after_commit
-from libs.common.core.errors import Conflict, InvalidInput, NotFound, Refusals
+from libs.common.core.errors import Conflict, FollowupsError, InvalidInput, NotFound, Refusals
 from libs.common.core.metrics import FOLLOWUP_ENROLLMENTS
 from libs.common.core.reasons import Other, split
 from libs.common.core.sql import load_queries
@@ -149,7 +149,9 @@ class SequenceNotEnrollable(EnrollmentRejected):
     code = "sequence_not_enrollable"
 
 
-_CONSTRAINTS = {"followup_enrollments_one_live_idx": lambda: AlreadyEnrolled(field="contact_id")}
+#: What :func:`enroll_all` gives for each request: the enrollment and whether it was created, or why not (a
+#: refusal, or an error of the request's own data: a due time beyond the calendar).
+EnrollResult = tuple[Enrollment, bool] | FollowupsError | OverflowError | ValueError
 
 
 def enroll(
@@ -167,34 +169,10 @@ def enroll(
     A known ``dedupe_key`` returns the existing enrollment (created False). Business rejections are
     typed (:class:`EnrollmentRejected`) and counted in ``whatstig_followup_enrollments_total``.
     """
-    try:
-        enrollment, created = create_enrollment(
-            conn, project_id, request, now=now, source=source, campaign_id=campaign_id
-        )
-    except EnrollmentRejected as rejection:
-        FOLLOWUP_ENROLLMENTS.labels(source, rejection.code or "rejected").inc()
-        raise
-    FOLLOWUP_ENROLLMENTS.labels(source, "enrolled" if created else "deduplicated").inc()
-    # a bulk job logs each chunk (with its job id): a line per contact of 100,000 would drown it
-    log.log(
-        logging.DEBUG if source == "bulk" else logging.INFO,
-        "enrolled" if created else "enrollment deduplicated",
-        extra={
-            "project_id": str(project_id),
-            "enrollment_id": str(enrollment.id),
-            "contact_id": str(enrollment.contact_id),
-            "sequence_id": str(enrollment.sequence_id) if enrollment.sequence_id else None,
-            "source": source,
-        },
-    )
-    if created:
-        _nudge_if_due(conn, project_id, enrollment, now)
-    return enrollment, created
-
-
-def _by_dedupe_key(conn: Connection[Any], project_id: uuid.UUID, key: str) -> Enrollment | None:
-    with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
-        return cur.execute(QUERIES["by_dedupe_key"], {"project_id": project_id, "dedupe_key": key}).fetchone()
+    [result] = enroll_all(conn, project_id, [request], now=now, source=source, campaign_id=campaign_id)
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def create_enrollment(
@@ -208,23 +186,211 @@ def create_enrollment(
 ) -> tuple[Enrollment, bool]:
     """What :func:`enroll` does, without counting, logging or nudging: the enrollment and whether it was
     created (a sequence's preview enrolls so, in a savepoint it rolls back)."""
-    existing = _deduplicated(conn, project_id, request)
-    if existing is not None:
-        return existing, False
-    stop_on = _stop_flags(request)
-    validation.keyed(request.variables, "variables")
-    max_active, sequence = _check_contact(conn, project_id, request)
-    definition, version_id = _pin_version(conn, project_id, request, sequence, stop_on, now)
-    _check_plan_limit(conn, project_id, max_active)
-    enrollment = _insert(
-        conn, project_id, request, definition, version_id, source=source, campaign_id=campaign_id, now=now
+    [result] = _enroll_batch(conn, project_id, [request], now=now, source=source, campaign_id=campaign_id)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def enroll_all(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    requests: Sequence[EnrollRequest],
+    *,
+    now: datetime,
+    source: str = "api",
+    campaign_id: uuid.UUID | None = None,
+) -> list[EnrollResult]:
+    """Enroll contacts in one sequence (or one contact in a one-off of its own steps): each request's
+    result, in order, as if each had gone through :func:`enroll` in turn (a refusal changes nothing), in a
+    few statements for them all. :func:`enroll` is the case of one request.
+
+    The requests go in batches of distinct contacts (a contact listed again starts the next batch, which
+    sees what the one before did). A batch: the contacts, the plan limit with the project's live count and
+    the sequence read in one round trip (a project with a plan limit locked first, until the transaction
+    ends: its enrollments go one transaction at a time, so the limit holds when they are concurrent); every
+    rule applied to each contact in order, in the order :func:`enroll` applies them (the
+    contact, its opt-out, the sequence, the re-entry policy, the plan limit with what the contacts before it
+    took, the anchor, the live enrollment); the live enrollments re-entry replaces stopped; the admitted
+    contacts inserted in one statement. Each result is counted in ``whatstig_followup_enrollments_total``
+    and each enrollment logged; one due now nudges the release service once committed.
+    """
+    if len({r.sequence_id for r in requests}) > 1 or (len(requests) > 1 and requests[0].steps is not None):
+        raise ValueError("enroll_all enrolls in one sequence, or one contact in a one-off")
+    results: list[EnrollResult] = []
+    batch: list[EnrollRequest] = []
+    seen: set[uuid.UUID | str] = set()
+    for request in requests:
+        if request.contact_id in seen or request.dedupe_key in seen:
+            results += _enroll_batch(conn, project_id, batch, now=now, source=source, campaign_id=campaign_id)
+            batch, seen = [], set()
+        batch.append(request)
+        seen.add(request.contact_id)
+        if request.dedupe_key is not None:
+            seen.add(request.dedupe_key)
+    if batch:
+        results += _enroll_batch(conn, project_id, batch, now=now, source=source, campaign_id=campaign_id)
+    _observe(conn, project_id, results, now=now, source=source)
+    return results
+
+
+def _observe(
+    conn: Connection[Any], project_id: uuid.UUID, results: list[EnrollResult], *, now: datetime, source: str
+) -> None:
+    """Count each result, log each enrollment, and nudge the release service for those due now."""
+    # a bulk job logs each chunk (with its job id): a line per contact of 100,000 would drown it
+    level = logging.DEBUG if source == "bulk" else logging.INFO
+    logged = log.isEnabledFor(level)
+    for result in results:
+        if isinstance(result, EnrollmentRejected):
+            FOLLOWUP_ENROLLMENTS.labels(source, result.code or "rejected").inc()
+        if not isinstance(result, tuple):
+            continue
+        enrollment, created = result
+        FOLLOWUP_ENROLLMENTS.labels(source, "enrolled" if created else "deduplicated").inc()
+        if logged:
+            log.log(
+                level,
+                "enrolled" if created else "enrollment deduplicated",
+                extra={
+                    "project_id": str(project_id),
+                    "enrollment_id": str(enrollment.id),
+                    "contact_id": str(enrollment.contact_id),
+                    "sequence_id": str(enrollment.sequence_id) if enrollment.sequence_id else None,
+                    "source": source,
+                },
+            )
+        if created:
+            _nudge_if_due(conn, project_id, enrollment, now)
+
+
+def _by_dedupe_key(conn: Connection[Any], project_id: uuid.UUID, key: str) -> Enrollment | None:
+    with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
+        return cur.execute(QUERIES["by_dedupe_key"], {"project_id": project_id, "dedupe_key": key}).fetchone()
+
+
+class _Contact(msgspec.Struct, frozen=True):
+    """A request's contact as :data:`enrollment_contact` read it, with the project's and sequence's facts."""
+
+    n: int
+    found: bool
+    opted_out: bool
+    number_found: bool
+    conversation_found: bool
+    enrolled_before: bool
+    live: bool
+    max_active_enrollments: int | None
+    live_enrollments: int | None
+    sequence_found: bool
+    sequence_status: str | None
+    current_version_id: uuid.UUID | None
+
+
+def _enroll_batch(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    requests: list[EnrollRequest],
+    *,
+    now: datetime,
+    source: str,
+    campaign_id: uuid.UUID | None,
+) -> list[EnrollResult]:
+    """A batch of requests of distinct contacts (and dedupe keys): see :func:`enroll_all`."""
+    results: list[EnrollResult | None] = [None] * len(requests)
+    pending: list[int] = []
+    for i, request in enumerate(requests):  # what needs nothing stored, and a known dedupe key
+        try:
+            existing = _deduplicated(conn, project_id, request)
+            if existing is not None:
+                results[i] = (existing, False)
+                continue
+            _stop_flags(request)
+            validation.keyed(request.variables, "variables")
+        except FollowupsError as refusal:
+            results[i] = refusal
+            continue
+        pending.append(i)
+    if pending:
+        _enroll_checked(
+            conn, project_id, requests, pending, results, now=now, source=source, campaign_id=campaign_id
+        )
+    assert all(result is not None for result in results)
+    return cast(list[EnrollResult], results)
+
+
+def _enroll_checked(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    requests: list[EnrollRequest],
+    pending: list[int],
+    results: list[EnrollResult | None],
+    *,
+    now: datetime,
+    source: str,
+    campaign_id: uuid.UUID | None,
+) -> None:
+    """The batch's requests at ``pending``, each checked against what is stored, then the admitted ones
+    enrolled; ``results`` filled in at their positions."""
+    contacts = _contacts(conn, project_id, [requests[i] for i in pending])
+    admitted = []
+    for i, contact in zip(pending, contacts, strict=True):
+        refusal = _contact_refusal(requests[i], contact)
+        if refusal is not None:
+            results[i] = refusal
+        else:
+            admitted.append(i)
+    if not admitted:
+        return
+    first = requests[admitted[0]]
+    try:
+        definition, version_id = _pin_version(conn, project_id, first, contacts[0], _stop_flags(first))
+    except FollowupsError as refusal:  # the sequence's refusal, the same for every contact
+        for i in admitted:
+            results[i] = refusal
+        return
+    facts = dict(zip(pending, contacts, strict=True))
+    if definition.reentry == "never":
+        for i in admitted:
+            if facts[i].enrolled_before:
+                results[i] = ReentryNotAllowed(field="contact_id")
+        admitted = [i for i in admitted if results[i] is None]
+    replaced = _replaced(conn, project_id, first.sequence_id, [requests[i] for i in admitted], definition)
+    max_active, live_now = contacts[0].max_active_enrollments, contacts[0].live_enrollments
+    room = max_active - live_now if max_active is not None and live_now is not None else None
+    to_insert: list[tuple[int, datetime]] = []
+    for i in admitted:
+        request = requests[i]
+        replacing = replaced.get(request.contact_id, [])
+        if room is not None and room + len(replacing) < 1:
+            results[i] = PlanLimitReached(field="contact_id")
+            continue
+        try:
+            check_anchor(definition, request.anchor_at)
+            next_run_at = step_due_at(definition.steps[0], now=now, anchor_at=request.anchor_at) or now
+        except (FollowupsError, OverflowError, ValueError) as error:
+            results[i] = error
+            continue
+        if facts[i].live and definition.reentry == "after_finished":
+            results[i] = AlreadyEnrolled(field="contact_id")
+            continue
+        if room is not None:
+            room += len(replacing) - 1
+        to_insert.append((i, next_run_at))
+    for i, _ in to_insert:  # counted once the re-entry committed with the enrollment replacing it
+        for live in replaced.get(requests[i].contact_id, []):
+            stop_live(conn, project_id, live, "reentered", now=now)
+    inserted = _insert(
+        conn, project_id, requests, to_insert, definition, version_id, source, campaign_id, now
     )
-    if enrollment is None:  # a concurrent request with the same dedupe_key won
-        assert request.dedupe_key is not None
-        existing = _by_dedupe_key(conn, project_id, request.dedupe_key)
-        assert existing is not None
-        return existing, False
-    return enrollment, True
+    for i, _ in to_insert:
+        request = requests[i]
+        enrollment = inserted.get(request.contact_id)
+        if enrollment is not None:
+            results[i] = (enrollment, True)
+            continue
+        # a concurrent request with the same dedupe_key won, or one enrolled the contact meanwhile
+        existing = _by_dedupe_key(conn, project_id, request.dedupe_key) if request.dedupe_key else None
+        results[i] = (existing, False) if existing is not None else AlreadyEnrolled(field="contact_id")
 
 
 def _deduplicated(conn: Connection[Any], project_id: uuid.UUID, request: EnrollRequest) -> Enrollment | None:
@@ -259,86 +425,117 @@ def _stop_flags(request: EnrollRequest) -> StopFlags:
     return request.stop_on or StopFlags()
 
 
-def _check_contact(
-    conn: Connection[Any], project_id: uuid.UUID, request: EnrollRequest
-) -> tuple[int | None, tuple[bool, str | None, uuid.UUID | None]]:
-    """The contact exists and has not opted out; the number and conversation are its project's and its
-    own. Returns the project's plan limit (None: no limit) and the sequence as found (found, status,
-    current version)."""
+def _contacts(conn: Connection[Any], project_id: uuid.UUID, requests: list[EnrollRequest]) -> list[_Contact]:
+    """The requests' contacts as stored, in their order, with the project's plan limit and the sequence;
+    a project with a plan limit locked first, and its live enrollments read after (one round trip)."""
     params = {
         "project_id": project_id,
-        "contact_id": request.contact_id,
-        "number_id": request.number_id,
-        "conversation_id": request.conversation_id,
-        "sequence_id": request.sequence_id,
+        "sequence_id": requests[0].sequence_id,
+        "contact_ids": [r.contact_id for r in requests],
+        "number_ids": [r.number_id for r in requests],
+        "conversation_ids": [r.conversation_id for r in requests],
     }
-    contact = conn.execute(QUERIES["enrollment_contact"], params).fetchone()
-    if contact is None:
-        raise NotFound("contact not found", field="contact_id")
-    opted_out, number_found, conversation_found = contact[:3]
-    max_active: int | None = contact[3]
-    if request.number_id is not None and not number_found:
-        raise NotFound("number not found", field="number_id")
-    if request.conversation_id is not None and not conversation_found:
-        raise NotFound("conversation not found for this contact", field="conversation_id")
-    if opted_out:
-        raise OptedOut(field="contact_id")
-    return max_active, (contact[4], contact[5], contact[6])
+    with conn.cursor(row_factory=class_row(_Contact)) as cur:
+        with conn.pipeline():
+            conn.execute(QUERIES["lock_project"], {"project_id": project_id})
+            cur.execute(QUERIES["enrollment_contact"], params, binary=True)
+        return cur.fetchall()
+
+
+def _contact_refusal(request: EnrollRequest, contact: _Contact) -> FollowupsError | None:
+    """Why the contact cannot be enrolled, if it cannot: it does not exist or opted out; the number and
+    conversation are not the project's and its own."""
+    if not contact.found:
+        return NotFound("contact not found", field="contact_id")
+    if request.number_id is not None and not contact.number_found:
+        return NotFound("number not found", field="number_id")
+    if request.conversation_id is not None and not contact.conversation_found:
+        return NotFound("conversation not found for this contact", field="conversation_id")
+    if contact.opted_out:
+        return OptedOut(field="contact_id")
+    return None
 
 
 def _pin_version(
     conn: Connection[Any],
     project_id: uuid.UUID,
     request: EnrollRequest,
-    sequence: tuple[bool, str | None, uuid.UUID | None],
+    sequence: _Contact,
     stop_on: StopFlags,
-    now: datetime,
 ) -> tuple[Definition, uuid.UUID]:
-    """The version the enrollment pins: the sequence's current one (re-entry policy applied), or a
-    one-off version of the request's own steps."""
+    """The version the enrollments pin: the sequence's current one, or a one-off version of the request's
+    own steps."""
     if request.sequence_id is not None:
-        return _sequence_version(conn, project_id, request.sequence_id, sequence, request.contact_id, now)
+        if not sequence.sequence_found:
+            raise NotFound("sequence not found", field="sequence_id")
+        version_id = sequence.current_version_id
+        if version_id is None or sequence.sequence_status == "archived":
+            raise SequenceNotEnrollable(
+                "the sequence is archived"
+                if sequence.sequence_status == "archived"
+                else "the sequence has no published version",
+                field="sequence_id",
+            )
+        return version_definition(conn, project_id, version_id), version_id
     assert request.steps is not None
     version = create_one_off_version(conn, project_id, Definition(steps=request.steps, stop_on=stop_on))
     return version_definition(conn, project_id, version.id), version.id
 
 
-def _check_plan_limit(conn: Connection[Any], project_id: uuid.UUID, max_active: int | None) -> None:
-    """Serialise enrollments of a limited project, so its limit of live enrollments holds when concurrent."""
-    if max_active is None:
-        return
-    live = conn.execute(QUERIES["lock_project_and_count_live"], {"project_id": project_id}).fetchone()
-    if live is not None and live[0] >= max_active:
-        raise PlanLimitReached(field="contact_id")
+def _replaced(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    sequence_id: uuid.UUID | None,
+    requests: list[EnrollRequest],
+    definition: Definition,
+) -> dict[uuid.UUID, list[_Live]]:
+    """Re-entry policy always: the contacts' live enrollments in the sequence, locked (a new enrollment
+    replaces its contact's), by contact; nothing under another policy."""
+    if definition.reentry != "always" or sequence_id is None or not requests:
+        return {}
+    params = {
+        "project_id": project_id,
+        "sequence_id": sequence_id,
+        "contact_ids": sorted(r.contact_id for r in requests),
+    }
+    conn.execute(QUERIES["serialise_reentry"], params)
+    replaced: dict[uuid.UUID, list[_Live]] = {}
+    with conn.cursor(row_factory=class_row(_Live)) as cur:
+        for enrollment in cur.execute(QUERIES["lock_live_in_sequence"], params):
+            replaced.setdefault(enrollment.contact_id, []).append(enrollment)
+    return replaced
 
 
 def _insert(
     conn: Connection[Any],
     project_id: uuid.UUID,
-    request: EnrollRequest,
+    requests: list[EnrollRequest],
+    admitted: list[tuple[int, datetime]],
     definition: Definition,
     version_id: uuid.UUID,
-    *,
     source: str,
     campaign_id: uuid.UUID | None,
     now: datetime,
-) -> Enrollment | None:
-    """The new enrollment, its stop flags copied from the version; None on a known dedupe key."""
-    check_anchor(definition, request.anchor_at)
+) -> dict[uuid.UUID, Enrollment]:
+    """The admitted requests' enrollments (each with its first due time), their stop flags copied from
+    the version, by contact; a contact whose dedupe key is known or who is enrolled now is missing."""
+    if not admitted:
+        return {}
+    chosen = [requests[i] for i, _ in admitted]
     flags = definition.stop_on
     params = {
         "project_id": project_id,
-        "sequence_id": request.sequence_id,
+        "sequence_id": chosen[0].sequence_id,
         "version_id": version_id,
-        "contact_id": request.contact_id,
-        "conversation_id": request.conversation_id,
-        "number_id": request.number_id,
         "source": source,
         "campaign_id": campaign_id,
-        "next_run_at": step_due_at(definition.steps[0], now=now, anchor_at=request.anchor_at) or now,
-        "anchor_at": request.anchor_at,
-        "variables": Jsonb(request.variables),
-        "dedupe_key": request.dedupe_key,
+        "contact_ids": [r.contact_id for r in chosen],
+        "conversation_ids": [r.conversation_id for r in chosen],
+        "number_ids": [r.number_id for r in chosen],
+        "next_run_ats": [due for _, due in admitted],
+        "anchor_ats": [r.anchor_at for r in chosen],
+        "variables": [Jsonb(r.variables) for r in chosen],
+        "dedupe_keys": [r.dedupe_key for r in chosen],
         "stop_on_reply": flags.reply,
         "stop_on_human_message": flags.human_message,
         "stop_on_opt_out": flags.opt_out,
@@ -346,39 +543,8 @@ def _insert(
         "stop_on_conversation_resolved": flags.conversation_resolved,
         "now": now,
     }
-    with map_errors(_CONSTRAINTS), conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
-        return cur.execute(QUERIES["insert_enrollment"], params).fetchone()
-
-
-def _sequence_version(
-    conn: Connection[Any],
-    project_id: uuid.UUID,
-    sequence_id: uuid.UUID,
-    sequence: tuple[bool, str | None, uuid.UUID | None],
-    contact_id: uuid.UUID,
-    now: datetime,
-) -> tuple[Definition, uuid.UUID]:
-    """The version to pin, after the sequence's re-entry policy has been applied."""
-    found, status, version_id = sequence
-    if not found:
-        raise NotFound("sequence not found", field="sequence_id")
-    if version_id is None or status == "archived":
-        raise SequenceNotEnrollable(
-            "the sequence is archived" if status == "archived" else "the sequence has no published version",
-            field="sequence_id",
-        )
-    definition = version_definition(conn, project_id, version_id)
-    params = {"project_id": project_id, "sequence_id": sequence_id, "contact_id": contact_id, "now": now}
-    if definition.reentry == "never":
-        if conn.execute(QUERIES["enrolled_before"], params).fetchone():
-            raise ReentryNotAllowed(field="contact_id")
-    elif definition.reentry == "always":
-        conn.execute(QUERIES["serialise_reentry"], params)
-        with conn.cursor(row_factory=class_row(_Live)) as cur:
-            replaced = cur.execute(QUERIES["lock_live_in_sequence"], params).fetchall()
-        for enrollment in replaced:  # counted once the re-entry committed with the enrollment replacing it
-            stop_live(conn, project_id, enrollment, "reentered", now=now)
-    return definition, version_id
+    with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
+        return {e.contact_id: e for e in cur.execute(QUERIES["insert_enrollments"], params, binary=True)}
 
 
 class _Live(msgspec.Struct, frozen=True):

@@ -5,62 +5,94 @@ FROM followup_enrollments
 WHERE project_id = %(project_id)s AND dedupe_key = %(dedupe_key)s
 
 -- name: enrollment_contact
--- The contact (not erased) and whether it opted out; whether the number and conversation belong to it;
--- the project's plan limit; and the sequence's status and the version new enrollments pin (one round trip).
-SELECT c.opted_out_at IS NOT NULL,
-       EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = c.project_id AND n.id = %(number_id)s),
+-- The contacts of a chunk of requests, in their order (one round trip for one request or 500): each one's
+-- position, whether it exists (not erased) and opted out, whether the number and conversation given with it
+-- are the project's and its own, and whether it was ever enrolled in the sequence and is now; with the
+-- project's plan limit and its live enrollments, and the sequence's status and the version new
+-- enrollments pin.
+SELECT r.n, c.id IS NOT NULL AS found, c.opted_out_at IS NOT NULL AS opted_out,
+       EXISTS (SELECT 1 FROM numbers n WHERE n.project_id = %(project_id)s AND n.id = r.number_id) AS number_found,
        EXISTS (SELECT 1 FROM conversations v
-               WHERE v.project_id = c.project_id AND v.id = %(conversation_id)s AND v.contact_id = c.id),
+               WHERE v.project_id = %(project_id)s AND v.id = r.conversation_id AND v.contact_id = c.id)
+           AS conversation_found,
+       EXISTS (SELECT 1 FROM followup_enrollments e
+               WHERE e.project_id = %(project_id)s AND e.contact_id = c.id AND e.sequence_id = s.id)
+           AS enrolled_before,
+       EXISTS (SELECT 1 FROM followup_enrollments e
+               WHERE e.project_id = %(project_id)s AND e.sequence_id = s.id AND e.contact_id = c.id
+                 AND e.status IN ('active', 'paused'))
+           AS live,
        p.max_active_enrollments,
+       -- the project's live enrollments, for a plan limit only: the sum of its counter's shards (migration
+       -- 0027), read after lock_project (in a statement of its own before this one) held the lock
+       CASE WHEN p.max_active_enrollments IS NOT NULL THEN
+           (SELECT coalesce(sum(l.live), 0) FROM followup_live_counters l WHERE l.project_id = %(project_id)s)
+       END::bigint AS live_enrollments,
        s.id IS NOT NULL AS sequence_found, s.status AS sequence_status, s.current_version_id
-FROM contacts c
-JOIN projects p ON p.id = c.project_id
-LEFT JOIN followup_sequences s ON s.project_id = c.project_id AND s.id = %(sequence_id)s::uuid
-WHERE c.project_id = %(project_id)s AND c.id = %(contact_id)s AND c.erased_at IS NULL
-
--- name: enrolled_before
--- Whether the contact was ever enrolled in the sequence (re-entry policy never).
-SELECT 1 FROM followup_enrollments
-WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND sequence_id = %(sequence_id)s
-LIMIT 1
+FROM projects p
+LEFT JOIN followup_sequences s ON s.project_id = %(project_id)s AND s.id = %(sequence_id)s::uuid
+CROSS JOIN unnest(%(contact_ids)s::uuid[], %(number_ids)s::uuid[], %(conversation_ids)s::uuid[])
+    WITH ORDINALITY AS r (contact_id, number_id, conversation_id, n)
+-- each contact found by its key (a join would hash the project's every contact for a chunk of 500)
+LEFT JOIN LATERAL (
+    SELECT c.id, c.opted_out_at FROM contacts c
+    WHERE c.project_id = %(project_id)s AND c.id = r.contact_id AND c.erased_at IS NULL
+    LIMIT 1
+) c ON true
+WHERE p.id = %(project_id)s
+ORDER BY r.n
 
 -- name: serialise_reentry
 -- Re-entry policy always: one enrollment of a contact into a sequence at a time. Without it, two that
 -- start together both find the same live enrollment (or none), and the second's insert meets the first's
 -- new live one: a 409 where the policy promises a replacement. Taken before the live one is read, so
--- the second reads (in a new statement snapshot) the enrollment the first created, and replaces it.
-SELECT pg_advisory_xact_lock(hashtextextended(%(contact_id)s::text || '/' || %(sequence_id)s::text, 0))
+-- the second reads (in a new statement snapshot) the enrollment the first created, and replaces it. The
+-- contacts come sorted: every chunk takes its locks in the same order.
+SELECT pg_advisory_xact_lock(hashtextextended(c::text || '/' || %(sequence_id)s::text, 0))
+FROM unnest(%(contact_ids)s::uuid[]) AS c
 
 -- name: lock_live_in_sequence
--- Re-entry policy always: the contact's live enrollment in the sequence, locked (the new one replaces it).
+-- Re-entry policy always: the contacts' live enrollments in the sequence, locked (new ones replace them).
 SELECT id, sequence_id, contact_id
 FROM followup_enrollments
-WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND sequence_id = %(sequence_id)s
+WHERE project_id = %(project_id)s AND contact_id = ANY(%(contact_ids)s::uuid[]) AND sequence_id = %(sequence_id)s
   AND status IN ('active', 'paused')
+ORDER BY id
 FOR UPDATE
 
--- name: lock_project_and_count_live
--- Lock the project (serialising its enrollments) and count its live enrollments. NO KEY UPDATE: it does
--- not block the foreign key checks of the rows releases insert, which reference the project.
-SELECT (SELECT count(*) FROM followup_enrollments
-        WHERE project_id = %(project_id)s AND status IN ('active', 'paused'))
-FROM projects p WHERE p.id = %(project_id)s
-FOR NO KEY UPDATE
+-- name: lock_project
+-- A project with a plan limit: its enrollments one at a time (a lock until the transaction ends), so that
+-- the limit holds when they are concurrent; nothing for a project without one. An advisory lock: it writes
+-- nothing, and it blocks nothing but another enrollment of the same project.
+SELECT pg_advisory_xact_lock(hashtextextended('plan/' || p.id::text, 0))
+FROM projects p WHERE p.id = %(project_id)s AND p.max_active_enrollments IS NOT NULL
 
--- name: insert_enrollment
--- Enroll a contact in a pinned version, with the stop flags copied from it; nothing on a known dedupe key.
-INSERT INTO followup_enrollments (
-    project_id, sequence_id, version_id, contact_id, conversation_id, number_id, source, campaign_id, next_run_at,
-    step_due_at, anchor_at, variables, dedupe_key, stop_on_reply, stop_on_human_message, stop_on_opt_out,
-    stop_on_lead_closed, stop_on_conversation_resolved, enrolled_at, updated_at
-) VALUES (
-    %(project_id)s, %(sequence_id)s, %(version_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s,
-    %(source)s, %(campaign_id)s, %(next_run_at)s, %(next_run_at)s, %(anchor_at)s, %(variables)s, %(dedupe_key)s, %(stop_on_reply)s,
-    %(stop_on_human_message)s, %(stop_on_opt_out)s, %(stop_on_lead_closed)s,
-    %(stop_on_conversation_resolved)s, %(now)s, %(now)s
+-- name: insert_enrollments
+-- Enroll contacts in a pinned version (one request's arrays or a chunk's), with the stop flags copied from
+-- it; nothing for a contact whose dedupe key is known or who is enrolled now (a unique index: the caller
+-- tells which). The project's live count gains them (migration 0027: the session's shard).
+WITH enrolled AS (
+    INSERT INTO followup_enrollments (
+        project_id, sequence_id, version_id, contact_id, conversation_id, number_id, source, campaign_id,
+        next_run_at, step_due_at, anchor_at, variables, dedupe_key, stop_on_reply, stop_on_human_message,
+        stop_on_opt_out, stop_on_lead_closed, stop_on_conversation_resolved, enrolled_at, updated_at
+    )
+    SELECT %(project_id)s, %(sequence_id)s::uuid, %(version_id)s, r.contact_id, r.conversation_id, r.number_id,
+           %(source)s::text, %(campaign_id)s::uuid, r.next_run_at, r.next_run_at, r.anchor_at, r.variables,
+           r.dedupe_key, %(stop_on_reply)s, %(stop_on_human_message)s, %(stop_on_opt_out)s,
+           %(stop_on_lead_closed)s, %(stop_on_conversation_resolved)s, %(now)s, %(now)s
+    FROM unnest(%(contact_ids)s::uuid[], %(conversation_ids)s::uuid[], %(number_ids)s::uuid[],
+                %(next_run_ats)s::timestamptz[], %(anchor_ats)s::timestamptz[], %(variables)s::jsonb[],
+                %(dedupe_keys)s::text[])
+        AS r (contact_id, conversation_id, number_id, next_run_at, anchor_at, variables, dedupe_key)
+    ON CONFLICT DO NOTHING
+    RETURNING *
+), counted AS (
+    INSERT INTO followup_live_counters AS c (project_id, shard, live)
+    SELECT %(project_id)s, pg_backend_pid() & 15, count(*) FROM enrolled HAVING count(*) > 0
+    ON CONFLICT (project_id, shard) DO UPDATE SET live = c.live + excluded.live
 )
-ON CONFLICT (project_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-RETURNING *
+SELECT * FROM enrolled
 
 -- name: get_enrollment
 -- One enrollment of a project.

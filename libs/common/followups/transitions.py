@@ -273,3 +273,15 @@ def purge_finished(conn: Connection[Any], project_id: uuid.UUID, *, now: datetim
     batch per transaction, project by project)."""
     params = {"project_id": project_id, "now": now, "limit": limit}
     return conn.execute(QUERIES["finished_enrollments"], params).rowcount
+
+
+def recount_live(conn: Connection[Any], project_id: uuid.UUID) -> tuple[int, int]:
+    """Count the project's live enrollments anew and make its live count say so (the retention job's
+    reconciliation, a transaction of its own per project): returns the count and what the counter said
+    (their difference is the drift corrected). The counter's shards are locked first, so the project's
+    enrollments and finishes wait for the count (one index walk over its live enrollments)."""
+    params = {"project_id": project_id}
+    conn.execute(QUERIES["lock_live_counters"], params)
+    row = conn.execute(QUERIES["recount_live"], params).fetchone()
+    assert row is not None
+    return row[0], row[1]

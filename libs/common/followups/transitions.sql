@@ -40,15 +40,22 @@ RETURNING *
 -- name: finish
 -- Finish live enrollments: completed, stopped or failed, with the reason (and a note). The last step's
 -- advance folds in here: step_index, last message (and its conversation, when the enrollment had none) and
--- last step time, when given. Nothing is due any more: a next run still ahead is brought back to now.
-UPDATE followup_enrollments
-SET status = %(status)s, reason = %(reason)s, note = coalesce(%(note)s, note), finished_at = %(now)s,
-    locked_until = NULL, updated_at = %(now)s, next_run_at = least(next_run_at, %(now)s),
-    step_index = coalesce(%(step_index)s, step_index),
-    last_message_id = coalesce(%(message_id)s, last_message_id),
-    conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),
-    last_step_at = CASE WHEN %(step_index)s::integer IS NULL THEN last_step_at ELSE %(now)s END
-WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status IN ('active', 'paused')
+-- last step time, when given. Nothing is due any more: a next run still ahead is brought back to now. The
+-- project's live count loses them (migration 0027: the session's shard).
+WITH finished AS (
+    UPDATE followup_enrollments
+    SET status = %(status)s, reason = %(reason)s, note = coalesce(%(note)s, note), finished_at = %(now)s,
+        locked_until = NULL, updated_at = %(now)s, next_run_at = least(next_run_at, %(now)s),
+        step_index = coalesce(%(step_index)s, step_index),
+        last_message_id = coalesce(%(message_id)s, last_message_id),
+        conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),
+        last_step_at = CASE WHEN %(step_index)s::integer IS NULL THEN last_step_at ELSE %(now)s END
+    WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status IN ('active', 'paused')
+    RETURNING 1
+)
+INSERT INTO followup_live_counters AS c (project_id, shard, live)
+SELECT %(project_id)s, pg_backend_pid() & 15, -count(*) FROM finished HAVING count(*) > 0
+ON CONFLICT (project_id, shard) DO UPDATE SET live = c.live + excluded.live
 
 -- name: lease
 -- Lease an AI step for its model call: the claim skips the enrollment until ``until``, and the attempts it
@@ -94,3 +101,26 @@ WHERE project_id = %(project_id)s AND id = ANY(ARRAY(
     ORDER BY e.finished_at
     LIMIT %(limit)s
 ))
+
+-- name: lock_live_counters
+-- The project's 16 live-count shards, each created at 0 when missing, all locked in key order (the
+-- recount's first statement): an enrollment or a finish of the project waits until the recount commits.
+INSERT INTO followup_live_counters AS c (project_id, shard, live)
+SELECT %(project_id)s, shard, 0 FROM generate_series(0, 15) AS shard ORDER BY shard
+ON CONFLICT (project_id, shard) DO UPDATE SET live = c.live
+
+-- name: recount_live
+-- The project's live enrollments counted anew (the shards locked, in a statement of its own: it sees every
+-- change that committed before the lock was held), written as shard 0 (the others to 0); returns the count
+-- and what the shards said.
+WITH counted AS (
+    SELECT count(*) AS live FROM followup_enrollments
+    WHERE project_id = %(project_id)s AND status IN ('active', 'paused')
+), summed AS (
+    SELECT coalesce(sum(live), 0)::bigint AS live FROM followup_live_counters WHERE project_id = %(project_id)s
+), written AS (
+    UPDATE followup_live_counters c SET live = CASE WHEN c.shard = 0 THEN counted.live ELSE 0 END
+    FROM counted
+    WHERE c.project_id = %(project_id)s
+)
+SELECT counted.live, summed.live FROM counted, summed

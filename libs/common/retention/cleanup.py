@@ -16,6 +16,10 @@ are the owners' (:mod:`~libs.common.followups.transitions`, :mod:`~libs.common.r
     dashboard_sessions       expired (past DASHBOARD_SESSION_SECONDS; never valid after that anyway): a
                              reference table, not a project's, deleted in one walk (GLOBAL_STEPS)
 
+Then each project's live-enrollment counter (what a plan limit reads) is reconciled: its live enrollments
+are counted anew, a drift is corrected, logged (a warning with the project and both figures) and counted
+in ``whatstig_followup_live_count_drift_total{direction}``.
+
 The job runs in one process at a time (an advisory lock): another replica finds it taken and does nothing.
 It returns whether every step succeeded; ``last_job_success`` is set by the caller only then. PostgreSQL
 lost mid-run (a failover, say) cuts the run short with :class:`DatabaseUnavailable`, after the outage's one
@@ -39,7 +43,7 @@ from psycopg_pool import ConnectionPool
 from libs.common.core import outbox
 from libs.common.core.db import DATABASE, server_unavailable
 from libs.common.core.errors import DatabaseUnavailable
-from libs.common.core.metrics import RETENTION_DELETED
+from libs.common.core.metrics import FOLLOWUP_LIVE_DRIFT, RETENTION_DELETED
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
 from libs.common.platform import sessions
@@ -136,6 +140,17 @@ def _run(pool: ConnectionPool, now: Callable[[], datetime]) -> bool | None:
                 "retention step done",
                 extra={"job": "followup-retention", "step": table, "deleted": deleted},
             )
+        try:
+            for project_id in projects:
+                _reconcile_live(pool, project_id)
+        except Exception as exc:
+            if isinstance(exc, psycopg.OperationalError) and server_unavailable(exc):
+                raise
+            ok = False
+            log.exception(
+                "retention step failed",
+                extra={"job": "followup-retention", "step": "live_count", "error": repr(exc)},
+            )
         lock.execute(QUERIES["unlock"])
         lock.autocommit = False
         return ok
@@ -163,3 +178,21 @@ def _delete_all(
         if deleted < limit:
             return total
         time.sleep((time.monotonic() - started) * PAUSE_RATIO)
+
+
+def _reconcile_live(pool: ConnectionPool, project_id: uuid.UUID) -> None:
+    """Recount the project's live enrollments (a transaction of its own); a drift is corrected, logged and
+    counted."""
+    with pool.connection() as conn:
+        live, counted = transitions.recount_live(conn, project_id)
+    if live != counted:
+        FOLLOWUP_LIVE_DRIFT.labels("over" if counted > live else "under").inc(abs(counted - live))
+        log.warning(
+            "live enrollment count corrected",
+            extra={
+                "job": "followup-retention",
+                "project_id": str(project_id),
+                "live": live,
+                "counted": counted,
+            },
+        )

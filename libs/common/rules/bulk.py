@@ -9,10 +9,13 @@ refuses the opted-out and the already enrolled, as for any enrollment).
 
 **Processing** (the triggers service's ``bulk`` loop, :func:`process_chunk`): one chunk per transaction.
 The job's row is locked ``FOR UPDATE SKIP LOCKED`` for the chunk (one worker at a time moves a job on);
-the chunk's contacts go through ``enroll()`` each in a savepoint (a refusal is an outcome: ``skipped`` with
-its reason), their outcomes, the cursor and the counts are written in the same transaction. A worker
-killed at any moment loses only its uncommitted chunk, which the next worker redoes: no contact is
-enrolled twice and none is skipped. A cancel takes effect at the next chunk.
+the chunk's contacts are enrolled together by ``enroll_all()`` (a few statements for the chunk, every rule
+of ``enroll()`` applied to each contact in list order: a refusal is an outcome, ``skipped`` with its
+reason, the same as ``enroll()`` one by one would give); their outcomes, the cursor and the counts are
+written in the same transaction. Should PostgreSQL refuse a value of one contact (out of its range), the
+chunk's contacts are enrolled again each in a savepoint, that contact skipped ``error``. A worker killed at
+any moment loses only its uncommitted chunk, which the next worker redoes: no contact is enrolled twice
+and none is skipped. A cancel takes effect at the next chunk.
 
 Events: ``bulk_job.progress`` (at most one a second per job) and ``bulk_job.completed``.
 """
@@ -22,7 +25,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, get_args
 
@@ -39,12 +41,18 @@ from libs.common.core import validation
 from libs.common.core.clock import Clock
 from libs.common.core.effects import NudgeTriggers, after_commit, committed
 from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
-from libs.common.core.jobs import Failed, Failure, Fairness, Queue, Retry, run_batch, savepoint
+from libs.common.core.jobs import savepoint
 from libs.common.core.outbox import write_events
 from libs.common.core.reasons import Other, split
 from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
-from libs.common.followups.enrollments import EnrollmentRejected, EnrollmentRejection, EnrollRequest, enroll
+from libs.common.followups.enrollments import (
+    EnrollmentRejected,
+    EnrollmentRejection,
+    EnrollRequest,
+    EnrollResult,
+    enroll_all,
+)
 from libs.common.followups.sequences import get_sequence
 from libs.common.rules.conditions import SEGMENT_CONTEXT, compile_conditions, parse_segment
 
@@ -317,8 +325,9 @@ def _lock_next_job(conn: Connection[Any]) -> dict[str, Any] | None:
 def _enroll_chunk(
     conn: Connection[Any], job: dict[str, Any], items: list[tuple[Any, ...]], now: datetime
 ) -> list[dict[str, Any]]:
-    """Enroll the chunk's contacts, each in a savepoint (the job runner's); returns each one's outcome, in
-    order."""
+    """Enroll the chunk's contacts in a few statements (:func:`enroll_all`); returns each one's outcome, in
+    order. Those that cannot be enrolled (a malformed phone, an unknown contact, a missing anchor) are
+    skipped with the reason first."""
     project_id = job["project_id"]
     phones: dict[str, str | None] = {}
     for _, _, phone in items:
@@ -342,114 +351,80 @@ def _enroll_chunk(
     if key:
         ids = [c for _, c, _ in items if c is not None] + list(by_phone.values())
         anchors = dict(conn.execute(QUERIES["anchors"], {"project_id": project_id, "key": key, "ids": ids}))
-    contacts = _Contacts(conn, job, items, phones, by_phone, anchors, key, now)
-    run_batch(contacts, limit=len(items))
-    return sorted(contacts.outcomes, key=lambda outcome: int(outcome["position"]))
-
-
-#: A contact of the chunk to enroll: its position, its id and its anchor.
-_ToEnroll = tuple[int, uuid.UUID, datetime | None]
-
-
-class _Contacts(Queue[_ToEnroll, Connection[Any]]):
-    """A chunk's contacts as a queue: each enrolled in a savepoint of the chunk's transaction. A refusal is
-    an outcome (``skipped`` with its reason); an error of the contact's own data (a due time out of range,
-    ...) skips it ``error`` at once (no retry), so it does not wedge the job; any other error rolls the chunk
-    back to be redone."""
-
-    retry = Retry(max_attempts=1)
-    refusals = (FollowupsError,)
-    item_errors = (OverflowError, ValueError, psycopg.DataError)
-
-    def __init__(
-        self,
-        conn: Connection[Any],
-        job: dict[str, Any],
-        items: list[tuple[Any, ...]],
-        phones: dict[str, str | None],
-        by_phone: dict[str, uuid.UUID],
-        anchors: dict[uuid.UUID, Any],
-        key: str,
-        now: datetime,
-    ) -> None:
-        self.conn = conn
-        self.job = job
-        self.items = items
-        self.phones = phones
-        self.by_phone = by_phone
-        self.anchors = anchors
-        self.key = key
-        self.now = now
-        #: Each contact's outcome in the chunk.
-        self.outcomes: list[dict[str, Any]] = []
-
-    def claim(self, limit: int, fairness: Fairness) -> list[_ToEnroll]:
-        """The chunk's contacts to enroll; those that cannot be (a malformed phone, an unknown contact, a
-        missing anchor) are skipped with the reason here."""
-        chosen: list[_ToEnroll] = []
-        for position, contact_id, phone in self.items[:limit]:
-            if phone is not None:
-                normalized = self.phones[phone]
-                if normalized is None:
-                    self._skip(position, "invalid_phone")
-                    continue
-                contact_id = self.by_phone.get(normalized)
-            if contact_id is None:
-                self._skip(position, "unknown_contact")
+    outcomes: list[dict[str, Any]] = []
+    chosen: list[tuple[int, EnrollRequest]] = []
+    for position, contact_id, phone in items:
+        if phone is not None:
+            normalized = phones[phone]
+            if normalized is None:
+                outcomes.append(_outcome(position, "invalid_phone"))
                 continue
-            anchor_at = self.job["anchor_at"]
-            if self.key:
-                anchor_at = _anchor(self.anchors.get(contact_id))
-                if anchor_at is None:
-                    self._skip(position, "missing_anchor")
-                    continue
-            chosen.append((position, contact_id, anchor_at))
-        return chosen
-
-    def isolate(self) -> AbstractContextManager[Connection[Any]]:
-        return savepoint(self.conn)
-
-    def outside(self) -> AbstractContextManager[Connection[Any]]:
-        return nullcontext(self.conn)  # an outcome is kept in memory, written with the chunk
-
-    def run(self, ctx: Connection[Any], item: _ToEnroll) -> Failed | None:
-        position, contact_id, anchor_at = item
+            contact_id = by_phone.get(normalized)
+        if contact_id is None:
+            outcomes.append(_outcome(position, "unknown_contact"))
+            continue
+        anchor_at = job["anchor_at"]
+        if key:
+            anchor_at = _anchor(anchors.get(contact_id))
+            if anchor_at is None:
+                outcomes.append(_outcome(position, "missing_anchor"))
+                continue
         request = EnrollRequest(
             contact_id=contact_id,
-            sequence_id=self.job["sequence_id"],
-            variables=self.job["variables"],
+            sequence_id=job["sequence_id"],
+            variables=job["variables"],
             anchor_at=anchor_at,
         )
-        enroll(ctx, self.job["project_id"], request, now=self.now, source="bulk")
-        self.outcomes.append({"position": position, "outcome": "enrolled", "reason": None})
+        chosen.append((position, request))
+    for (position, request), result in zip(
+        chosen, _enroll_all(conn, job, [r for _, r in chosen], now), strict=True
+    ):
+        outcomes.append(_outcome(position, _skip_reason(job, request, result)))
+    return sorted(outcomes, key=lambda outcome: int(outcome["position"]))
+
+
+def _enroll_all(
+    conn: Connection[Any], job: dict[str, Any], requests: list[EnrollRequest], now: datetime
+) -> list[EnrollResult | psycopg.DataError]:
+    """The requests enrolled together in a savepoint; should a statement refuse the data of one of them (a
+    value out of PostgreSQL's range), each again in a savepoint of its own, so that the contact's error is
+    its outcome and does not wedge the job."""
+    try:
+        with savepoint(conn):
+            return list(enroll_all(conn, job["project_id"], requests, now=now, source="bulk"))
+    except psycopg.DataError:
+        pass
+    results: list[EnrollResult | psycopg.DataError] = []
+    for request in requests:
+        try:
+            with savepoint(conn):
+                results += enroll_all(conn, job["project_id"], [request], now=now, source="bulk")
+        except psycopg.DataError as error:
+            results.append(error)
+    return results
+
+
+def _skip_reason(
+    job: dict[str, Any], request: EnrollRequest, result: EnrollResult | psycopg.DataError
+) -> BulkSkipReason | None:
+    """Why a contact was skipped (None: enrolled): ``enroll()``'s refusal, or an error of its own data."""
+    if isinstance(result, tuple):
         return None
+    if isinstance(result, EnrollmentRejected):
+        return result.code
+    if isinstance(result, NotFound):  # the contact was deleted since the job was created
+        return "unknown_contact"
+    if isinstance(result, FollowupsError):  # a value enroll() refuses (InvalidInput)
+        return "invalid"
+    log.warning(
+        "bulk job contact failed",
+        extra={"job_id": str(job["id"]), "contact_id": str(request.contact_id), "error": repr(result)},
+    )
+    return "error"
 
-    def refused(self, ctx: Connection[Any], item: _ToEnroll, refusal: Exception) -> None:
-        reason: BulkSkipReason
-        if isinstance(refusal, EnrollmentRejected):
-            reason = refusal.code
-        elif isinstance(refusal, NotFound):  # the contact was deleted since the job was created
-            reason = "unknown_contact"
-        else:  # a value enroll() refuses (InvalidInput)
-            reason = "invalid"
-        self._skip(item[0], reason)
 
-    def attempt(self, item: _ToEnroll) -> int:
-        return 1
-
-    def record(self, ctx: Connection[Any], item: _ToEnroll, failure: Failure) -> bool:
-        log.warning(
-            "bulk job contact failed",
-            extra={"job_id": str(self.job["id"]), "contact_id": str(item[1]), "error": repr(failure.error)},
-        )
-        self._skip(item[0], "error")
-        return True
-
-    def describe(self, item: _ToEnroll) -> dict[str, Any]:
-        return {"job_id": str(self.job["id"]), "contact_id": str(item[1])}
-
-    def _skip(self, position: int, reason: BulkSkipReason) -> None:
-        self.outcomes.append({"position": position, "outcome": "skipped", "reason": reason})
+def _outcome(position: int, reason: BulkSkipReason | None) -> dict[str, Any]:
+    return {"position": position, "outcome": "enrolled" if reason is None else "skipped", "reason": reason}
 
 
 def _anchor(raw: Any) -> datetime | None:
