@@ -22,6 +22,10 @@ attributes, nested any/all groups) and cheap actions (a label, a tag, a private 
    (`neighbour_cold_p99_ms`); from when every worker has committed its first batch of B's triggers, for S
    more seconds, it is `neighbour_p99_ms`.
 
+``--profile``: afterwards, ``--profile-events`` (5,000) more events are recorded and drained by W workers
+under cProfile; the 15 heaviest functions of their merged profile (by cumulative time) are printed. The
+figures are the unprofiled runs' only.
+
 The last line is `triggers: events_per_s=<n> matched_per_s=<n> p99_ms_event_to_action=<n>
 neighbour_p99_ms=<n> neighbour_cold_p99_ms=<n>`.
 """
@@ -29,10 +33,15 @@ neighbour_p99_ms=<n> neighbour_cold_p99_ms=<n>`.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import math
 import multiprocessing
+import os
+import pstats
 import random
 import statistics
+import tempfile
 import threading
 import time
 import uuid
@@ -304,10 +313,15 @@ class _Producer:
         self.pool.close()
 
 
-def _worker(url: str, ready: Any, go: Any, stop: Any, results: Any, idle_exit: bool) -> None:
+def _worker(
+    url: str, ready: Any, go: Any, stop: Any, results: Any, idle_exit: bool, profile: str | None
+) -> None:
     pool = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=1))
     ready.release()
     go.wait()
+    profiler = cProfile.Profile() if profile is not None else None
+    if profiler is not None:
+        profiler.enable()
     finished: list[tuple[int, float]] = []
     while not stop.is_set():
         processed = process_triggers(pool, SYSTEM_CLOCK, limit=100)
@@ -317,17 +331,28 @@ def _worker(url: str, ready: Any, go: Any, stop: Any, results: Any, idle_exit: b
             if idle_exit:
                 break
             time.sleep(0.005)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(f"{profile}.{os.getpid()}")
     results.put(finished)
     pool.close()
 
 
 def _run_workers(
-    url: str, workers: int, *, idle_exit: bool, during: Any = None, by_worker: list[Any] | None = None
+    url: str,
+    workers: int,
+    *,
+    idle_exit: bool,
+    during: Any = None,
+    by_worker: list[Any] | None = None,
+    profile: str | None = None,
 ) -> tuple[float, list[tuple[int, float]]]:
+    """Run ``workers`` worker processes until they find nothing to do (``idle_exit``) or ``during`` has
+    returned; with ``profile``, each dumps its cProfile stats to ``<profile>.<pid>``."""
     context = multiprocessing.get_context("spawn")
     ready, go, stop, results = context.Semaphore(0), context.Event(), context.Event(), context.Queue()
     processes = [
-        context.Process(target=_worker, args=(url, ready, go, stop, results, idle_exit))
+        context.Process(target=_worker, args=(url, ready, go, stop, results, idle_exit, profile))
         for _ in range(workers)
     ]
     start_all(processes, ready)
@@ -357,6 +382,8 @@ def main() -> None:
     parser.add_argument(
         "--neighbour-seconds", type=int, default=15, help="length of the stream beside the noisy neighbour"
     )
+    parser.add_argument("--profile", action="store_true", help="profile a further drain (cProfile)")
+    parser.add_argument("--profile-events", type=int, default=5_000, help="events of the profiled drain")
     args = parser.parse_args()
 
     print(
@@ -383,6 +410,8 @@ def main() -> None:
         events_per_s = args.events / elapsed
         matched_per_s = executed[0] / elapsed
         print(f"  drained in {elapsed:.2f} s: {events_per_s:.0f} events/s, {matched_per_s:.0f} rule runs/s")
+        if args.profile:
+            _profile(url, producer, args.profile_events, args.workers)
 
         with psycopg.connect(url) as conn:
             first_new = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM followup_triggers").fetchone()[0]  # type: ignore[index]
@@ -407,6 +436,24 @@ def main() -> None:
         f" p99_ms_event_to_action={p99:.0f} neighbour_p99_ms={neighbour_p99:.0f}"
         f" neighbour_cold_p99_ms={cold_p99:.0f}"
     )
+
+
+def _profile(url: str, producer: _Producer, events: int, workers: int) -> None:
+    """Record ``events`` more events, drain them with ``workers`` profiled workers and print the 15
+    heaviest functions of their merged profile, by cumulative time."""
+    for _ in range(events):
+        producer.one()
+    with tempfile.TemporaryDirectory() as directory:
+        prefix = os.path.join(directory, "worker")
+        elapsed, _ = _run_workers(url, workers, idle_exit=True, profile=prefix)
+        dumps = [os.path.join(directory, name) for name in os.listdir(directory)]
+        out = io.StringIO()
+        stats = pstats.Stats(*dumps, stream=out)
+    stats.sort_stats("cumulative").print_stats(15)
+    rate = events / elapsed
+    print(f"  profiled drain: {events} events in {elapsed:.2f} s ({rate:.0f} events/s under cProfile)")
+    print("  cProfile of the workers, 15 heaviest by cumulative time:")
+    print("\n".join("    " + line for line in out.getvalue().splitlines() if line.strip()))
 
 
 def _occurred(url: str, first_new: int, project_id: uuid.UUID | None) -> list[tuple[int, float]]:

@@ -143,6 +143,31 @@ def test_a_savepoint_rolled_back_drops_only_its_own_effects(runtime: Runtime) ->
     assert seen.ran == ["before", "kept", "after"]
 
 
+def test_a_savepoint_sent_in_a_pipeline_rolls_back_with_only_the_effects_registered_since_it_opened(
+    runtime: Runtime,
+) -> None:
+    seen, table = Seen(), marker_table()
+    with effects.transaction(runtime) as conn:
+        conn.execute(f"CREATE TABLE {table} (id int)")
+        effects.after_commit(conn, Record("before", seen, marker=table))
+        point = effects.Savepoint(conn, "attempt")
+        with conn.pipeline():  # its SAVEPOINT goes out with the insert
+            point.open()
+            conn.execute(f"INSERT INTO {table} VALUES (1)")
+        effects.after_commit(conn, Record("inside", seen, marker=table))
+        point.rollback()
+        # opened again, released with the statement after it
+        point.open()
+        effects.after_commit(conn, Record("kept", seen, marker=table))
+        with conn.pipeline():
+            conn.execute(f"INSERT INTO {table} VALUES (2)")
+            point.release()
+    # The rolled-back insert and the effect registered inside it are gone; the others ran after the commit
+    assert seen.ran == ["before", "kept"]
+    assert seen.committed == [True, True]
+    assert rows(runtime.pool, f"SELECT id FROM {table}") == [(2,)]
+
+
 def test_a_rolled_back_block_keeps_nothing_it_wrote_nor_registered(
     runtime: Runtime, project: Project
 ) -> None:
@@ -329,6 +354,34 @@ def test_a_rule_that_enrolls_nudges_the_release_service_once_its_trigger_committ
         {"project_id": str(project.id), "enrollment_id": str(enrollment_id)}
     ]
     assert seen == [1]
+
+
+def test_a_rule_refused_after_one_that_enrolled_keeps_one_enrollment_and_one_nudge(
+    client: TestClient[Any], runtime: Runtime, project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a rule that enrolls every new contact, then one that labels its conversation (it has none)
+    enrolling_rule(client)
+    create_rule(client, "contact.created", [{"type": "add_label", "labels": ["never"]}])
+    new_contact(client)
+    seen = nudged_when_committed(runtime, monkeypatch)
+    again = "followups_trigger_rules_run_again_total"
+    before = REGISTRY.get_sample_value(again, {"type": "contact.created"}) or 0.0
+    # When its trigger is processed: the rules run together, the refusal rolls them back, and they run
+    # again one by one (counted)
+    processed = triggers.process_triggers(runtime.pool, runtime.clock, runtime=runtime)
+    assert REGISTRY.get_sample_value(again, {"type": "contact.created"}) == before + 1
+    # Then the contact is enrolled once, the release service nudged once after the commit, each rule's run
+    # recorded once
+    assert processed.outcomes == {("contact.created", "executed"): 1, ("contact.created", "rejected"): 1}
+    [(enrollment_id,)] = rows(runtime.pool, "SELECT id FROM followup_enrollments")
+    assert sent(runtime, actors.RELEASE_NUDGE) == [
+        {"project_id": str(project.id), "enrollment_id": str(enrollment_id)}
+    ]
+    assert seen == [1]
+    assert sorted(rows(runtime.pool, "SELECT outcome, detail FROM rule_runs")) == [
+        ("executed", None),
+        ("rejected", "no_conversation"),
+    ]
 
 
 def test_a_trigger_rolled_back_or_a_rule_that_failed_nudges_nobody(

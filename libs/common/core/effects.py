@@ -10,8 +10,9 @@ that owns the connection, once, after COMMIT succeeded (Django's ``transaction.o
 - **Never before the commit, never after a rollback.** An exception out of the block, or a COMMIT that
   fails, drops what was registered; a savepoint opened with :func:`savepoint` that rolls back drops what
   was registered inside it, and only that (a plain ``conn.transaction()`` does not know of effects: a
-  savepoint whose block may register one is opened with :func:`savepoint`); one opened with
-  :func:`rolled_back` always rolls back and drops them.
+  savepoint whose block may register one is opened with :func:`savepoint`, or with :class:`Savepoint`
+  when its commands ride in the caller's pipelines); one opened with :func:`rolled_back` always rolls back
+  and drops them.
 - **Once per transaction.** Effects with the same :attr:`Effect.key` run once: a nudge wakes a loop, so
   a bulk that makes 500 enrollments due sends one release nudge for the project, not 500.
 - **Never an error.** An effect that fails is logged (``after-commit effect failed``); the change stays
@@ -37,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from psycopg import Connection
+from psycopg import Connection, sql
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts import actors
@@ -151,15 +152,37 @@ def discard(conn: Connection[Any]) -> None:
 def savepoint(conn: Connection[Any]) -> Iterator[None]:
     """A savepoint (``conn.transaction()``) whose rollback also drops the effects registered inside it;
     those registered before it are kept, and those registered again inside it too."""
-    registered = _pending(conn)
-    mark = len(registered)
+    mark = _mark(conn)
     with conn.transaction():
         try:
             yield
         except BaseException:  # psycopg's Rollback included: the savepoint is rolled back either way
-            for key in list(registered)[mark:]:
-                del registered[key]
+            _drop_since(conn, mark)
             raise
+
+
+class Savepoint:
+    """A savepoint whose commands go out with the caller's statements: :meth:`open` and :meth:`release`
+    send theirs as the next statement of ``conn``, so in pipeline mode they are queued with the statements
+    around them and cost no round trip of their own (``conn.transaction()`` syncs the pipeline at both
+    ends). :meth:`rollback` rolls the savepoint back, with the effects registered since it was opened (as
+    :func:`savepoint` does); the caller decides what follows. Not released, it ends with the transaction."""
+
+    def __init__(self, conn: Connection[Any], name: str) -> None:
+        self.conn = conn
+        self.name = sql.Identifier(name)
+        self.mark = 0
+
+    def open(self) -> None:
+        self.mark = _mark(self.conn)
+        self.conn.execute(sql.SQL("SAVEPOINT {}").format(self.name))
+
+    def release(self) -> None:
+        self.conn.execute(sql.SQL("RELEASE SAVEPOINT {}").format(self.name))
+
+    def rollback(self) -> None:
+        self.conn.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(self.name))
+        _drop_since(self.conn, self.mark)
 
 
 @contextmanager
@@ -167,14 +190,12 @@ def rolled_back(conn: Connection[Any]) -> Iterator[None]:
     """A savepoint (or a transaction, on a connection outside one) that is always rolled back, however its
     block ends: nothing written inside it survives, and the effects registered inside it are dropped (a
     dry run)."""
-    registered = _pending(conn)
-    mark = len(registered)
+    mark = _mark(conn)
     try:
         with conn.transaction(force_rollback=True):
             yield
     finally:
-        for key in list(registered)[mark:]:
-            del registered[key]
+        _drop_since(conn, mark)
 
 
 @contextmanager
@@ -209,6 +230,18 @@ def run(runtime: Runtime, effects: list[Effect]) -> None:
             effect.run(runtime)
         except Exception:
             log.exception("after-commit effect failed", extra={"effect": repr(effect)})
+
+
+def _mark(conn: Connection[Any]) -> int:
+    """How many effects are registered on ``conn`` now (where a savepoint begins)."""
+    return len(_pending(conn))
+
+
+def _drop_since(conn: Connection[Any], mark: int) -> None:
+    """Drop the effects registered on ``conn`` after ``mark`` (its savepoint rolled back)."""
+    registered = _pending(conn)
+    for key in list(registered)[mark:]:
+        del registered[key]
 
 
 def _pending(conn: Connection[Any]) -> dict[Hashable, Effect]:

@@ -189,7 +189,9 @@ def claim_in_turns(
     ``project_id`` and ``share`` added to ``params`` (a statement naming one project: routed to one shard on
     Citus), every claim in one pipeline (one round trip). Rows come in the projects' order. ``prepare``
     False: the claims are never prepared statements (:func:`~libs.common.core.db.fetch_each`)."""
-    turns = conn.execute(shares, params).fetchall()
+    with conn.pipeline():  # the transaction's BEGIN goes with the read
+        found = conn.execute(shares, params)
+    turns = found.fetchall()
     each = [params | {"project_id": project_id, "share": share} for project_id, share in turns]
     return fetch_each(conn, claim, each, row_factory, prepare=prepare)
 

@@ -44,6 +44,11 @@ FOLLOWUP_TRIGGERS: Final = Counter(
     "Rule triggers processed, by type and outcome.",
     ["type", "outcome"],
 )
+TRIGGER_RULES_RUN_AGAIN: Final = Counter(
+    "followups_trigger_rules_run_again_total",
+    "Leased triggers whose rules, run together first, ran again one by one (one was refused or failed).",
+    ["type"],
+)
 RULE_EXECUTIONS: Final = Counter(
     "whatstig_rule_executions_total",
     "Delayed rule executions the sweep finished, by outcome (executed, skipped, retry) and reason.",

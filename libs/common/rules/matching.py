@@ -58,13 +58,30 @@ def match(
     left out. A statement binds only the project and the triggers' ids, whatever the number of leaves
     (PostgreSQL binds at most 65,535 parameters), and its text stays the same while the rules do, so it is
     prepared once per connection instead of parsed and planned on every batch."""
-    if not predicates:
+    return matched(ids, send_match(conn, project_id, ids, predicates))
+
+
+def send_match(
+    conn: Connection[Any], project_id: uuid.UUID, ids: list[int], predicates: list[str]
+) -> list[RawCursor[Any]]:
+    """:func:`match`'s statements sent, each on a cursor of its own: in pipeline mode they are queued with
+    the caller's statements (one round trip for all); :func:`matched` reads them."""
+    cursors = []
+    for chunk in _chunks(predicates) if predicates else []:
+        cur = RawCursor(conn)
+        cur.execute(matching_statement(chunk).encode(), [project_id, ids], prepare=True)
+        cursors.append(cur)
+    return cursors
+
+
+def matched(ids: list[int], cursors: list[RawCursor[Any]]) -> dict[int, list[bool]]:
+    """What the statements :func:`send_match` sent for ``ids`` found (see :func:`match`); closes them."""
+    if not cursors:
         return {}
     results: dict[int, list[bool]] = {i: [] for i in ids}
-    for chunk in _chunks(predicates):
-        query = matching_statement(chunk)
-        with RawCursor(conn) as cur:
-            found = dict(cur.execute(query.encode(), [project_id, ids], prepare=True).fetchall())
+    for cur in cursors:
+        with cur:
+            found = dict(cur.fetchall())
         for trigger_id in list(results):
             if trigger_id in found:
                 results[trigger_id] += found[trigger_id]

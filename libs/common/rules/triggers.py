@@ -10,10 +10,16 @@ on by the triggers service.
    (its rules' conditions matched in prepared statements: :mod:`libs.common.rules.matching`; a group that
    fails is settled trigger by trigger, and the trigger that fails alone backs off alone; a group whose
    big rule set is still compiling in the background waits, due as it was), and runs each matching rule's
-   actions in a SAVEPOINT of its own (each trigger in a transaction of its own). A business refusal is an
-   outcome (``rejected``); an unexpected error rolls the rule back and retries the trigger with backoff,
-   skipping the rules that already ran (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS`
-   (``failed``).
+   actions as if in a SAVEPOINT of its own (each trigger in a transaction of its own): a trigger's rules
+   run together under one savepoint first, and one by one in savepoints of their own only when one of
+   them is refused or fails (:func:`_run`). A business refusal is an outcome (``rejected``); an unexpected
+   error rolls the rule back and retries the trigger with backoff, skipping the rules that already ran
+   (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS` (``failed``).
+
+Round trips are what a trigger costs (each one a wake-up of the database's backend and of the worker): a
+group's reads go out together and so do its writes; a leased trigger's transaction is one round trip for
+its BEGIN, the lease's lock, the rules' savepoint, their runs and the trigger's mark, then its actions' own
+statements, then the COMMIT.
 
 Each trigger is counted in ``whatstig_followup_triggers_total{type,outcome}`` once the batch committed, per
 rule it met: ``executed``, ``rejected``, ``not_matched``, ``delayed``; per trigger: ``no_rule`` (no active
@@ -35,7 +41,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
-from libs.common.core.effects import NudgeTriggers, after_commit, savepoint
+from libs.common.core.effects import NudgeTriggers, Savepoint, after_commit, savepoint
 from libs.common.core.jobs import (
     STANDARD_BACKOFF,
     Failed,
@@ -47,14 +53,14 @@ from libs.common.core.jobs import (
     claim_in_turns,
     run_batch,
 )
-from libs.common.core.metrics import FOLLOWUP_TRIGGERS
+from libs.common.core.metrics import FOLLOWUP_TRIGGERS, TRIGGER_RULES_RUN_AGAIN
 from libs.common.core.reasons import stored
 from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, RuleRefusal, Subject, refusal_of, run_actions
 from libs.common.rules.executions import ToSchedule, schedule
-from libs.common.rules.matching import match
+from libs.common.rules.matching import matched, send_match
 from libs.common.rules.rules import RULES, ActiveRule, RuleRunOutcome
 
 log = logging.getLogger(__name__)
@@ -245,10 +251,12 @@ def _settle(conn: Connection[Any], group: list[_Claimed], batch: _Batch) -> list
     statement's included), each trigger is settled alone, and the one that fails alone is backed off alone
     (or given up): one project's failing match never holds up another's triggers, nor its own other ones."""
     outcomes: Counter[tuple[str, str]] = Counter()
+    settling = Savepoint(conn, "settle")
+    settling.open()
     try:
-        with savepoint(conn):
-            to_run = _settle_group(conn, group, batch, outcomes)
+        to_run = _settle_group(conn, group, batch, outcomes, settling)
     except Exception as exc:
+        settling.rollback()
         if len(group) > 1:
             return [item for trigger in group for item in _settle(conn, [trigger], batch)]
         trigger = group[0]
@@ -263,35 +271,49 @@ def _settle(conn: Connection[Any], group: list[_Claimed], batch: _Batch) -> list
 
 
 def _settle_group(
-    conn: Connection[Any], group: list[_Claimed], batch: _Batch, outcomes: Counter[tuple[str, str]]
+    conn: Connection[Any],
+    group: list[_Claimed],
+    batch: _Batch,
+    outcomes: Counter[tuple[str, str]],
+    settling: Savepoint,
 ) -> list[_ToRun] | None:
+    """:func:`_settle`'s work in its savepoint ``settling``, released with the group's last writes. Its
+    reads go out together (one round trip), and so do its writes."""
     project_id, kind, now = group[0].project_id, group[0].type, batch.now
     rules = RULES.ready(conn, project_id, kind, batch.pool)
     if rules is None:
+        settling.release()
         return None  # compiled in the background meanwhile: the group waits for a later batch, due as it was
     ids = [t.id for t in group]
-    params = {"project_id": project_id, "ids": ids}
-    already = {(t, r) for t, r in conn.execute(QUERIES["already_run"], params).fetchall()}
-    matched = match(conn, project_id, ids, [rule.literal for rule in rules])
+    with conn.pipeline():
+        done_before = conn.execute(QUERIES["already_run"], {"project_id": project_id, "ids": ids})
+        matching = send_match(conn, project_id, ids, [rule.literal for rule in rules])
+    already = {(t, r) for t, r in done_before.fetchall()}
+    matches = matched(ids, matching)
     to_run: list[_ToRun] = []
     delayed: list[ToSchedule] = []
     for trigger in group:
-        chosen = _to_run(trigger, rules, matched, already, delayed, outcomes)
+        chosen = _to_run(trigger, rules, matches, already, delayed, outcomes)
         if chosen:
             to_run.append((trigger, chosen))
+    runs: list[dict[str, Any]] = []
     if delayed:
         recorded = schedule(conn, project_id, delayed, now=now)
         runs = [
             _rule_run({"trigger_id": item.subject.trigger_id, "rule_id": str(item.rule.id)}, "scheduled")
             for item in recorded
         ]
-        conn.execute(QUERIES["insert_rule_runs"], {"project_id": project_id, "runs": Jsonb(runs), "now": now})
     running = [trigger.id for trigger, _ in to_run]
     settled = [t.id for t in group if t.id not in running]
-    if settled:
-        conn.execute(QUERIES["mark_processed"], {"project_id": project_id, "ids": settled, "now": now})
-    if running:
-        conn.execute(QUERIES["lease"], {"project_id": project_id, "ids": running, "until": batch.until})
+    project = {"project_id": project_id, "now": now}
+    with conn.pipeline():
+        if runs:
+            conn.execute(QUERIES["insert_rule_runs"], project | {"runs": Jsonb(runs)})
+        if settled:
+            conn.execute(QUERIES["mark_processed"], project | {"ids": settled})
+        if running:
+            conn.execute(QUERIES["lease"], {"project_id": project_id, "ids": running, "until": batch.until})
+        settling.release()
     return to_run
 
 
@@ -338,6 +360,15 @@ def _subject(trigger: _Claimed) -> Subject:
     )
 
 
+@dataclass(frozen=True)
+class _RuleRan:
+    """What one rule did with a trigger: its actions ran (``done``), or were refused (``refusal``)."""
+
+    rule: ActiveRule
+    done: Done | None = None
+    refusal: Exception | None = None
+
+
 def _run(
     conn: Connection[Any],
     trigger: _Claimed,
@@ -346,42 +377,108 @@ def _run(
     processed: Processed,
     now: datetime,
 ) -> Failed | None:
-    """Run the rules' actions for one leased trigger, each rule in a savepoint, then mark it processed; a
-    rule that fails unexpectedly ends the attempt (:class:`Failed`): the rules that ran are kept and not run
-    again when it is retried."""
+    """Run the rules' actions for one leased trigger, each rule as if in a savepoint of its own, then mark
+    it processed; a rule that fails unexpectedly ends the attempt (:class:`Failed`): the rules that ran are
+    kept and not run again when it is retried.
+
+    On the bet that every rule executes (the common case), the transaction's first round trip is its BEGIN,
+    the lease's lock, a savepoint, and the rule runs (``executed``) with the trigger's mark; then the rules'
+    actions run together, with no savepoint of their own. Should the lease be lost, or any rule be refused
+    or fail, that savepoint is rolled back (the runs and the mark with it); the rules then run again one by
+    one, each in a savepoint of its own (:func:`_run_each`), and what they did is written after them. What
+    is kept is always what rules run one by one would keep."""
     lease = {"project_id": trigger.project_id, "id": trigger.id, "until": until, "attempts": trigger.attempts}
-    if conn.execute(QUERIES["lock_leased"], lease).fetchone() is None:
+    executed = [_RuleRan(rule, done=Done()) for rule in rules]
+    together = Savepoint(conn, "rules")
+    with conn.pipeline():
+        locked = conn.execute(QUERIES["lock_leased"], lease)
+        together.open()
+        _write_runs(conn, trigger, [_row(trigger, item) for item in executed], processed=True, now=now)
+    if locked.fetchone() is None:
+        together.rollback()
         return None  # processed meanwhile, or taken over by another worker after the lease ran out
-    context = {"trigger_id": trigger.id, "project_id": str(trigger.project_id), "event_type": trigger.type}
     subject = _subject(trigger)
-    runs: list[dict[str, Any]] = []
     failed: Failed | None = None
+    try:
+        ran = [
+            _RuleRan(rule, done=run_actions(conn, rule.id, rule.actions, subject, now=now)) for rule in rules
+        ]
+    except Exception as exc:  # a refusal or a failure: each rule again in a savepoint of its own
+        together.rollback()
+        TRIGGER_RULES_RUN_AGAIN.labels(trigger.type).inc()
+        log.debug(
+            "rules run again one by one",
+            extra={"trigger_id": trigger.id, "project_id": str(trigger.project_id), "error": repr(exc)},
+        )
+        ran, failed = _run_each(conn, rules, subject, now)
+        with conn.pipeline():
+            _write_runs(
+                conn, trigger, [_row(trigger, item) for item in ran], processed=failed is None, now=now
+            )
+    for item in ran:
+        _count(trigger, item, processed)
+    return failed
+
+
+def _write_runs(
+    conn: Connection[Any], trigger: _Claimed, runs: list[dict[str, Any]], *, processed: bool, now: datetime
+) -> None:
+    """Write the trigger's rule runs, and mark it processed when it is."""
+    project = {"project_id": trigger.project_id, "now": now}
+    if runs:
+        conn.execute(QUERIES["insert_rule_runs"], project | {"runs": Jsonb(runs)})
+    if processed:
+        conn.execute(QUERIES["mark_processed"], project | {"ids": [trigger.id]})
+
+
+def _run_each(
+    conn: Connection[Any], rules: list[ActiveRule], subject: Subject, now: datetime
+) -> tuple[list[_RuleRan], Failed | None]:
+    """Run each rule's actions in a savepoint of its own: a business refusal is the rule's outcome and the
+    next rule runs; an unexpected error ends the attempt (:class:`Failed`, about that rule)."""
+    ran: list[_RuleRan] = []
     for rule in rules:
-        run = {"trigger_id": trigger.id, "rule_id": str(rule.id)}
         try:
             with savepoint(conn):  # a rule rolled back drops its after-commit effects too
                 done = run_actions(conn, rule.id, rule.actions, subject, now=now)
         except BUSINESS_ERRORS as refusal:
-            reason, detail = refusal_of(refusal)
-            runs.append(_rule_run(run, "rejected", reason, detail))
-            processed.outcomes[(trigger.type, "rejected")] += 1
-            log.info("rule rejected", extra=context | {"rule_id": str(rule.id), "reason": reason})
+            ran.append(_RuleRan(rule, refusal=refusal))
             continue
         except Exception as exc:
-            failed = Failed(exc, about=rule)
-            break
-        runs.append(_rule_run(run, "executed"))
-        processed.outcomes[(trigger.type, "executed")] += 1
-        processed.done.webhook_delivery_ids += done.webhook_delivery_ids
-        processed.done.message_ids += done.message_ids
-        processed.done.stopped += done.stopped
-        log.info("rule executed", extra=context | {"rule_id": str(rule.id)})
-    project = {"project_id": trigger.project_id, "now": now}
-    if runs:
-        conn.execute(QUERIES["insert_rule_runs"], project | {"runs": Jsonb(runs)})
-    if failed is None:
-        conn.execute(QUERIES["mark_processed"], project | {"ids": [trigger.id]})
-    return failed
+            return ran, Failed(exc, about=rule)
+        ran.append(_RuleRan(rule, done=done))
+    return ran, None
+
+
+def _row(trigger: _Claimed, item: _RuleRan) -> dict[str, Any]:
+    """A rule's run for ``trigger`` as its row of ``rule_runs``."""
+    run = {"trigger_id": trigger.id, "rule_id": str(item.rule.id)}
+    if item.done is None:
+        assert item.refusal is not None
+        reason, detail = refusal_of(item.refusal)
+        return _rule_run(run, "rejected", reason, detail)
+    return _rule_run(run, "executed")
+
+
+def _count(trigger: _Claimed, item: _RuleRan, processed: Processed) -> None:
+    """A rule's run for ``trigger`` counted, logged and kept in ``processed``."""
+    context = {
+        "trigger_id": trigger.id,
+        "project_id": str(trigger.project_id),
+        "event_type": trigger.type,
+        "rule_id": str(item.rule.id),
+    }
+    if item.done is None:
+        assert item.refusal is not None
+        reason, _ = refusal_of(item.refusal)
+        processed.outcomes[(trigger.type, "rejected")] += 1
+        log.info("rule rejected", extra=context | {"reason": reason})
+        return
+    processed.outcomes[(trigger.type, "executed")] += 1
+    processed.done.webhook_delivery_ids += item.done.webhook_delivery_ids
+    processed.done.message_ids += item.done.message_ids
+    processed.done.stopped += item.done.stopped
+    log.info("rule executed", extra=context)
 
 
 def _rule_run(
