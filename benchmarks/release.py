@@ -320,6 +320,11 @@ _CONSTANTS = {
     "reason": "NULL",
     "data": "'{}'::jsonb",
     "followup_step_index": "0",
+    "sequence_version": "NULL",
+    "campaign_id": "NULL",
+    "rule_id": "NULL",
+    "rule_execution_id": "NULL",
+    "values": "NULL",
 }
 
 #: The types of the values carried from one statement's results to the next (pgbench passes text).
@@ -350,6 +355,7 @@ def _pgbench_statement(sql: str, gset: bool = False, **overrides: str) -> str:
         return f"NULLIF(:{name}, '')::{_TYPES[name]}"
 
     body = re.sub(r"%\((\w+)\)s", substitute, sql)
+    body = re.sub(r"--[^\n]*", "", body)  # a comment at a line's end would swallow the rest once joined
     body = " ".join(line.strip() for line in body.splitlines() if line.strip())
     return body + (" \\gset" if gset else ";")
 
@@ -469,13 +475,7 @@ def _pgbench(
             script.name,
             "-D",
             f"project_id={project[0]}",
-            "-h",
-            parts.hostname or "127.0.0.1",
-            "-p",
-            str(parts.port or 5432),
-            "-U",
-            parts.username or "postgres",
-            parts.path.lstrip("/"),
+            url,  # the whole URL: a server on a socket (the embedded one's ?host=) too
         ],
         capture_output=True,
         text=True,

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from litestar.routes import HTTPRoute
 
+from libs.common.core.runtime import Runtime
 from services.api.app import create_app
 from tests.conftest import UNBOUND, Project
+from tests.rule_helpers import process
 
 if TYPE_CHECKING:  # the dev extra installs playwright; the browser tests skip without it
     from playwright.sync_api import APIRequestContext
@@ -38,8 +40,9 @@ def _created(api: APIRequestContext, project: Project, path: str, body: dict[str
     return response.json()
 
 
-def seed_every_kind(api: APIRequestContext, project: Project) -> dict[str, str]:
-    """One of everything a page shows, with long names (what makes a page wide): path parameter -> value."""
+def seed_every_kind(api: APIRequestContext, project: Project, runtime: Runtime) -> dict[str, str]:
+    """One of everything a page shows, with long names (what makes a page wide): path parameter -> value.
+    The triggers service runs the rule once (``run_id``)."""
     contact = _created(
         api,
         project,
@@ -71,6 +74,9 @@ def seed_every_kind(api: APIRequestContext, project: Project) -> dict[str, str]:
             ],
         },
     )
+    _created(api, project, f"/v1/contacts/{contact['id']}/tags", {"tags": ["tagged-by-the-seed"]})
+    process(runtime)
+    runs = api.get(f"/v1/rules/{rule['id']}/runs", headers=project.headers).json()["items"]
     job = _created(
         api, project, "/v1/bulk-enrollments", {"sequence_id": sequence["id"], "contact_ids": [contact["id"]]}
     )
@@ -81,5 +87,6 @@ def seed_every_kind(api: APIRequestContext, project: Project) -> dict[str, str]:
         "enrollment_id": enrollment["id"],
         "job_id": job["id"],
         "rule_id": rule["id"],
+        "run_id": runs[0]["trigger_id"],
         "contact_id": contact["id"],
     }

@@ -52,6 +52,16 @@ def test_the_release_benchmarks_backlog_part_drains_both_backlogs_and_prints_its
     ), output
 
 
+def test_the_release_benchmarks_statements_part_runs_the_release_transaction_and_prints_its_line(
+    server_url: str,
+) -> None:
+    # the pgbench script is the release path's own SQL: a parameter it does not give, or a comment that
+    # swallows the rest of a joined statement, fails pgbench (and the ceiling of the whole run with it)
+    output = run_benchmark(server_url, "release", "followups_bench_statements", "--statements", "-n", "50")
+    assert re.fullmatch(r"release: statements=\d+ statement_ms_total=\d+\.\d{3}", last_line(output)), output
+    assert "INSERT INTO followup_step_runs" in output, output
+
+
 def test_the_partitions_benchmark_removes_the_oldest_month_both_ways_and_prints_its_line(
     server_url: str,
 ) -> None:

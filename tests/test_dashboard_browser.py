@@ -16,20 +16,24 @@ import re
 import socket
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import uvicorn
 
+from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
 from libs.common.followups.definition import MessageStep
+from libs.common.rules import executions
 from services.api.app import create_app
 from services.release.release import release_one
 from tests.browser_pages import NOT_PAGES, dashboard_pages, seed_every_kind
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
 from tests.helpers import rows, wait_until
+from tests.rule_helpers import process
 
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
@@ -375,6 +379,50 @@ def test_preview_a_sequence_for_a_contact_and_see_its_timeline(
     assert rows(runtime.pool, "SELECT count(*) FROM followup_enrollments") == [(0,)]
 
 
+def test_see_why_a_rule_ran_and_why_its_delayed_run_was_skipped_when_due(
+    page: Page, project: Project, runtime: Runtime, clock: ManualClock
+) -> None:
+    # Given a delayed rule on a gold plan, run for a gold contact, whose plan changed before it fell due
+    contact = make_contact(
+        runtime.pool, project.id, phone="+14155550143", name="Ada", attributes={"plan": "gold"}
+    )
+    gold = {"attribute": "contact.attributes.plan", "operator": "equal_to", "value": "gold"}
+    body = {
+        "name": "Gold nurture",
+        "event": "contact.tag_added",
+        "execution_delay_minutes": 60,
+        "conditions": {"all": [gold, {"attribute": "contact.tags", "operator": "contains", "value": "demo"}]},
+        "actions": [{"type": "add_contact_tag", "tags": ["nurtured"]}],
+    }
+    assert page.request.post("/v1/rules", headers=project.headers, data=body).status == 201
+    tagged = page.request.post(
+        f"/v1/contacts/{contact}/tags", headers=project.headers, data={"tags": ["demo"]}
+    )
+    assert tagged.status == 200, tagged.text()
+    process(runtime)
+    changed = page.request.patch(
+        f"/v1/contacts/{contact}", headers=project.headers, data={"attributes": {"plan": "silver"}}
+    )
+    assert changed.status == 200, changed.text()
+    clock.advance(timedelta(minutes=61))
+    executions.sweep(runtime.pool, clock, stale_after=timedelta(days=1))
+
+    # When the rule's page is opened, Then its run reads "all 2 conditions held", and its page says why
+    sign_in(page, project)
+    page.get_by_role("link", name="Rules").click()
+    page.get_by_role("link", name="Gold nurture", exact=True).click()
+    expect(page.get_by_role("table", name="Recent runs")).to_contain_text("all 2 conditions held")
+    page.get_by_role("table", name="Recent runs").get_by_role("link").first.click()
+    ran = page.get_by_role("region", name="The conditions when it ran")
+    expect(ran.locator("#run-f-conditions-all-0")).to_contain_text("holds")
+    expect(ran.locator("#run-f-conditions-all-0")).to_contain_text('"gold"')
+    due = page.get_by_role("region", name="When it fell due")
+    expect(due).to_contain_text("skipped")
+    expect(due.locator("#due-f-conditions-all-0")).to_contain_text("does not hold")
+    expect(due.locator("#due-f-conditions-all-0")).to_contain_text('"silver"')
+    screenshot(page, "rule-run")
+
+
 def test_change_the_send_window_and_see_a_bad_input_next_to_its_field(
     page: Page, project: Project, runtime: Runtime
 ) -> None:
@@ -516,10 +564,10 @@ def test_the_pages_are_found_from_the_routes() -> None:
     assert not [path for path in found if NOT_PAGES.search(path)]
 
 
-def test_no_page_is_wider_than_a_phone(page: Page, project: Project) -> None:
+def test_no_page_is_wider_than_a_phone(page: Page, project: Project, runtime: Runtime) -> None:
     """Every page the dashboard serves, with data in it; a wide table may scroll in its own box, the page
     may not."""
-    ids = seed_every_kind(page.request, project)
+    ids = seed_every_kind(page.request, project, runtime)
     sign_in(page, project)
     page.set_viewport_size(PHONE)
     wide = {}

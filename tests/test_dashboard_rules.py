@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 
 from libs.common.rules import executions, rules
+from tests.conftest import sign_in
 from tests.dashboard_helpers import api, create_rule_via_form, errors_on, field_error
 from tests.helpers import rows
 from tests.rule_helpers import process
@@ -348,9 +349,10 @@ def test_a_rules_executions_pending_executed_and_skipped_with_reasons(
 # --- test against a contact --------------------------------------------------------------------------------
 
 
-def tried(page: str) -> dict[str, tuple[str, str]]:
-    """Each evaluated node of the page's test result, by its path: its result and its words."""
-    node = r'<li class="tried-node" id="tried-f-([^"]+)">\s*'
+def tried(page: str, tree: str = "tried") -> dict[str, tuple[str, str]]:
+    """Each evaluated node of the page's ``tree`` (a test's result, a run's trace), by its path: its result
+    and its words."""
+    node = rf'<li class="tried-node" id="{tree}-f-([^"]+)">\s*'
     result = r'<span class="status [^"]+">([^<]+)</span>\s*([^<\n]*)'
     found = re.findall(node + result, page)
     return {path: (result, html.unescape(words.strip())) for path, result, words in found}
@@ -409,6 +411,55 @@ def test_testing_a_rule_against_a_contact_shows_each_condition_and_what_would_ru
     assert "The rule matches" in matched and "add contact tag" in matched.lower()
     assert "Each event is an episode of its own" in matched
     assert rows(runtime.pool, "SELECT count(*) FROM followup_triggers") == [(0,)]
+
+
+def test_a_runs_page_shows_the_conditions_when_it_ran_and_when_it_fell_due(
+    signed_in, project, other_project, runtime, clock
+) -> None:
+    client, _ = signed_in
+    gold = {"attribute": "contact.attributes.plan", "operator": "equal_to", "value": "gold"}
+    body = {"name": "gold later", "event": "contact.created", "conditions": {"all": [gold]}}
+    actions = [{"type": "add_contact_tag", "tags": ["welcomed"]}]
+    rule = api(
+        client, project, "POST", "/v1/rules", json=body | {"actions": actions, "execution_delay_minutes": 60}
+    )
+    phone = "+14155550142"
+    api(client, project, "POST", "/v1/contacts", json={"phone": phone, "attributes": {"plan": "gold"}})
+    process(runtime)
+
+    # the rule's page lists the run with its trace's short form, and links to it
+    page = client.get(f"/app/rules/{rule['id']}").text
+    assert "its condition held" in page
+    found = re.search(r'href="(/app/rules/[^"]+/runs/[^"]+)"', page)
+    assert found is not None
+    run_page = found.group(1)
+
+    # the plan changes before it falls due: the re-check does not hold, and the run's page says both
+    api(
+        client,
+        project,
+        "PATCH",
+        f"/v1/contacts/{rule_contact(runtime, phone)}",
+        json={"attributes": {"plan": "silver"}},
+    )
+    clock.advance(timedelta(minutes=61))
+    executions.sweep(runtime.pool, clock, stale_after=timedelta(days=1))
+    shown = client.get(run_page).text
+    plan = 'Contact attribute “plan” equal to "gold"'
+    assert tried(shown, "run") == {
+        "conditions": ("holds", "All of these"),
+        "conditions-all-0": ("holds", plan),
+    }
+    assert tried(shown, "due") == {
+        "conditions": ("does not hold", "All of these"),
+        "conditions-all-0": ("does not hold", plan),
+    }
+    assert "(value: <code>&#34;silver&#34;</code>)" in shown and 'status-skipped">skipped' in shown
+
+    # another project's run is not found
+    client.cookies.clear()
+    sign_in(client, other_project)
+    assert client.get(run_page).status_code == 404
 
 
 def rule_contact(runtime, phone: str) -> str:

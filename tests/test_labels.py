@@ -18,7 +18,8 @@ from libs.common.platform.messages import MessageSource
 from libs.common.rules.bulk import BulkJob
 from libs.common.rules.conditions import ATTRIBUTES as CONDITION_ATTRIBUTES
 from libs.common.rules.executions import Execution
-from libs.common.rules.rules import Event, RuleRun
+from libs.common.rules.rules import Event
+from libs.common.rules.runs import RuleRun
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "labels.md"
 

@@ -22,7 +22,7 @@ from libs.common.followups.transitions import EnrollmentReason, WaitingReason
 from libs.common.rules.actions import RuleRefusal
 from libs.common.rules.bulk import BulkSkipReason
 from libs.common.rules.executions import SkipReason
-from libs.common.rules.rules import RuleRunOutcome
+from libs.common.rules.runs import RuleRunOutcome
 from services.api.openapi import _BOUNDS, _RENAMED
 from tests.test_api_contacts import assert_problem
 

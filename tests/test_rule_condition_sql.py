@@ -49,15 +49,9 @@ from libs.common.rules.conditions import (
     compile_conditions,
     parse_conditions,
 )
-from libs.common.rules.dry_run import (
-    ConditionResult,
-    DryRunRequest,
-    EventData,
-    GroupResult,
-    dry_run,
-    trace,
-)
+from libs.common.rules.dry_run import DryRunRequest, EventData, dry_run
 from libs.common.rules.matching import inline, match
+from libs.common.rules.trace import ConditionResult, GroupResult, Recorded, expand, record, trace
 from libs.common.rules.triggers import insert_trigger
 from tests.condition_helpers import (
     CHANGE_VALUES,
@@ -743,13 +737,13 @@ def test_semantics_on_an_example(pool: ConnectionPool, project: Project) -> None
     assert found == expected
 
 
-# --- the dry run's trace -----------------------------------------------------------------------------------
+# --- the trace: a dry run's, and what a rule run keeps ------------------------------------------------------
 #
-# A dry run (libs.common.rules.dry_run) reads every node of a rule's tree compiled alone, and each leaf's
-# value, over one trigger's context. Its results are never NULL: the compiler wraps each leaf in
-# coalesce(..., false), negates a never-NULL positive, and joins never-NULL children with AND / OR (an empty
-# all is true, an empty any false); so every result is a boolean and each group's is exactly all / any of its
-# children's.
+# A trace (libs.common.rules.trace: a dry run's, a rule run's, a delayed execution's) reads every node of a
+# rule's tree compiled alone, and each leaf's value, over one trigger's context. Its results are never NULL:
+# the compiler wraps each leaf in coalesce(..., false), negates a never-NULL positive, and joins never-NULL
+# children with AND / OR (an empty all is true, an empty any false); so every result is a boolean and each
+# group's is exactly all / any of its children's.
 
 
 def expected_value(leaf: Leaf, ctx: Context) -> Any:
@@ -869,6 +863,10 @@ def test_the_dry_run_agrees_with_match_and_the_documented_semantics(
             assert traced is not None
             assert traced.result is match(conn, project.id, [trigger_id], [literal])[trigger_id][0]
             wrong += check_trace(traced, node, ctx)
+            # what a rule run keeps of it (record), stored as jsonb and read back (expand): the same tree
+            recorded = record(conn, project.id, node, [trigger_id])[trigger_id]
+            kept_json = _one(conn, "SELECT %s::jsonb", (Jsonb(msgspec.to_builtins(recorded)),))
+            wrong += check_trace(expand(msgspec.convert(kept_json, Recorded)), node, ctx)
             # the whole dry run over a rule with this tree: the root as match says for the same event
             rule_id = stored_rule(conn, project.id, event, raw)
             request = DryRunRequest(contact_id=contact_id, conversation_id=conversation_id, event=data)

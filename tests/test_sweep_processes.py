@@ -34,11 +34,14 @@ from libs.common.core.clock import SYSTEM_CLOCK, ManualClock
 from libs.common.core.jobs import RoundRobin, claim_in_turns
 from libs.common.rules import executions
 from libs.common.rules.executions import LEASE, QUERIES, Swept, sweep
+from libs.common.rules.trace import Recorded
 from tests.helpers import Process, rows, start_worker, stop_all, wait_until
 
 EXECUTIONS = 20_000
 WORKERS = 3
 STALE_AFTER = timedelta(days=1)
+#: A rule's re-check that holds (a tree without conditions).
+HOLDS = Recorded(conditions={"all": []}, results=[True], actuals=[])
 
 
 def _rows_of(db_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -270,12 +273,12 @@ def test_a_lease_that_ran_out_is_taken_over_but_never_run_twice(
         assert swept_b.outcomes == {("executed", "none"): 9}
 
         # and A resumes: it finishes the row it holds
-        executions._execute(conn_a, lease, until_a, True, STALE_AFTER, swept_a, start)
+        executions._execute(conn_a, lease, until_a, HOLDS, STALE_AFTER, swept_a, start)
     # and runs none of the rows taken over
     for execution_id in rest:
         with pool.connection() as conn_a:
             execution = {"project_id": project_id, "id": execution_id}
-            executions._execute(conn_a, execution, until_a, True, STALE_AFTER, swept_a, start)
+            executions._execute(conn_a, execution, until_a, HOLDS, STALE_AFTER, swept_a, start)
     assert swept_a.outcomes == {("executed", "none"): 1}
     assert sweep(pool, clock, stale_after=STALE_AFTER).claimed == 0
 
@@ -306,12 +309,12 @@ def test_a_row_taken_over_after_the_lease_is_run_by_the_new_holder_only(
     # When A runs it with its lease, nothing happens; when B does, it runs
     swept_a, swept_b = Swept(), Swept()
     with pool.connection() as conn:
-        executions._execute(conn, execution, start + LEASE, True, STALE_AFTER, swept_a, start)
+        executions._execute(conn, execution, start + LEASE, HOLDS, STALE_AFTER, swept_a, start)
     with pool.connection() as conn:
-        executions._execute(conn, execution, later + LEASE, True, STALE_AFTER, swept_b, later)
+        executions._execute(conn, execution, later + LEASE, HOLDS, STALE_AFTER, swept_b, later)
     # and A again, after B: still nothing
     with pool.connection() as conn:
-        executions._execute(conn, execution, start + LEASE, True, STALE_AFTER, swept_a, start)
+        executions._execute(conn, execution, start + LEASE, HOLDS, STALE_AFTER, swept_a, start)
 
     # Then it ran once, by B
     assert swept_a.outcomes == {}

@@ -401,6 +401,7 @@ CREATE TABLE public.followup_enrollments (
     waiting_reason text,
     step_due_at timestamp with time zone,
     campaign_id uuid,
+    waiting_values jsonb,
     CONSTRAINT followup_enrollments_status_check CHECK ((status = ANY (ARRAY['active'::text, 'paused'::text, 'completed'::text, 'stopped'::text, 'failed'::text])))
 )
 WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000', autovacuum_vacuum_cost_delay='0');
@@ -488,6 +489,7 @@ CREATE TABLE public.followup_step_runs (
     message_id uuid,
     due_at timestamp with time zone NOT NULL,
     ran_at timestamp with time zone NOT NULL,
+    reason_values jsonb,
     CONSTRAINT followup_step_runs_outcome_check CHECK ((outcome = ANY (ARRAY['queued'::text, 'skipped'::text])))
 );
 
@@ -645,6 +647,7 @@ CREATE TABLE public.rule_pending_executions (
     attempts integer DEFAULT 0 NOT NULL,
     last_error text,
     executed_at timestamp with time zone,
+    trace jsonb,
     CONSTRAINT rule_pending_executions_episode_kind_check CHECK ((episode_kind = ANY (ARRAY['status'::text, 'reply_chase'::text, 'awaiting_agent'::text, 'event'::text]))),
     CONSTRAINT rule_pending_executions_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'executed'::text, 'skipped'::text])))
 );
@@ -658,6 +661,7 @@ CREATE TABLE public.rule_runs (
     outcome text NOT NULL,
     detail text,
     ran_at timestamp with time zone NOT NULL,
+    trace jsonb,
     CONSTRAINT rule_runs_outcome_check CHECK ((outcome = ANY (ARRAY['executed'::text, 'rejected'::text, 'scheduled'::text])))
 );
 

@@ -16,8 +16,9 @@
     7 quota, backlog     the monthly quota used up, or the send-lane backlog over its limit -> defer 30 min
     8 per-contact cap    ``max_per_contact_24h`` reached -> defer until the oldest of those is 24 h old
 
-A decision is a :class:`Hold` (what the release step does instead of sending) or a :class:`Sending`
-(how to send). Nothing here counts or commits.
+A decision is a :class:`Hold` (what the release step does instead of sending), with the values the check
+compared (its part of the decision trace: the step run or the enrollment keeps them), or a
+:class:`Sending` (how to send). Nothing here counts or commits.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import msgspec
 from psycopg import Connection
 
 from libs.common.core.sql import load_queries
+from libs.common.followups import held
 from libs.common.followups.definition import Definition, Step, WhatsAppTemplate
+from libs.common.followups.held import HeldValues
 from libs.common.followups.send_window import SendWindow, next_opening, zone
 from libs.common.followups.transitions import WaitingReason
 
@@ -62,6 +65,9 @@ class Hold:
     until: datetime | None = None
     #: Set on the enrollment with a deferral for a missing number (when it became unusable).
     unavailable_since: datetime | None = None
+    #: What the check compared (:mod:`~libs.common.followups.held`): kept with the step run or the
+    #: enrollment, so "why did it not send" is answered with the values.
+    values: HeldValues | None = None
 
 
 @dataclass(frozen=True)
@@ -136,13 +142,21 @@ def check(
     """Every sending constraint, in order; the first that holds the step back decides."""
     opening = in_window(step, definition, state, now)
     if opening > now:
-        return Hold("defer", "send_window", opening)
+        window = window_for(step, definition, state)
+        tz = zone(state.timezone, state.project_timezone)
+        return Hold("defer", "send_window", opening, values=held.send_window(window, opening, tz))
     if state.consent_mode == "required" and state.consent != "granted":
-        return Hold("skip", "no_consent")
+        return Hold(
+            "skip", "no_consent", values={"consent": state.consent, "consent_mode": state.consent_mode}
+        )
     template = None
     if state.service_window == "enforced" and outside_service_window(state.last_inbound_at, now):
         if step.whatsapp_template is None:
-            return Hold("skip", "outside_service_window")
+            values: HeldValues = {
+                "last_inbound_at": held.moment(state.last_inbound_at),
+                "without_template": True,
+            }
+            return Hold("skip", "outside_service_window", values=values)
         template = step.whatsapp_template
     number_id = enrollment.number_id
     if state.has_numbers:
@@ -152,18 +166,25 @@ def check(
     paced = _pacing(conn, enrollment, number_id, state, now)
     if paced is not None:
         return paced
-    if (
-        state.max_in_flight_per_number is not None
-        and (state.in_flight or 0) >= state.max_in_flight_per_number
-    ):
-        return Hold("defer", "in_flight", now + NUMBER_RETRY)
-    if state.monthly_message_quota is not None and (state.month_messages or 0) >= state.monthly_message_quota:
-        return Hold("defer", "quota", now + QUOTA_RETRY)
-    if state.max_send_lane_backlog is not None and (state.backlog or 0) > state.max_send_lane_backlog:
-        return Hold("defer", "backlog", now + QUOTA_RETRY)
+    limit = state.max_in_flight_per_number
+    if limit is not None and (state.in_flight or 0) >= limit:
+        values = {"in_flight": int(state.in_flight or 0), "limit": limit, "number_id": str(number_id)}
+        return Hold("defer", "in_flight", now + NUMBER_RETRY, values=values)
+    limit = state.monthly_message_quota
+    if limit is not None and (state.month_messages or 0) >= limit:
+        used = int(state.month_messages or 0)
+        return Hold("defer", "quota", now + QUOTA_RETRY, values={"used": used, "limit": limit})
+    limit = state.max_send_lane_backlog
+    if limit is not None and (state.backlog or 0) > limit:
+        return Hold(
+            "defer", "backlog", now + QUOTA_RETRY, values={"backlog": int(state.backlog or 0), "limit": limit}
+        )
     cap = state.max_per_contact_24h
     if cap is not None and state.recent_followups is not None and len(state.recent_followups) >= cap:
-        return Hold("defer", "contact_cap", min(state.recent_followups) + CAP_PERIOD)
+        until = min(state.recent_followups) + CAP_PERIOD
+        tz = zone(state.timezone, state.project_timezone)
+        values = held.until(until, tz) | {"sent": len(state.recent_followups), "limit": cap}
+        return Hold("defer", "contact_cap", until, values=values)
     return Sending(number_id, template, state.send_delay_ms if number_id is not None else 0)
 
 
@@ -175,9 +196,10 @@ def outside_service_window(last_inbound_at: datetime | None, now: datetime) -> b
 
 def _no_number(enrollment: Claimed, now: datetime) -> Hold:
     since = enrollment.unavailable_since or now
+    values = {"unavailable_since": held.moment(since)}
     if now - since >= NUMBER_PAUSE_AFTER:
-        return Hold("pause", "instance_unavailable")
-    return Hold("defer", "instance_unavailable", now + NUMBER_RETRY, unavailable_since=since)
+        return Hold("pause", "instance_unavailable", values=values)
+    return Hold("defer", "instance_unavailable", now + NUMBER_RETRY, unavailable_since=since, values=values)
 
 
 def _pacing(
@@ -195,13 +217,18 @@ def _pacing(
     conn.execute(QUERIES["insert_pacing"], params)
     row = conn.execute(QUERIES["lock_pacing"], params).fetchone()
     if row is None:  # another release on this number holds its row: come back after a gap
-        return Hold("defer", "busy", now + gap)
+        return Hold("defer", "busy", now + gap, values={"locked": "pacing", "number_id": str(number_id)})
     next_release_at: datetime = row[0]
     if enrollment.waiting_reason == "pacing" or next_release_at <= now:
         return None  # it holds a reserved slot that has come, or the number is free
     # reserve the next free slot: the claim will not see this enrollment again before it
     conn.execute(QUERIES["set_pacing"], params | {"next_release_at": next_release_at + gap})
-    return Hold("defer", "pacing", next_release_at)
+    values = {
+        "number_id": str(number_id),
+        "slot": held.moment(next_release_at),
+        "gap_ms": state.send_delay_ms,
+    }
+    return Hold("defer", "pacing", next_release_at, values=values)
 
 
 def after_queued(conn: Connection[Any], project_id: uuid.UUID, sending: Sending, now: datetime) -> None:

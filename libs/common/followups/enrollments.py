@@ -72,6 +72,9 @@ class StepRun(msgspec.Struct, kw_only=True, frozen=True):
     #: What the reason is about: the ``only_if`` condition, the placeholder of ``missing_variable``, why
     #: an AI step fell back (``ai_fallback``); null for a reason that needs none.
     reason_detail: str | None
+    #: A step held back (skipped): what its check compared (``{"consent": "pending", ...}``: docs/api.md
+    #: lists them by reason); null when the reason kept none.
+    reason_values: dict[str, Any] | None = None
     message_id: uuid.UUID | None
     due_at: datetime
     ran_at: datetime

@@ -109,7 +109,7 @@ FOR UPDATE
 
 -- name: step_runs
 -- An enrollment's step runs.
-SELECT r.step_index, r.outcome, r.reason, r.message_id, r.due_at, r.ran_at
+SELECT r.step_index, r.outcome, r.reason, r.reason_values, r.message_id, r.due_at, r.ran_at
 FROM followup_step_runs r
 WHERE r.project_id = %(project_id)s AND r.enrollment_id = %(id)s
 ORDER BY r.step_index

@@ -27,6 +27,7 @@ from typing import Any, Final, Literal
 import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.events import Event, StepQueued, StepSkipped
@@ -35,7 +36,7 @@ from libs.common.core.outbox import write_events
 from libs.common.core.reasons import stored
 from libs.common.core.settings import FollowupSettings
 from libs.common.core.sql import load_queries
-from libs.common.followups import constraints, transitions
+from libs.common.followups import constraints, held, transitions
 from libs.common.followups.constraints import Claimed, ConstraintSkip, ConstraintState, Hold, Sending
 from libs.common.followups.definition import (
     AiStep,
@@ -46,6 +47,7 @@ from libs.common.followups.definition import (
     WhatsAppTemplate,
     step_due_at,
 )
+from libs.common.followups.held import HeldValues
 from libs.common.followups.release_claim import ClaimedEnrollment
 from libs.common.followups.sequences import version_definition, version_number
 from libs.common.followups.templates import RenderContext, TemplateSkip, render, render_message
@@ -184,7 +186,8 @@ def release_claimed(
     with conn.cursor(row_factory=class_row(ReleaseState)) as cur:
         state = cur.execute(QUERIES["release_state"], params).fetchone()
     if state is None:  # the contact is locked by a stop path: come back shortly
-        return _defer(conn, row, now + timedelta(seconds=settings.busy_retry_seconds), "busy")
+        retry = now + timedelta(seconds=settings.busy_retry_seconds)
+        return _defer(conn, row, retry, "busy", values={"locked": "contact"})
     claim = _Claim(row, state, definition, now)
     checked = _checks(conn, claim) or _timing(conn, claim)
     if checked is not None:
@@ -210,7 +213,8 @@ def release_claimed(
     try:
         return _queue(conn, claim, content, reason, detail, decision)
     except ConversationBusy:
-        return _defer(conn, row, now + timedelta(seconds=settings.busy_retry_seconds), "busy")
+        retry = now + timedelta(seconds=settings.busy_retry_seconds)
+        return _defer(conn, row, retry, "busy", values={"locked": "conversation"})
 
 
 def _constrained(row: ClaimedEnrollment) -> Claimed:
@@ -221,14 +225,16 @@ def _hold(conn: Connection[Any], claim: _Claim, hold: Hold) -> Released:
     """A sending constraint holds the step back: defer it, skip it, or pause the enrollment."""
     if hold.action == "skip":
         assert hold.reason in ("no_consent", "outside_service_window"), hold  # the holds that skip
-        return _skip(conn, claim, hold.reason)
+        return _skip(conn, claim, hold.reason, values=hold.values)
     if hold.action == "pause":
         assert hold.reason == "instance_unavailable", hold  # the one hold that pauses
         transitions.pause(conn, claim.row.project_id, [claim.id], "instance_unavailable", now=claim.now)
         log.info("enrollment paused", extra={"enrollment_id": str(claim.id), "reason": hold.reason})
         return Released(claim.id, "pause", hold.reason)
     assert hold.until is not None
-    return _defer(conn, claim.row, hold.until, hold.reason, unavailable_since=hold.unavailable_since)
+    return _defer(
+        conn, claim.row, hold.until, hold.reason, unavailable_since=hold.unavailable_since, values=hold.values
+    )
 
 
 def _checks(conn: Connection[Any], claim: _Claim) -> Released | None:
@@ -257,9 +263,10 @@ def _timing(conn: Connection[Any], claim: _Claim) -> Released | None:
         if due is None:
             return _skip(conn, claim, "missing_anchor")
         if due > now:
-            return _defer(conn, claim.row, due, "rescheduled")
+            return _defer(conn, claim.row, due, "rescheduled", values={"due_at": held.moment(due)})
         if now > due + timedelta(seconds=step.grace_seconds):
-            return _skip(conn, claim, "past_due")
+            values = {"due_at": held.moment(due), "grace_seconds": step.grace_seconds}
+            return _skip(conn, claim, "past_due", values=values)
     state = claim.state
     for condition in step.only_if:
         met = {
@@ -268,7 +275,12 @@ def _timing(conn: Connection[Any], claim: _Claim) -> Released | None:
             "previous_not_read": state.last_message_status != "READ",
         }[condition]
         if not met:
-            return _skip(conn, claim, "only_if", condition)
+            values = (
+                {"last_message_status": state.last_message_status}
+                if condition == "previous_not_read"
+                else {"replied_at": held.moment(state.replied_at)}
+            )
+            return _skip(conn, claim, "only_if", condition, values=values)
     return None
 
 
@@ -385,7 +397,7 @@ def _queue(
         now=now,
     )
     constraints.after_queued(conn, row.project_id, sending, now)
-    _insert_step_run(conn, claim, "queued", reason, detail, queued.message_id)
+    _insert_step_run(conn, claim, "queued", reason, detail, queued.message_id, None)
     lag = max(0.0, (now - (row.step_due_at or row.next_run_at)).total_seconds())
     log.info(
         "step queued",
@@ -401,9 +413,16 @@ def _queue(
     return Released(claim.id, "queue", recorded, queued.message_id, lag_seconds=lag, finished=finished)
 
 
-def _skip(conn: Connection[Any], claim: _Claim, reason: StepRunReason, detail: str | None = None) -> Released:
+def _skip(
+    conn: Connection[Any],
+    claim: _Claim,
+    reason: StepRunReason,
+    detail: str | None = None,
+    *,
+    values: HeldValues | None = None,
+) -> Released:
     row = claim.row
-    _insert_step_run(conn, claim, "skipped", reason, detail, None)
+    _insert_step_run(conn, claim, "skipped", reason, detail, None, values)
     recorded = stored(reason, detail)  # as the step run keeps it
     event = StepSkipped(
         enrollment_id=claim.id,
@@ -414,7 +433,13 @@ def _skip(conn: Connection[Any], claim: _Claim, reason: StepRunReason, detail: s
     )
     log.info(
         "step skipped",
-        extra={"enrollment_id": str(claim.id), "step_index": row.step_index, "reason": recorded},
+        extra={
+            "project_id": str(row.project_id),
+            "enrollment_id": str(claim.id),
+            "step_index": row.step_index,
+            "reason": recorded,
+            "values": values,
+        },
     )
     finished = _advance(conn, claim, None, [event])
     return Released(claim.id, "skip", recorded, finished=finished)
@@ -427,9 +452,11 @@ def _insert_step_run(
     reason: StepRunReason | None,
     detail: str | None,
     message_id: uuid.UUID | None,
+    values: HeldValues | None,
 ) -> None:
-    """The step run, its reason stored with its detail (``only_if:previous_not_read``); its primary key
-    makes a second send of the step impossible."""
+    """The step run, its reason stored with its detail (``only_if:previous_not_read``) and, for a step held
+    back, the values the check compared (:mod:`~libs.common.followups.held`); its primary key makes a second
+    send of the step impossible."""
     row = claim.row
     params = {
         "enrollment_id": claim.id,
@@ -439,6 +466,7 @@ def _insert_step_run(
         "reason": stored(reason, detail) if reason is not None else None,
         "message_id": message_id,
         "due_at": row.step_due_at or row.next_run_at,
+        "values": Jsonb(values) if values is not None else None,
         "now": claim.now,
     }
     conn.execute(QUERIES["insert_step_run"], params)
@@ -499,8 +527,11 @@ def _defer(
     reason: str,
     *,
     unavailable_since: datetime | None = None,
+    values: HeldValues | None = None,
 ) -> Released:
-    transitions.defer(conn, row.project_id, row.id, until, reason, unavailable_since=unavailable_since)
+    transitions.defer(
+        conn, row.project_id, row.id, until, reason, unavailable_since=unavailable_since, values=values
+    )
     return Released(row.id, "defer", reason)
 
 

@@ -79,6 +79,9 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
     reason: EnrollmentReason | None
     #: Why a live enrollment is waiting past its due time (send_window, pacing, quota, ...), if it is.
     waiting_reason: WaitingReason | None
+    #: What the check that holds it compared (``{"local": "09:00", "timezone": "Europe/Lisbon", ...}``:
+    #: docs/api.md lists them by reason), if it is waiting and kept them.
+    waiting_values: dict[str, Any] | None = None
     note: str | None
     failure_count: int
     last_error: str | None
@@ -143,14 +146,17 @@ def defer(
     reason: str,
     *,
     unavailable_since: datetime | None = None,
+    values: dict[str, Any] | None = None,
 ) -> None:
     """Try the same step again at ``until``; ``reason`` is what the enrollment is waiting for (one of
-    :data:`WaitingReason`: the enrollment's read refuses any other)."""
+    :data:`WaitingReason`: the enrollment's read refuses any other), ``values`` what its check compared
+    (:mod:`~libs.common.followups.held`), kept until the enrollment moves on."""
     params = {
         "project_id": project_id,
         "id": enrollment_id,
         "next_run_at": until,
         "reason": reason,
+        "values": Jsonb(values) if values is not None else None,
         "unavailable_since": unavailable_since,
     }
     conn.execute(QUERIES["defer"], params)

@@ -7,17 +7,17 @@
 -- and the conversation it went to when the enrollment had none.
 UPDATE followup_enrollments
 SET step_index = %(step_index)s, next_run_at = %(next_run_at)s, step_due_at = %(next_run_at)s,
-    waiting_reason = NULL, unavailable_since = NULL,
+    waiting_reason = NULL, waiting_values = NULL, unavailable_since = NULL,
     last_message_id = coalesce(%(message_id)s, last_message_id),
     conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),
     last_step_at = %(now)s, failure_count = 0, locked_until = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: defer
--- Try the same step again later, saying why (an AI step's lease is given back); unavailable_since is kept
--- once set.
+-- Try the same step again later, saying why and with what values (an AI step's lease is given back);
+-- unavailable_since is kept once set.
 UPDATE followup_enrollments
-SET next_run_at = %(next_run_at)s, waiting_reason = %(reason)s, locked_until = NULL,
+SET next_run_at = %(next_run_at)s, waiting_reason = %(reason)s, waiting_values = %(values)s, locked_until = NULL,
     unavailable_since = coalesce(%(unavailable_since)s, unavailable_since)
 WHERE project_id = %(project_id)s AND id = %(id)s
 
@@ -32,7 +32,7 @@ RETURNING *
 -- Resume paused enrollments; a step that fell due meanwhile is due now.
 UPDATE followup_enrollments
 SET status = 'active', reason = NULL, next_run_at = greatest(next_run_at, %(now)s),
-    step_due_at = greatest(coalesce(step_due_at, next_run_at), %(now)s), waiting_reason = NULL,
+    step_due_at = greatest(coalesce(step_due_at, next_run_at), %(now)s), waiting_reason = NULL, waiting_values = NULL,
     unavailable_since = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = ANY(%(ids)s) AND status = 'paused'
 RETURNING *
@@ -82,9 +82,17 @@ WHERE project_id = %(project_id)s AND id = %(id)s AND status IN ('active', 'paus
 RETURNING *
 
 -- name: anonymise
--- Privacy erasure: the contact's enrollments keep no variables or keys that could identify the person.
+-- Privacy erasure: the contact's enrollments keep no variables, keys or values of their checks that could
+-- identify the person (nor do their step runs).
+WITH runs AS (
+    UPDATE followup_step_runs r SET reason_values = NULL
+    FROM followup_enrollments e
+    WHERE r.project_id = %(project_id)s AND e.project_id = r.project_id AND e.id = r.enrollment_id
+      AND e.contact_id = %(contact_id)s AND r.reason_values IS NOT NULL
+)
 UPDATE followup_enrollments
-SET variables = '{}'::jsonb, dedupe_key = NULL, note = NULL, last_error = NULL, updated_at = %(now)s
+SET variables = '{}'::jsonb, dedupe_key = NULL, note = NULL, last_error = NULL, waiting_values = NULL,
+    updated_at = %(now)s
 WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s
 
 -- name: finished_enrollments

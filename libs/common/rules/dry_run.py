@@ -1,34 +1,22 @@
 """A rule's dry run: the rule evaluated now for a contact (and a conversation, and the event's own data),
 without acting.
 
-The product has no evaluator of conditions in Python: the SQL a tree compiles to
-(:func:`~libs.common.rules.conditions.compile_conditions`) is the evaluator. So a dry run, in a savepoint it
-always rolls back (:func:`~libs.common.core.effects.rolled_back`):
-
-1. records the trigger an event of the rule's type would record (the same insert,
-   :func:`~libs.common.rules.triggers.insert_trigger`, with the conversation's anchors of this moment and the
-   event data the request gives);
-2. reads, in ONE statement over that trigger's context (:func:`~libs.common.rules.matching.evaluate`),
-   every node of the rule's tree compiled alone by the same compiler and written in with
-   :func:`~libs.common.rules.matching.inline` (each leaf and each group), and each leaf's value (the
-   attribute's own expression, as JSON: :func:`~libs.common.rules.conditions.value_of`). The root's text is
-   the rule's predicate as the triggers service matches it: its result is the rule's verdict.
+It records, in a savepoint it always rolls back (:func:`~libs.common.core.effects.rolled_back`), the
+trigger an event of the rule's type would record (the same insert,
+:func:`~libs.common.rules.triggers.insert_trigger`, with the conversation's anchors of this moment and the
+event data the request gives), and reads the rule's trace over it (:func:`~libs.common.rules.trace.trace`:
+each node's result and each condition's value, in ONE statement, by the same compiled predicates the
+triggers service matches with; what a rule run keeps too).
 
 A delayed rule that matches also gets the episode and the due time :func:`~.executions.schedule` would
 record (:func:`~.executions.rule_episode`, :func:`~.executions.due_time`). Nothing runs: no action, no
 webhook, no message; the trigger row goes with the savepoint.
-
-Results are never NULL: the compiler wraps every leaf in ``coalesce(..., false)`` (a value that is absent
-makes a leaf false), a negative operator is ``NOT`` of its never-NULL positive, and a group is ``AND`` /
-``OR`` of never-NULL children (an empty ``all`` is true, an empty ``any`` false). So each group's result is
-exactly ``all`` / ``any`` of its children's.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal, get_args
 
@@ -41,11 +29,9 @@ from libs.common.core.effects import rolled_back
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.platform import contacts, conversations
 from libs.common.rules.actions import Action
-from libs.common.rules.conditions import Group, Leaf, Node, compile_conditions, value_of
-from libs.common.rules.episodes import EpisodeKind
 from libs.common.rules.executions import due_time, rule_episode
-from libs.common.rules.matching import evaluate, inline
 from libs.common.rules.rules import Event, compile_rule, get_rule
+from libs.common.rules.trace import ConditionResult, DelayedRun, trace
 from libs.common.rules.triggers import insert_trigger
 
 log = logging.getLogger(__name__)
@@ -108,44 +94,6 @@ class DryRunRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     contact_id: uuid.UUID
     conversation_id: uuid.UUID | None = None
     event: EventData | None = None
-
-
-class LeafResult(msgspec.Struct, kw_only=True, frozen=True, tag_field="node", tag="leaf"):
-    """A condition, the value it compared and whether it holds."""
-
-    #: Where the node is in the tree, as errors name it (``conditions.all.1.any.0``).
-    path: str
-    attribute: str
-    operator: str
-    #: The condition's value (null: an operator without one).
-    value: Any = None
-    #: What the context holds for the attribute, as JSON (null: absent). A custom attribute's stored value
-    #: whatever its type; for ``attribute_changed``, the event's change of the attribute (``{from, to}``).
-    actual: Any = None
-    result: bool
-
-
-class GroupResult(msgspec.Struct, kw_only=True, frozen=True, tag_field="node", tag="group"):
-    """An ``all`` / ``any`` group and whether it holds."""
-
-    path: str
-    kind: Literal["all", "any"]
-    result: bool
-    children: list[GroupResult | LeafResult]
-
-
-#: A node of the evaluated tree.
-ConditionResult = GroupResult | LeafResult
-
-
-class DelayedRun(msgspec.Struct, kw_only=True, frozen=True):
-    """The pending execution a delayed rule that matched would record."""
-
-    episode_kind: EpisodeKind
-    #: The episode's key (null for an ``event`` episode: every event is an episode of its own, keyed by its
-    #: trigger, which a dry run does not keep).
-    episode_key: str | None
-    due_at: datetime
 
 
 class DryRun(msgspec.Struct, kw_only=True, frozen=True):
@@ -215,47 +163,6 @@ def dry_run(
         actions=list(rule.actions) if conditions.result else [],
         delayed=delayed,
         evaluated_at=now,
-    )
-
-
-def trace(
-    conn: Connection[Any], project_id: uuid.UUID, root: Node, trigger_id: int
-) -> ConditionResult | None:
-    """Every node of ``root`` compiled alone (and each leaf's value) over the context of the project's
-    recorded trigger ``trigger_id``, in ONE statement: the tree with each result (None when the trigger's
-    contact is gone)."""
-    walked = list(_walk(root, "conditions"))
-    predicates = [inline(conn, *compile_conditions(node)) for _, node in walked]
-    values = [inline(conn, *value_of(node)) for _, node in walked if isinstance(node, Leaf)]
-    found = evaluate(conn, project_id, trigger_id, predicates, values)
-    if found is None:
-        return None
-    results, actuals = found
-    return _tree(root, "conditions", iter(results), iter(actuals))
-
-
-def _walk(node: Node, path: str) -> Iterator[tuple[str, Node]]:
-    """Each node of a tree with its path, the parent before its children (the order :func:`_tree` reads)."""
-    yield path, node
-    if isinstance(node, Group):
-        for i, child in enumerate(node.children):
-            yield from _walk(child, f"{path}.{node.kind}.{i}")
-
-
-def _tree(node: Node, path: str, results: Iterator[bool], actuals: Iterator[Any]) -> ConditionResult:
-    result = next(results)
-    if isinstance(node, Group):
-        children = [
-            _tree(child, f"{path}.{node.kind}.{i}", results, actuals) for i, child in enumerate(node.children)
-        ]
-        return GroupResult(path=path, kind=node.kind, result=result, children=children)
-    return LeafResult(
-        path=path,
-        attribute=node.attribute,
-        operator=node.operator,
-        value=node.value,
-        actual=next(actuals),
-        result=result,
     )
 
 

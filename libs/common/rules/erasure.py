@@ -1,6 +1,7 @@
 """Privacy erasure, the rules' part: the contact's pending delayed executions are skipped
-``contact_erased`` (their actions never run; the rows stay for the audit, with nothing of the person), its
-recorded triggers (and their rule runs) and the webhook deliveries about it are deleted. (Each context
+``contact_erased`` (their actions never run; the rows stay for the audit, with nothing of the person), the
+finished ones forget the values their decision trace kept, its recorded triggers (and their rule runs, with
+their traces) and the webhook deliveries about it are deleted. (Each context
 erases its own rows; the ingress calls every part in the erasure's transaction.)"""
 
 from __future__ import annotations
@@ -39,5 +40,6 @@ def erase_contact(
                 lambda: RULE_EXECUTIONS.labels("skipped", "contact_erased").inc(skipped),
             ),
         )
+    conn.execute(QUERIES["forget_traces"], params)
     conn.execute(QUERIES["delete_triggers"], params)
     conn.execute(QUERIES["delete_webhook_deliveries"], params)

@@ -7,6 +7,12 @@ SET status = 'skipped', skip_reason = 'contact_erased', locked_until = NULL, exe
 WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND status = 'pending'
 RETURNING id
 
+-- name: forget_traces
+-- The conditions' values the contact's finished executions kept (their decision trace: its name, its
+-- attributes, ...); the rows stay for the audit, with nothing of the person.
+UPDATE rule_pending_executions SET trace = NULL
+WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s AND trace IS NOT NULL
+
 -- name: delete_triggers
 -- The contact's recorded rule triggers (their rule runs go with them).
 DELETE FROM followup_triggers WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s

@@ -60,8 +60,8 @@ from libs.common.followups.send_window import add_open_time, zone
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, RuleRefusal, Subject, refusal_of, run_actions
 from libs.common.rules.episodes import Episode, current_key, episode_of, involves_status
-from libs.common.rules.matching import match
 from libs.common.rules.rules import RULES, ActiveRule
+from libs.common.rules.trace import DelayedRun, Recorded, record
 
 log = logging.getLogger(__name__)
 
@@ -99,18 +99,19 @@ class ToSchedule:
 
 def schedule(
     conn: Connection[Any], project_id: uuid.UUID, matched: list[ToSchedule], *, now: datetime
-) -> list[ToSchedule]:
+) -> list[tuple[ToSchedule, DelayedRun]]:
     """Record the pending executions of the project's delayed rules that matched (its triggers), in the
-    caller's transaction; returns those recorded. An event whose episode has already ended (a backlog: the
-    conversation moved on before its trigger was processed) records nothing; several events of one episode
-    in the batch record one execution (a reply chase due after the latest reply)."""
+    caller's transaction; returns those recorded, each with its episode and due time. An event whose
+    episode has already ended (a backlog: the conversation moved on before its trigger was processed)
+    records nothing; several events of one episode in the batch record one execution (a reply chase due
+    after the latest reply)."""
     assert all(item.subject.project_id == project_id for item in matched)
     anchors = _current_anchors(
         conn, project_id, [item.subject.conversation_id for item in matched if item.subject.conversation_id]
     )
     by_key: dict[tuple[uuid.UUID, uuid.UUID | None, str], dict[str, Any]] = {}
     dues: dict[tuple[uuid.UUID, uuid.UUID | None, str], datetime] = {}
-    recorded: list[ToSchedule] = []
+    recorded: list[tuple[ToSchedule, DelayedRun]] = []
     business = BusinessHours()
     for item in matched:
         episode = rule_episode(item.rule, item.subject)
@@ -119,7 +120,7 @@ def schedule(
             if current is None or current_key(episode.kind, current) != episode.key:
                 continue
         due = due_time(conn, item.rule, item.subject.project_id, episode, business)
-        recorded.append(item)
+        recorded.append((item, DelayedRun(episode_kind=episode.kind, episode_key=episode.key, due_at=due)))
         key = (item.rule.id, item.subject.conversation_id, episode.key)
         if key in dues and dues[key] >= due:
             continue
@@ -244,8 +245,9 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
     swept: Swept
     runtime: Runtime | None = None
     until: datetime = datetime.min
-    #: Whether each claimed execution's rule holds now, or the error its re-check met.
-    holds: dict[uuid.UUID, bool | Exception] = field(default_factory=dict)
+    #: Each claimed execution's rule re-checked now (its trace: the root's result is whether it holds; None:
+    #: not re-checked, the rule inactive or the trigger gone), or the error its re-check met.
+    holds: dict[uuid.UUID, Recorded | Exception | None] = field(default_factory=dict)
 
     def claim(self, limit: int, fairness: Fairness) -> list[dict[str, Any]]:
         now = self.clock.now()
@@ -258,7 +260,7 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
         return claimed
 
     def run(self, ctx: Connection[Any], item: dict[str, Any]) -> None:
-        holds = self.holds.get(item["id"], False)
+        holds = self.holds.get(item["id"])
         if isinstance(holds, Exception):
             raise holds  # its rule's re-check failed: this execution backs off, alone
         _execute(ctx, item, self.until, holds, self.stale_after, self.swept, self.clock.now())
@@ -268,7 +270,11 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
         row = _relock(ctx, item, self.until)
         if row is not None:
             reason, detail = refusal_of(refusal)
-            _finish(ctx, row, "skipped", reason, None, self.swept, self.clock.now(), detail=detail)
+            held = self.holds.get(item["id"])
+            trace = held if isinstance(held, Recorded) else None
+            _finish(
+                ctx, row, "skipped", reason, None, self.swept, self.clock.now(), detail=detail, trace=trace
+            )
             context = _context(row) | {"lease_until": self.until.isoformat()}
             log.info("delayed rule refused", extra=context | {"reason": reason})
 
@@ -282,14 +288,17 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
         return {"execution_id": str(item["id"])} | {k: str(item[k]) for k in ("rule_id", "project_id")}
 
 
-def _conditions(conn: Connection[Any], claimed: list[dict[str, Any]]) -> dict[uuid.UUID, bool | Exception]:
-    """Whether each claimed execution's rule, as it is now, holds over its trigger's context now: a rule's
-    re-check in a SAVEPOINT of its own; when it fails, each of its executions gets the error (and backs
-    off alone when it runs), the other rules' are checked on."""
+def _conditions(
+    conn: Connection[Any], claimed: list[dict[str, Any]]
+) -> dict[uuid.UUID, Recorded | Exception | None]:
+    """Each claimed execution's rule, as it is now, re-checked over its trigger's context now: its trace
+    (:mod:`~libs.common.rules.trace`: the root's result is whether it holds), one statement per rule, in a
+    SAVEPOINT of its own; when it fails, each of its executions gets the error (and backs off alone when it
+    runs), the other rules' are checked on."""
     by_rule: dict[tuple[uuid.UUID, uuid.UUID], list[dict[str, Any]]] = {}
     for item in claimed:
         by_rule.setdefault((item["project_id"], item["rule_id"]), []).append(item)
-    holds: dict[uuid.UUID, bool | Exception] = {}
+    holds: dict[uuid.UUID, Recorded | Exception | None] = {}
     for (project_id, rule_id), items in by_rule.items():
         try:
             with savepoint(conn):
@@ -297,13 +306,13 @@ def _conditions(conn: Connection[Any], claimed: list[dict[str, Any]]) -> dict[uu
                 if rule is None:
                     continue  # inactive or deleted: the guard chain says so
                 triggers = [item["trigger_id"] for item in items if item["trigger_id"] is not None]
-                by_trigger = match(conn, project_id, triggers, [rule.literal])
+                by_trigger = record(conn, project_id, rule.conditions, triggers)
         except Exception as exc:
             for item in items:
                 holds[item["id"]] = exc
             continue
         for item in items:
-            holds[item["id"]] = bool(by_trigger.get(item["trigger_id"], [False])[0])
+            holds[item["id"]] = by_trigger.get(item["trigger_id"])
     return holds
 
 
@@ -311,7 +320,7 @@ def _execute(
     conn: Connection[Any],
     execution: Leased,
     until: datetime,
-    holds: bool,
+    trace: Recorded | None,
     stale_after: timedelta,
     swept: Swept,
     now: datetime,
@@ -324,9 +333,9 @@ def _execute(
         return  # done meanwhile, or taken over by another sweeper after the lease ran out
     context = _context(row) | {"lease_until": until.isoformat()}
     rule = RULES.rule(conn, row["project_id"], row["rule_id"])
-    reason = _guard(row, rule, holds, stale_after, now)
+    reason = _guard(row, rule, trace is not None and trace.holds, stale_after, now)
     if reason is not None:
-        _finish(conn, row, "skipped", reason, None, swept, now)
+        _finish(conn, row, "skipped", reason, None, swept, now, trace=trace)
         log.info("delayed rule skipped", extra=context | {"reason": reason})
         return
     assert rule is not None
@@ -342,7 +351,8 @@ def _execute(
         execution_id=row["id"],
     )
     done = run_actions(conn, rule.id, rule.actions, subject, now=now)
-    _finish(conn, row, "executed", None, done.message_ids[0] if done.message_ids else None, swept, now)
+    message_id = done.message_ids[0] if done.message_ids else None
+    _finish(conn, row, "executed", None, message_id, swept, now, trace=trace)
     swept.done.webhook_delivery_ids += done.webhook_delivery_ids
     swept.done.message_ids += done.message_ids
     swept.done.stopped += done.stopped
@@ -431,8 +441,10 @@ def _finish(
     now: datetime,
     *,
     detail: str | None = None,
+    trace: Recorded | None = None,
 ) -> None:
-    """An execution executed, or skipped for ``reason`` (stored with its ``detail``)."""
+    """An execution executed, or skipped for ``reason`` (stored with its ``detail``), with its conditions'
+    trace as re-checked when it fell due."""
     skip_reason = stored(reason, detail) if reason is not None else None
     params = {
         "project_id": row["project_id"],
@@ -440,6 +452,7 @@ def _finish(
         "status": status,
         "skip_reason": skip_reason,
         "message_id": message_id,
+        "trace": Jsonb(msgspec.to_builtins(trace)) if trace is not None else None,
         "now": now,
     }
     conn.execute(QUERIES["finish"], params)

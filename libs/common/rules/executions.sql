@@ -70,10 +70,10 @@ WHERE e.project_id = %(project_id)s AND e.id = %(id)s AND e.status = 'pending' A
 FOR UPDATE OF e
 
 -- name: finish
--- An execution executed, or skipped with its reason.
+-- An execution executed, or skipped with its reason, and its conditions as re-checked when it fell due.
 UPDATE rule_pending_executions
 SET status = %(status)s, skip_reason = %(skip_reason)s, message_id = %(message_id)s, executed_at = %(now)s,
-    locked_until = NULL, updated_at = %(now)s
+    trace = %(trace)s, locked_until = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: failed

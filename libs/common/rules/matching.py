@@ -1,7 +1,7 @@
 """Matching: a rule's compiled conditions (:func:`~libs.common.rules.conditions.compile_conditions`)
 written into SQL text with their values (:func:`inline`), and those predicates evaluated over triggers
-(:func:`match`), as the triggers service and the delayed-rule sweep do, or over one trigger with the values
-they compare (:func:`evaluate`), as a dry run does.
+(:func:`match`), as the triggers service and the delayed-rule sweep do, or node by node with the values
+they compare (:func:`evaluate`), as a trace does.
 
 A statement binds only the project and its triggers' ids, whatever the number of leaves (PostgreSQL binds at
 most 65,535 parameters); its text stays the same while the rules do, so it is prepared once per connection.
@@ -91,24 +91,29 @@ def matched(ids: list[int], cursors: list[RawCursor[Any]]) -> dict[int, list[boo
 
 
 def evaluation_statement(predicates: list[str], values: list[str]) -> str:
-    """The statement that evaluates ``predicates`` and ``values`` over one of a project's triggers (``$1``:
-    the project, ``$2``: the trigger's id)."""
+    """The statement that evaluates ``predicates`` and ``values`` over some of a project's triggers (``$1``:
+    the project, ``$2``: the triggers' ids)."""
     results = f"ARRAY[{', '.join(predicates)}]::boolean[]"
     found = f"ARRAY[{', '.join(values)}]::jsonb[]"
-    return f"SELECT {results}, {found} FROM {_CONTEXT} WHERE t.project_id = $1 AND t.id = $2"
+    return f"SELECT t.id, {results}, {found} FROM {_CONTEXT} WHERE t.project_id = $1 AND t.id = ANY($2)"
 
 
 def evaluate(
-    conn: Connection[Any], project_id: uuid.UUID, trigger_id: int, predicates: list[str], values: list[str]
-) -> tuple[list[bool], list[Any]] | None:
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    trigger_ids: list[int],
+    predicates: list[str],
+    values: list[str],
+) -> dict[int, tuple[list[bool], list[Any]]]:
     """Each predicate (written in: :func:`inline`) and each value (a jsonb expression written in the same
-    way) over one of the project's triggers, in ONE statement, as a dry run reads a rule; None when the
-    trigger's contact is gone. The statement is made once (its text is the rule's at this moment): not
-    prepared."""
+    way) over each of the project's triggers ``trigger_ids``, in ONE statement, as a trace reads a rule
+    (:mod:`~libs.common.rules.trace`); a trigger whose contact is gone is left out. The statement is made
+    for the rule as it is (not prepared: a project's many rules would push the matching statements out of
+    the connection's prepared ones)."""
     query = evaluation_statement(predicates, values)
     with RawCursor(conn) as cur:
-        row = cur.execute(query.encode(), [project_id, trigger_id], prepare=False).fetchone()
-    return None if row is None else (list(row[0]), list(row[1]))
+        rows = cur.execute(query.encode(), [project_id, trigger_ids], prepare=False).fetchall()
+    return {trigger_id: (list(results), list(actuals)) for trigger_id, results, actuals in rows}
 
 
 def _chunks(predicates: list[str]) -> list[list[str]]:

@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Final, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import msgspec
 import psycopg
@@ -35,10 +35,9 @@ from libs.common.core import validation
 from libs.common.core.effects import Invalidate, after_commit
 from libs.common.core.errors import InvalidInput, NotFound, Refusals
 from libs.common.core.invalidation import on_invalidation
-from libs.common.core.reasons import Other, split
 from libs.common.core.sql import load_queries
 from libs.common.followups.project_settings import get_settings
-from libs.common.rules.actions import Action, RuleRefusal, check_action_count, validate_actions
+from libs.common.rules.actions import Action, check_action_count, validate_actions
 from libs.common.rules.conditions import (
     Node,
     check_event_fields,
@@ -125,24 +124,6 @@ class Rule(msgspec.Struct, kw_only=True, frozen=True):
     position: int
     created_at: datetime
     updated_at: datetime
-
-
-#: What a rule did with a trigger: ran its actions, recorded a delayed execution, or was refused.
-RuleRunOutcome = Literal["executed", "scheduled", "rejected"]
-#: The refusals this version records (a stored one it does not know reads as ``other``).
-RULE_REFUSALS: Final[frozenset[RuleRefusal]] = frozenset(get_args(RuleRefusal))
-
-
-class RuleRun(msgspec.Struct, kw_only=True, frozen=True):
-    #: The trigger's public id (random: it tells nothing of other projects' volume).
-    trigger_id: uuid.UUID
-    outcome: RuleRunOutcome
-    #: Why a ``rejected`` run was refused (null otherwise); ``other`` for a code this version does not know
-    #: (its stored text is the detail).
-    reason: Literal[RuleRefusal, Other] | None
-    #: What the reason is about (the placeholder of ``missing_variable``), if anything.
-    reason_detail: str | None
-    ran_at: datetime
 
 
 def runs_after(minutes: int | None) -> str:
@@ -310,21 +291,6 @@ def delete_rule(conn: Connection[Any], project_id: uuid.UUID, rule_id: uuid.UUID
 def _changed(conn: Connection[Any], project_id: uuid.UUID) -> None:
     """Once the change committed, every process forgets the project's cached rules (this one at once)."""
     after_commit(conn, Invalidate(INVALIDATION_KIND, project_id))
-
-
-def rule_runs(
-    conn: Connection[Any], project_id: uuid.UUID, rule_id: uuid.UUID, *, limit: int
-) -> list[RuleRun]:
-    get_rule(conn, project_id, rule_id)
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(
-            QUERIES["rule_runs"], {"project_id": project_id, "rule_id": rule_id, "limit": limit}
-        ).fetchall()
-    runs = []
-    for row in rows:  # the stored ``code:detail`` split in two
-        reason, detail = split(row.pop("detail"), RULE_REFUSALS)
-        runs.append(row | {"reason": reason, "reason_detail": detail})
-    return msgspec.convert(runs, list[RuleRun])
 
 
 # --- the per-process cache ---------------------------------------------------------------------------------

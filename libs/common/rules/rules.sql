@@ -61,15 +61,6 @@ FROM rules
 WHERE project_id = %(project_id)s AND active
 ORDER BY position, created_at, id
 
--- name: rule_runs
--- What a rule did with its latest triggers, newest first.
--- (a trigger is named by its public id: the internal one would count every project's triggers).
-SELECT t.public_id AS trigger_id, r.outcome, r.detail, r.ran_at
-FROM rule_runs r JOIN followup_triggers t ON t.project_id = r.project_id AND t.id = r.trigger_id
-WHERE r.project_id = %(project_id)s AND r.rule_id = %(rule_id)s
-ORDER BY r.ran_at DESC, r.trigger_id DESC
-LIMIT %(limit)s
-
 -- name: lock_rule_count
 -- Serialise the creates of one project's rules (a transaction-scoped advisory lock), so the count that
 -- follows holds until the insert commits.

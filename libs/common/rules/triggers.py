@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
@@ -61,7 +62,9 @@ from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import BUSINESS_ERRORS, Done, RuleRefusal, Subject, refusal_of, run_actions
 from libs.common.rules.executions import ToSchedule, schedule
 from libs.common.rules.matching import matched, send_match
-from libs.common.rules.rules import RULES, ActiveRule, RuleRunOutcome
+from libs.common.rules.rules import RULES, ActiveRule
+from libs.common.rules.runs import RuleRunOutcome
+from libs.common.rules.trace import DelayedRun, Recorded, record
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +188,8 @@ def process_triggers(
     return processed
 
 
-#: A leased trigger and the rules it runs.
-_ToRun = tuple[_Claimed, list[ActiveRule]]
+#: A leased trigger, the rules it runs, and each one's trace (by rule) as matched.
+_ToRun = tuple[_Claimed, list[ActiveRule], dict[uuid.UUID, Recorded]]
 
 
 class _Batch(OwnTransactions[_ToRun]):
@@ -209,8 +212,8 @@ class _Batch(OwnTransactions[_ToRun]):
         return _claim(self, limit, fairness)
 
     def run(self, ctx: Connection[Any], item: _ToRun) -> Failed | None:
-        trigger, rules = item
-        return _run(ctx, trigger, rules, self.until, self.processed, self.now)
+        trigger, rules, traces = item
+        return _run(ctx, trigger, rules, traces, self.until, self.processed, self.now)
 
     def attempt(self, item: _ToRun) -> int:
         return item[0].attempts + 1
@@ -290,20 +293,26 @@ def _settle_group(
         matching = send_match(conn, project_id, ids, [rule.literal for rule in rules])
     already = {(t, r) for t, r in done_before.fetchall()}
     matches = matched(ids, matching)
-    to_run: list[_ToRun] = []
+    chosen: list[tuple[_Claimed, list[ActiveRule]]] = []
     delayed: list[ToSchedule] = []
     for trigger in group:
-        chosen = _to_run(trigger, rules, matches, already, delayed, outcomes)
-        if chosen:
-            to_run.append((trigger, chosen))
+        now_run = _to_run(trigger, rules, matches, already, delayed, outcomes)
+        if now_run:
+            chosen.append((trigger, now_run))
+    traces = _traces(conn, project_id, chosen, delayed)
+    to_run = [(trigger, now_run, traces.get(trigger.id, {})) for trigger, now_run in chosen]
     runs: list[dict[str, Any]] = []
     if delayed:
-        recorded = schedule(conn, project_id, delayed, now=now)
         runs = [
-            _rule_run({"trigger_id": item.subject.trigger_id, "rule_id": str(item.rule.id)}, "scheduled")
-            for item in recorded
+            _rule_run(
+                {"trigger_id": item.subject.trigger_id, "rule_id": str(item.rule.id)},
+                "scheduled",
+                trace=traces.get(item.subject.trigger_id, {}).get(item.rule.id),
+                delayed=scheduled,
+            )
+            for item, scheduled in schedule(conn, project_id, delayed, now=now)
         ]
-    running = [trigger.id for trigger, _ in to_run]
+    running = [trigger.id for trigger, _ in chosen]
     settled = [t.id for t in group if t.id not in running]
     project = {"project_id": project_id, "now": now}
     with conn.pipeline():
@@ -315,6 +324,26 @@ def _settle_group(
             conn.execute(QUERIES["lease"], {"project_id": project_id, "ids": running, "until": batch.until})
         settling.release()
     return to_run
+
+
+def _traces(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    chosen: list[tuple[_Claimed, list[ActiveRule]]],
+    delayed: list[ToSchedule],
+) -> dict[int, dict[uuid.UUID, Recorded]]:
+    """The trace of each rule a trigger runs or schedules (:mod:`~libs.common.rules.trace`), by trigger and
+    rule: one statement per rule that matched, over the triggers it matched (the rules that did not match
+    cost nothing)."""
+    by_rule: dict[uuid.UUID, tuple[ActiveRule, list[int]]] = {}
+    pairs = [(trigger.id, rule) for trigger, rules in chosen for rule in rules]
+    for trigger_id, rule in pairs + [(item.subject.trigger_id, item.rule) for item in delayed]:
+        by_rule.setdefault(rule.id, (rule, []))[1].append(trigger_id)
+    traces: dict[int, dict[uuid.UUID, Recorded]] = {}
+    for rule, trigger_ids in by_rule.values():
+        for trigger_id, recorded in record(conn, project_id, rule.conditions, trigger_ids).items():
+            traces.setdefault(trigger_id, {})[rule.id] = recorded
+    return traces
 
 
 def _to_run(
@@ -373,6 +402,7 @@ def _run(
     conn: Connection[Any],
     trigger: _Claimed,
     rules: list[ActiveRule],
+    traces: dict[uuid.UUID, Recorded],
     until: datetime,
     processed: Processed,
     now: datetime,
@@ -393,7 +423,8 @@ def _run(
     with conn.pipeline():
         locked = conn.execute(QUERIES["lock_leased"], lease)
         together.open()
-        _write_runs(conn, trigger, [_row(trigger, item) for item in executed], processed=True, now=now)
+        rows = [_row(trigger, item, traces) for item in executed]
+        _write_runs(conn, trigger, rows, processed=True, now=now)
     if locked.fetchone() is None:
         together.rollback()
         return None  # processed meanwhile, or taken over by another worker after the lease ran out
@@ -412,9 +443,8 @@ def _run(
         )
         ran, failed = _run_each(conn, rules, subject, now)
         with conn.pipeline():
-            _write_runs(
-                conn, trigger, [_row(trigger, item) for item in ran], processed=failed is None, now=now
-            )
+            rows = [_row(trigger, item, traces) for item in ran]
+            _write_runs(conn, trigger, rows, processed=failed is None, now=now)
     for item in ran:
         _count(trigger, item, processed)
     return failed
@@ -450,14 +480,15 @@ def _run_each(
     return ran, None
 
 
-def _row(trigger: _Claimed, item: _RuleRan) -> dict[str, Any]:
-    """A rule's run for ``trigger`` as its row of ``rule_runs``."""
+def _row(trigger: _Claimed, item: _RuleRan, traces: dict[uuid.UUID, Recorded]) -> dict[str, Any]:
+    """A rule's run for ``trigger`` as its row of ``rule_runs``, with its trace as matched."""
     run = {"trigger_id": trigger.id, "rule_id": str(item.rule.id)}
+    trace = traces.get(item.rule.id)
     if item.done is None:
         assert item.refusal is not None
         reason, detail = refusal_of(item.refusal)
-        return _rule_run(run, "rejected", reason, detail)
-    return _rule_run(run, "executed")
+        return _rule_run(run, "rejected", reason, detail, trace=trace)
+    return _rule_run(run, "executed", trace=trace)
 
 
 def _count(trigger: _Claimed, item: _RuleRan, processed: Processed) -> None:
@@ -486,10 +517,20 @@ def _rule_run(
     outcome: RuleRunOutcome,
     reason: RuleRefusal | None = None,
     detail: str | None = None,
+    *,
+    trace: Recorded | None,
+    delayed: DelayedRun | None = None,
 ) -> dict[str, Any]:
-    """A row of ``rule_runs`` of the project (``run`` names its trigger and rule): its outcome, and a
-    refusal's reason stored with its detail (``missing_variable:vars.plan``)."""
-    return run | {"outcome": outcome, "detail": stored(reason, detail) if reason is not None else None}
+    """A row of ``rule_runs`` of the project (``run`` names its trigger and rule): its outcome, a refusal's
+    reason stored with its detail (``missing_variable:vars.plan``), and its trace as matched (a delayed
+    rule's with the episode it belongs to)."""
+    if trace is not None and delayed is not None:
+        trace = msgspec.structs.replace(trace, delayed=delayed)
+    return run | {
+        "outcome": outcome,
+        "detail": stored(reason, detail) if reason is not None else None,
+        "trace": msgspec.to_builtins(trace) if trace is not None else None,
+    }
 
 
 def _failed(

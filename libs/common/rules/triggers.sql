@@ -52,10 +52,11 @@ FOR UPDATE
 SELECT trigger_id, rule_id FROM rule_runs WHERE project_id = %(project_id)s AND trigger_id = ANY(%(ids)s)
 
 -- name: insert_rule_runs
--- What each rule of the project did with its trigger.
-INSERT INTO rule_runs (project_id, trigger_id, rule_id, outcome, detail, ran_at)
-SELECT %(project_id)s, r.trigger_id, r.rule_id, r.outcome, r.detail, %(now)s
-FROM jsonb_to_recordset(%(runs)s::jsonb) AS r(trigger_id bigint, rule_id uuid, outcome text, detail text)
+-- What each rule of the project did with its trigger, with its trace as matched.
+INSERT INTO rule_runs (project_id, trigger_id, rule_id, outcome, detail, trace, ran_at)
+SELECT %(project_id)s, r.trigger_id, r.rule_id, r.outcome, r.detail, r.trace, %(now)s
+FROM jsonb_to_recordset(%(runs)s::jsonb)
+     AS r(trigger_id bigint, rule_id uuid, outcome text, detail text, trace jsonb)
 ON CONFLICT (project_id, trigger_id, rule_id) DO NOTHING
 
 -- name: mark_processed

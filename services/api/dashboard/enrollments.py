@@ -17,6 +17,7 @@ from libs.common.contracts.labels import label as label_of
 from libs.common.core.errors import FollowupsError, NotFound
 from libs.common.followups import enrollments, sequences
 from libs.common.followups.enrollments import EnrollmentDetail, EnrollRequest
+from libs.common.followups.held import explain
 from libs.common.platform import contacts
 from services.api.dashboard.base import paged, project_of, query_uuid, see_other
 from services.api.dashboard.forms import (
@@ -78,12 +79,14 @@ def timeline(detail: EnrollmentDetail, steps: list[Any]) -> list[TimelineEntry]:
                     TimelineEntry("done", f"{label}: queued", run.ran_at, detail_text, messages.get(index))
                 )
             else:
+                held = explain(run.reason, run.reason_values)
                 entries.append(
                     TimelineEntry(
                         "skipped",
                         f"{label}: skipped",
                         run.ran_at,
-                        f"reason: {label_of(run.reason or 'unknown', 'reason', run.reason_detail)}",
+                        f"reason: {label_of(run.reason or 'unknown', 'reason', run.reason_detail)}"
+                        + (f" · {held}" if held else ""),
                     )
                 )
         elif live and index == enrollment.step_index:
@@ -97,8 +100,10 @@ def timeline(detail: EnrollmentDetail, steps: list[Any]) -> list[TimelineEntry]:
                     )
                 )
             else:
+                held = explain(enrollment.waiting_reason, enrollment.waiting_values)
                 waiting = (
                     f"waiting: {label_of(enrollment.waiting_reason, 'reason')}"
+                    + (f" · {held}" if held else "")
                     if enrollment.waiting_reason
                     else "scheduled"
                 )

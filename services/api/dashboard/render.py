@@ -20,6 +20,7 @@ from litestar.enums import MediaType
 from markupsafe import Markup
 
 from libs.common.contracts.labels import label
+from libs.common.followups.held import explain
 from libs.common.platform.api_keys import allows
 from services.api.dashboard.forms import FormErrors, field_id
 from services.api.dashboard.session import CSRF_FIELD, Session, Signer
@@ -158,6 +159,12 @@ def percent(part: int, whole: int) -> str:
     return "—" if not whole else f"{math.floor(100 * part / whole)}%"
 
 
+def held_back(enrollment: Any) -> str:
+    """What a live enrollment waits for, with the values its check compared (``send window opens at 09:00
+    Europe/Lisbon (tue)``); empty when it waits for nothing."""
+    return explain(enrollment.waiting_reason, enrollment.waiting_values)
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("services.api.dashboard", "templates"),
@@ -167,7 +174,14 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        when=when, moment=moment, instant=instant, duration=duration, short=short, label=label, step=step_of
+        when=when,
+        moment=moment,
+        instant=instant,
+        duration=duration,
+        short=short,
+        label=label,
+        step=step_of,
+        held=held_back,
     )
     env.globals.update(tone=tone, percent=percent, navigation=NAVIGATION, field_id=field_id, allows=allows)
     return env

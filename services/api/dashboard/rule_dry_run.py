@@ -15,7 +15,8 @@ import msgspec
 from psycopg import Connection
 
 from libs.common.contracts.labels import label
-from libs.common.rules.dry_run import ConditionResult, DryRunRequest, GroupResult
+from libs.common.rules.dry_run import DryRunRequest
+from libs.common.rules.trace import ConditionResult, GroupResult
 from services.api.dashboard.forms import Form, FormErrors
 from services.api.dashboard.queries import typed_contact_id
 

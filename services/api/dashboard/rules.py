@@ -16,6 +16,7 @@ from psycopg import Connection
 from libs.common.core.errors import Conflict, FollowupsError
 from libs.common.followups import sequences
 from libs.common.rules import dry_run, executions, rules
+from libs.common.rules import runs as rule_runs
 from libs.common.rules.dry_run import DryRun
 from libs.common.rules.rules import RuleCreate, RuleUpdate
 from services.api.dashboard.action_form import (
@@ -28,7 +29,7 @@ from services.api.dashboard.action_form import (
 from services.api.dashboard.base import paged, project_of, see_other
 from services.api.dashboard.condition_form import ATTRIBUTE_CHOICES, OPERATOR_CHOICES, VALUE_TYPES, summary
 from services.api.dashboard.forms import Form, FormErrors, back_to_card, error_of, try_form, validation_error
-from services.api.dashboard.queries import sequence_names
+from services.api.dashboard.queries import contact_labels, sequence_names
 from services.api.dashboard.render import page
 from services.api.dashboard.rule_dry_run import EVENT_EXAMPLE, FIELDS, DryRunForm, shown
 from services.api.dashboard.rule_form import EVENTS, RuleForm
@@ -87,6 +88,29 @@ class RulesController(Controller):
             request, rule_id, typed, tried=tried.answer, errors=tried.errors, status=tried.status
         )
 
+    @get("/{rule_id:uuid}/runs/{run_id:uuid}", sync_to_thread=True)
+    def run(
+        self, request: Request[Any, Any, Any], rule_id: FromPath[uuid.UUID], run_id: FromPath[uuid.UUID]
+    ) -> Response[str]:
+        """One run of the rule and its decision trace: the conditions when it ran, and for a delayed rule
+        its episode and execution, with the conditions when it fell due."""
+        project_id = project_of(request)
+        with transaction(runtime_of(request)) as conn:
+            rule = rules.get_rule(conn, project_id, rule_id)
+            run = rule_runs.rule_run(conn, project_id, rule_id, run_id)
+            names = contact_labels(conn, project_id, [run.contact_id])
+        execution = run.execution
+        return page(
+            request,
+            "rules/run.html",
+            title=f"A run of {rule.name}",
+            rule=rule,
+            run=run,
+            contact_name=names.get(run.contact_id, "erased contact"),
+            tree=shown(run.conditions) if run.conditions else None,
+            execution_tree=shown(execution.conditions) if execution and execution.conditions else None,
+        )
+
     def _detail(
         self,
         request: Request[Any, Any, Any],
@@ -105,7 +129,7 @@ class RulesController(Controller):
             found = executions.list_executions(
                 conn, project_id, rule_id=rule_id, status=shown_status, limit=100
             )
-            runs = rules.rule_runs(conn, project_id, rule_id, limit=20)
+            runs = rule_runs.rule_runs(conn, project_id, rule_id, limit=20)
             names = sequence_names(
                 conn,
                 project_id,

@@ -12,10 +12,11 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.platform import webhook_secrets
 from libs.common.platform.webhook_secrets import RotateWebhookSecret, WebhookSecret
-from libs.common.rules import dry_run, executions, rules, webhooks
+from libs.common.rules import dry_run, executions, rules, runs, webhooks
 from libs.common.rules.dry_run import DryRun, DryRunRequest
 from libs.common.rules.executions import Execution, ExecutionStatus
-from libs.common.rules.rules import Event, Rule, RuleCreate, RuleRun, RuleUpdate
+from libs.common.rules.rules import Event, Rule, RuleCreate, RuleUpdate
+from libs.common.rules.runs import RuleRun, RuleRunDetail
 from libs.common.rules.webhooks import Delivery
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
 from services.api.openapi import conflict, invalid, not_found
@@ -184,9 +185,28 @@ class RulesController(Controller):
         limit: PageLimit = 50,
     ) -> Items[RuleRun]:
         """What the rule did with its latest triggers (executed, scheduled, or rejected: ``reason`` and
-        ``reason_detail`` say why), newest first."""
+        ``reason_detail`` say why), newest first, each with its trace's short form (``conditions_summary``).
+        A run's ``trigger_id`` is its id."""
         with transaction(runtime_of(request)) as conn:
-            return as_items(rules.rule_runs(conn, project_id, rule_id, limit=limit))
+            return as_items(runs.rule_runs(conn, project_id, rule_id, limit=limit))
+
+    @get(
+        "/{rule_id:uuid}/runs/{run_id:uuid}",
+        sync_to_thread=True,
+        responses=not_found("No such rule in the project, or no run of it for this trigger."),
+    )
+    def run(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        rule_id: FromPath[uuid.UUID],
+        run_id: FromPath[uuid.UUID],
+    ) -> RuleRunDetail:
+        """One run (``run_id``: its ``trigger_id``) with its decision trace: the conditions as evaluated when
+        it ran (each result and value), a delayed rule's episode and its execution, with the conditions as
+        re-checked when it fell due and the guard that stopped it."""
+        with transaction(runtime_of(request)) as conn:
+            return runs.rule_run(conn, project_id, rule_id, run_id)
 
 
 class WebhookDeliveriesController(Controller):
