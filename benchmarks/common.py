@@ -44,6 +44,15 @@ def start_all(processes: Iterable[BaseProcess], ready: Any) -> None:
         ready.acquire()
 
 
+def rss_mb(pid: int) -> float:
+    """The resident set size of process ``pid`` in MB (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
 def percentile(values: list[float], pct: float) -> float:
     """The ``pct`` percentile (nearest rank) of ``values``."""
     if not values:

@@ -63,7 +63,7 @@ from dramatiq.common import dq_name, xq_name
 from dramatiq.worker import DELAY_QUEUE_PREFETCH
 
 from benchmarks import release as release_bench
-from benchmarks.common import bench_database, start_all
+from benchmarks.common import bench_database, rss_mb, start_all
 from benchmarks.seed import seed_due_enrollments, seed_project
 from libs.common.followups.stops import stop_followups_for_contact
 
@@ -95,15 +95,6 @@ DRAMATIQ_ACTOR = "peers_followup_due"
 
 def amqp_url() -> str:
     return os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
-
-
-def rss_mb(pid: int) -> float:
-    """The resident set size of process ``pid`` in MB (Linux ``/proc``)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 def _run_async(coro: Coroutine[Any, Any, None]) -> None:

@@ -43,14 +43,18 @@ transaction's statements through pgbench one at a time with one client: each one
 from __future__ import annotations
 
 import argparse
+import cProfile
+import glob
 import multiprocessing
 import os
+import pstats
 import re
 import shutil
 import statistics
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,7 +62,7 @@ from urllib.parse import urlsplit
 import msgspec
 import psycopg
 
-from benchmarks.common import bench_database, percentile, start_all
+from benchmarks.common import bench_database, percentile, rss_mb, start_all
 from benchmarks.seed import seed_due_enrollments, seed_history, seed_project, with_numbers
 from libs.common.core import outbox
 from libs.common.core.clock import SYSTEM_CLOCK
@@ -110,33 +114,46 @@ def _seed(url: str, count: int, settings: dict[str, Any] | None = None) -> None:
         conn.execute("ANALYZE")
 
 
-def _worker(url: str, ready: Any, go: Any) -> None:
+def _worker(url: str, ready: Any, go: Any, profile: str | None = None, rss: Any = None) -> None:
+    """A release worker draining every due enrollment (and waiting for the paced ones); with ``profile``,
+    under cProfile (its stats written to ``profile`` + the process id); with ``rss`` (a shared double), it
+    drains what is due now, then leaves its resident set size (MB) there."""
     pool = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=1))
     settings = FollowupSettings()
     turns = RoundRobin()
+    profiler = cProfile.Profile() if profile is not None else None
     ready.release()
     go.wait()
+    if profiler is not None:
+        profiler.enable()
     while True:
         if release.release_batch(pool, SYSTEM_CLOCK, settings, limit=1000, turns=turns):
             continue
+        if rss is not None:
+            rss.value = rss_mb(os.getpid())
+            break
         # nothing due now: done, unless paced follow-ups wait for their slots (poll like the loop does)
         with pool.connection() as conn:
             waiting = conn.execute("SELECT 1 FROM followup_enrollments WHERE status = 'active' LIMIT 1")
             if waiting.fetchone() is None:
                 break
         time.sleep(0.005)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(f"{profile}.{os.getpid()}")
     pool.close()
 
 
 def run_release(
-    url: str, count: int, workers: int, settings: dict[str, Any] | None = None
+    url: str, count: int, workers: int, settings: dict[str, Any] | None = None, *, profile: str | None = None
 ) -> tuple[float, float, float]:
-    """Release ``count`` due enrollments with ``workers`` processes; (steps/s, p50 lag ms, p99 lag ms)."""
+    """Release ``count`` due enrollments with ``workers`` processes; (steps/s, p50 lag ms, p99 lag ms).
+    With ``profile``, the workers run under cProfile (see :func:`_worker`)."""
     _reset(url)
     _seed(url, count, settings)
     context = multiprocessing.get_context("spawn")
     ready, go = context.Semaphore(0), context.Event()
-    processes = [context.Process(target=_worker, args=(url, ready, go)) for _ in range(workers)]
+    processes = [context.Process(target=_worker, args=(url, ready, go, profile)) for _ in range(workers)]
     start_all(processes, ready)
     started = time.perf_counter()
     go.set()
@@ -363,25 +380,26 @@ def _pgbench_statement(sql: str, gset: bool = False, **overrides: str) -> str:
 def pgbench_script() -> str:
     """The release transaction of a one-step sequence as a pgbench script, from the release path's SQL.
 
-    Like the release path, it reads the claim, the contact and the conversation one at a time, then
-    sends every write and the COMMIT in one pipeline. The message id the release path makes in Python
-    comes from the conversation query here.
+    Like the release path, it reads the claim, then the contact's state (which locks the conversation the
+    message threads into), then sends every write and the COMMIT in one pipeline. The message id the
+    release path makes in Python comes from the state query here. pgbench cannot read a result inside a
+    pipeline (``\\gset``), so its ``BEGIN`` costs a round trip of its own, where the release path sends it
+    with the claim.
     """
     claim, step, messages = release_claim.QUERIES, release_step.QUERIES, platform_messages.QUERIES
     enrollment = "NULLIF(:id, '')::uuid"
     message = "NULLIF(:message_id, '')::uuid"
-    conversation = messages["lock_open_conversation"].replace(
-        "SELECT id, number_id", "SELECT id AS conversation_id, gen_random_uuid() AS message_id", 1
-    )
+    conversation = "NULLIF(:open_conversation_id, '')::uuid"
+    state = step["release_state"].replace("SELECT ", "SELECT gen_random_uuid() AS message_id, ", 1)
     statements = [
         "BEGIN;",
         _pgbench_statement(claim["claim_due_enrollment"], gset=True),
-        _pgbench_statement(step["release_state"], fixed_number_id="NULL"),
-        _pgbench_statement(conversation, gset=True),
+        _pgbench_statement(state, gset=True, fixed_number_id="NULL"),
         "\\startpipeline",
         _pgbench_statement(
             messages["insert_queued_message"],
             id=message,
+            conversation_id=conversation,
             followup_enrollment_id=enrollment,
             template_name="NULL",
             template_language="NULL",
@@ -405,6 +423,7 @@ def pgbench_script() -> str:
             note="NULL",
             step_index="1",
             message_id=message,
+            conversation_id=conversation,
         ),
         _pgbench_statement(
             outbox.QUERIES["insert_events"],
@@ -492,13 +511,13 @@ def _pgbench(
 # --- the claim at scale ---------------------------------------------------------------------------------
 
 
-def claim_latency(url: str, not_due: int, samples: int = 300) -> float:
-    """Median claim latency (ms) with ``not_due`` active enrollments not yet due and a few due ones."""
+def claim_latency(url: str, not_due: int, due: int, samples: int = 300) -> float:
+    """Median claim latency (ms) with ``not_due`` active enrollments not yet due and ``due`` due ones."""
     _reset(url)
     now = datetime.now(UTC)
     with psycopg.connect(url) as conn:
         project_id, sequence_id = seed_project(conn)
-        seed_due_enrollments(conn, project_id, sequence_id, 100, due_at=now - timedelta(seconds=1))
+        seed_due_enrollments(conn, project_id, sequence_id, due, due_at=now - timedelta(seconds=1))
         version = conn.execute(
             "SELECT current_version_id FROM followup_sequences WHERE id = %s", (sequence_id,)
         )
@@ -534,13 +553,96 @@ def claim_latency(url: str, not_due: int, samples: int = 300) -> float:
     return statistics.median(timings)
 
 
+def drained_rss(url: str, due: int) -> float:
+    """One release worker drains the ``due`` enrollments due now: its resident set size (MB) then."""
+    context = multiprocessing.get_context("spawn")
+    ready, go, rss = context.Semaphore(0), context.Event(), context.Value("d", 0.0)
+    worker = context.Process(target=_worker, args=(url, ready, go, None, rss))
+    start_all([worker], ready)
+    go.set()
+    worker.join()
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM followup_step_runs").fetchone()
+    assert row is not None and row[0] == due, f"released {row} of {due}"
+    return float(rss.value)
+
+
+@dataclass
+class Scale:
+    """Per round, the figure with the small then the large table: claim medians (ms), worker RSS (MB)."""
+
+    claims: list[tuple[float, float]] = field(default_factory=list)
+    rss: list[tuple[float, float]] = field(default_factory=list)
+
+
+def run_scale(url: str, args: argparse.Namespace) -> Scale:
+    """The claim's latency, and a release worker's RSS once it drained ``args.scale_due`` due enrollments,
+    with ``args.claim_small`` then ``args.claim_large`` not-yet-due ones in the table, in turn for
+    ``args.rounds`` rounds."""
+    scale = Scale()
+    for _ in range(args.rounds):
+        claims, sizes = [], []
+        for not_due in (args.claim_small, args.claim_large):
+            claims.append(claim_latency(url, not_due, args.scale_due))
+            sizes.append(drained_rss(url, args.scale_due))
+        scale.claims.append((claims[0], claims[1]))
+        scale.rss.append((sizes[0], sizes[1]))
+    small, large = (statistics.median(c[i] for c in scale.claims) for i in (0, 1))
+    print(
+        f"  claim median: {small:.3f} ms with {args.claim_small} not due, {large:.3f} ms with"
+        f" {args.claim_large} (runs in turn: {' '.join(f'{s:.3f}/{b:.3f}' for s, b in scale.claims)})"
+    )
+    small, large = (statistics.median(r[i] for r in scale.rss) for i in (0, 1))
+    print(
+        f"  a release worker's RSS after draining {args.scale_due} due: {small:.1f} MB with"
+        f" {args.claim_small} not due, {large:.1f} MB with {args.claim_large}"
+        f" (runs in turn: {' '.join(f'{s:.1f}/{b:.1f}' for s, b in scale.rss)})"
+    )
+    return scale
+
+
+def _scale_ratio(pairs: list[tuple[float, float]]) -> float:
+    """The median of the rounds' large-over-small ratios."""
+    return statistics.median(large / small for small, large in pairs)
+
+
+def _table_size(count: int) -> str:
+    return f"{count // 1_000_000}m" if count >= 1_000_000 and count % 1_000_000 == 0 else f"{count // 1000}k"
+
+
+def _rss_keys(args: argparse.Namespace, scale: Scale) -> str:
+    small, large = _table_size(args.claim_small), _table_size(args.claim_large)
+    return (
+        f"rss_mb_{small}={statistics.median(r[0] for r in scale.rss):.1f}"
+        f" rss_mb_{large}={statistics.median(r[1] for r in scale.rss):.1f}"
+        f" rss_ratio_{large}_{small}={_scale_ratio(scale.rss):.2f}"
+    )
+
+
+def _scale_keys(args: argparse.Namespace, scale: Scale) -> str:
+    return f"claim_ratio_1m_10k={_scale_ratio(scale.claims):.2f} {_rss_keys(args, scale)}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("-n", "--enrollments", type=int, default=20_000)
     parser.add_argument("-w", "--workers", type=int, default=2)
     parser.add_argument("--claim-large", type=int, default=1_000_000)
     parser.add_argument("--claim-small", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=3, help="unconstrained/constrained runs in turn")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of the compared runs in turn (release/pgbench, 10k/1m)"
+    )
+    parser.add_argument(
+        "--scale-due", type=int, default=2_000, help="due enrollments beside the not-due ones (claim, RSS)"
+    )
+    parser.add_argument(
+        "--ratio-only", action="store_true", help="the release path and its pgbench ceiling in turn only"
+    )
+    parser.add_argument(
+        "--scale-only",
+        action="store_true",
+        help="the claim latency and a worker's RSS with 10k and 1m not-due enrollments in turn only",
+    )
     parser.add_argument("--paced", type=int, default=2_000, help="enrollments of the paced run")
     parser.add_argument("--send-delay-ms", type=int, default=200, help="the paced run's pacing gap")
     parser.add_argument("--steady-rate", type=int, default=200, help="steps falling due per second")
@@ -572,8 +674,21 @@ def main() -> None:
     parser.add_argument(
         "--statements", action="store_true", help="the cost of each statement of the step (pgbench -r) only"
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="one release run, its workers under cProfile: the heaviest"
+    )
+    parser.add_argument("--profile-top", type=int, default=15, help="functions the profile prints")
     parser.add_argument("--database", default=BENCH_DATABASE, help="the benchmark's own database (dropped)")
     args = parser.parse_args()
+
+    if args.profile:
+        with bench_database(args.database) as url, tempfile.TemporaryDirectory() as scratch:
+            steps_per_s = run_release(url, args.enrollments, args.workers, profile=f"{scratch}/worker")[0]
+            stats = pstats.Stats(*glob.glob(f"{scratch}/worker.*"))
+        print(f"  the release workers under cProfile: {steps_per_s:.0f} steps/s; the heaviest, cumulative:")
+        stats.sort_stats("cumulative").print_stats(args.profile_top)
+        print(f"release: profiled_steps_per_s={steps_per_s:.0f}")
+        return
 
     if args.statements:
         with bench_database(args.database) as url:
@@ -607,25 +722,22 @@ def main() -> None:
         print(f"release: lag_p99_ms_steady={steady:.0f}")
         return
 
+    if args.ratio_only:
+        with bench_database(args.database) as url:
+            runs = run_in_turn(url, args, constrained=False)
+        print(f"release: {_ratio_keys(runs)}")
+        return
+
+    if args.scale_only:
+        with bench_database(args.database) as url:
+            scale = run_scale(url, args)
+        print(f"release: {_scale_keys(args, scale)}")
+        return
+
     print(f"release benchmark: {args.enrollments} enrollments, {args.workers} worker processes")
     with bench_database(args.database) as url:
-        # the unconstrained and the constrained runs alternate, so that a slow spell of the machine falls
-        # on both alike; each figure is the median of its runs, the ratio the median of the pairs' ratios
-        plain: list[tuple[float, float, float]] = []
-        constrained_runs: list[float] = []
-        for _ in range(args.rounds):
-            plain.append(run_release(url, args.enrollments, args.workers))
-            constrained_runs.append(run_release(url, args.enrollments, args.workers, _open_constraints())[0])
-        steps_per_s, lag_p50, lag_p99 = sorted(plain)[len(plain) // 2]
-        constrained = statistics.median(constrained_runs)
-        constrained_ratio = statistics.median(c / p[0] for p, c in zip(plain, constrained_runs, strict=True))
-        print(f"  release path: {steps_per_s:.0f} steps/s, lag p50 {lag_p50:.0f} ms, p99 {lag_p99:.0f} ms")
-        in_turn = " ".join(f"{p[0]:.0f}/{c:.0f}" for p, c in zip(plain, constrained_runs, strict=True))
-        print(f"  constraints configured, none binding: {constrained:.0f} steps/s (runs in turn: {in_turn})")
-        ceiling = run_ceiling(url, args.enrollments, args.workers)
-        print(f"  pgbench ceiling (same statements, {args.workers} clients): {ceiling:.0f} tps")
-        small = claim_latency(url, args.claim_small)
-        large = claim_latency(url, args.claim_large)
+        runs = run_in_turn(url, args, constrained=True)
+        scale = run_scale(url, args)
         paced, _, _ = run_release(url, args.paced, args.workers, {"send_delay_ms": args.send_delay_ms})
         paced_ceiling = NUMBERS * 1000 / args.send_delay_ms
         print(
@@ -639,18 +751,60 @@ def main() -> None:
         single = backlog[1]
         if args.fair_big != args.backlog_large:
             single = run_release(url, args.fair_big, args.workers)[0]
+    constrained = statistics.median(runs.constrained)
+    constrained_ratio = statistics.median(c / p[0] for p, c in zip(runs.plain, runs.constrained, strict=True))
     print(
-        f"  claim median: {small:.3f} ms with {args.claim_small} not due,"
-        f" {large:.3f} ms with {args.claim_large}"
-    )
-    print(
-        f"release: steps_per_s={steps_per_s:.0f} ceiling_tps={ceiling:.0f} ratio={steps_per_s / ceiling:.2f} "
-        f"lag_p99_ms={lag_p99:.0f} claim_ratio_1m_10k={large / small:.2f} "
+        f"release: {_ratio_keys(runs, lag=True)} claim_ratio_1m_10k={_scale_ratio(scale.claims):.2f} "
         f"constrained_steps_per_s={constrained:.0f} constrained_ratio={constrained_ratio:.2f} "
         f"paced_steps_per_s={paced:.1f} paced_ceiling={paced_ceiling:.0f} "
         f"paced_ratio={paced / paced_ceiling:.2f} lag_p99_ms_steady={steady:.0f} "
-        f"{_backlog_keys(args.backlog_small, args.backlog_large, *backlog)} {_fairness_keys(*fair, single)}"
+        f"{_backlog_keys(args.backlog_small, args.backlog_large, *backlog)} {_fairness_keys(*fair, single)} "
+        f"{_rss_keys(args, scale)}"
     )
+
+
+@dataclass
+class InTurn:
+    """The release runs, the constrained runs (when asked for) and the pgbench ceilings, one of each per
+    round, in turn: a slow spell of the machine falls on all alike."""
+
+    plain: list[tuple[float, float, float]] = field(default_factory=list)
+    constrained: list[float] = field(default_factory=list)
+    ceilings: list[float] = field(default_factory=list)
+
+
+def run_in_turn(url: str, args: argparse.Namespace, *, constrained: bool) -> InTurn:
+    """The release path, then (``constrained``) the same with every constraint configured, then its pgbench
+    ceiling, in turn for ``args.rounds`` rounds."""
+    runs = InTurn()
+    for _ in range(args.rounds):
+        runs.plain.append(run_release(url, args.enrollments, args.workers))
+        if constrained:
+            runs.constrained.append(run_release(url, args.enrollments, args.workers, _open_constraints())[0])
+        runs.ceilings.append(run_ceiling(url, args.enrollments, args.workers))
+    steps_per_s, lag_p50, lag_p99 = sorted(runs.plain)[len(runs.plain) // 2]
+    print(f"  release path: {steps_per_s:.0f} steps/s, lag p50 {lag_p50:.0f} ms, p99 {lag_p99:.0f} ms")
+    if constrained:
+        in_turn = " ".join(f"{p[0]:.0f}/{c:.0f}" for p, c in zip(runs.plain, runs.constrained, strict=True))
+        print(
+            f"  constraints configured, none binding: {statistics.median(runs.constrained):.0f} steps/s"
+            f" (runs in turn: {in_turn})"
+        )
+    in_turn = " ".join(f"{p[0]:.0f}/{c:.0f}" for p, c in zip(runs.plain, runs.ceilings, strict=True))
+    print(
+        f"  pgbench ceiling (same statements, {args.workers} clients): {statistics.median(runs.ceilings):.0f}"
+        f" tps (runs in turn, release/pgbench: {in_turn})"
+    )
+    return runs
+
+
+def _ratio_keys(runs: InTurn, *, lag: bool = False) -> str:
+    """The release figure, its ceiling (medians) and the median of the rounds' ratios."""
+    steps_per_s, _, lag_p99 = sorted(runs.plain)[len(runs.plain) // 2]
+    ratio = statistics.median(p[0] / c for p, c in zip(runs.plain, runs.ceilings, strict=True))
+    ceiling = statistics.median(runs.ceilings)
+    keys = f"steps_per_s={steps_per_s:.0f} ceiling_tps={ceiling:.0f} ratio={ratio:.2f}"
+    return keys + (f" lag_p99_ms={lag_p99:.0f}" if lag else "")
 
 
 def _fairness(url: str, args: argparse.Namespace) -> tuple[float, float]:

@@ -1,7 +1,7 @@
 """The benchmarks keep working as the code under them changes: a small run of the release benchmark's
-backlog part, of the partitions benchmark, of the outbox benchmark and of the preview benchmark, through
-their command lines, print their lines with their keys (figures are not judged here: performance is
-measured by running the benchmarks, never by tests)."""
+backlog, ratio (its pgbench ceiling), scale and profile parts, of the partitions benchmark, of the outbox
+benchmark and of the preview benchmark, through their command lines, print their lines with their keys
+(figures are not judged here: performance is measured by running the benchmarks, never by tests)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,55 @@ def test_the_release_benchmarks_backlog_part_drains_both_backlogs_and_prints_its
     assert re.fullmatch(
         r"release: steps_per_s_1k=\d+ steps_per_s_2k=\d+ backlog_ratio_2k_1k=\d+\.\d\d", last_line(output)
     ), output
+
+
+def test_the_release_benchmarks_ratio_runs_the_release_and_its_pgbench_ceiling_in_turn(
+    server_url: str,
+) -> None:
+    output = run_benchmark(
+        server_url,
+        "release",
+        "followups_bench_smoke_ratio",
+        *("--ratio-only", "-n", "300", "-w", "1", "--rounds", "2"),
+    )
+    assert re.fullmatch(r"release: steps_per_s=\d+ ceiling_tps=\d+ ratio=\d+\.\d\d", last_line(output)), (
+        output
+    )
+    assert re.search(r"runs in turn, release/pgbench: \d+/\d+ \d+/\d+\)", output), output
+
+
+def test_the_release_benchmarks_scale_part_prints_the_claim_ratio_and_a_workers_rss_at_both_sizes(
+    server_url: str,
+) -> None:
+    output = run_benchmark(
+        server_url,
+        "release",
+        "followups_bench_smoke_scale",
+        *(
+            "--scale-only",
+            "--claim-small",
+            "1000",
+            "--claim-large",
+            "2000",
+            "--scale-due",
+            "50",
+            "--rounds",
+            "1",
+        ),
+    )
+    assert re.fullmatch(
+        r"release: claim_ratio_1m_10k=\d+\.\d\d rss_mb_1k=\d+\.\d rss_mb_2k=\d+\.\d"
+        r" rss_ratio_2k_1k=\d+\.\d\d",
+        last_line(output),
+    ), output
+
+
+def test_the_release_benchmarks_profile_names_the_release_path(server_url: str) -> None:
+    output = run_benchmark(
+        server_url, "release", "followups_bench_smoke_profile", *("--profile", "-n", "200", "-w", "1")
+    )
+    assert re.fullmatch(r"release: profiled_steps_per_s=\d+", last_line(output)), output
+    assert "release_claimed" in output, output
 
 
 def test_the_release_benchmarks_statements_part_runs_the_release_transaction_and_prints_its_line(

@@ -285,6 +285,7 @@ def test_the_release_state_reads_no_message_history(pool: ConnectionPool, seeded
         "last_message_id": None,
         "number_id": None,
         "fixed_number_id": None,
+        "conversation_id": None,
         "now": NOW,
     }
     with pool.connection() as conn, conn.transaction(force_rollback=True):

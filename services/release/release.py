@@ -1,6 +1,6 @@
 """The release loop's work: release due enrollments one transaction at a time (the domain's
-:func:`~libs.common.followups.release.release_one`: claim, step, commit, count), up to a batch, in turns
-across projects.
+:func:`~libs.common.followups.release.release_on`: claim, step, commit, count), up to a batch, in turns
+across projects, on one connection held for the batch (no pool checkout per step).
 
 A batch walks the projects with due enrollments from where this loop's previous batch stopped (a
 :class:`~libs.common.core.jobs.RoundRobin`, wrapping around), at most a batch's size of them, and releases
@@ -21,7 +21,7 @@ from psycopg_pool import ConnectionPool
 from libs.common.core.clock import Clock
 from libs.common.core.jobs import RoundRobin
 from libs.common.core.settings import FollowupSettings
-from libs.common.followups.release import due_projects, release_one, seconds_until_next_due
+from libs.common.followups.release import due_projects, release_on, release_one, seconds_until_next_due
 from libs.common.followups.release_step import Released
 
 __all__ = ["release_batch", "release_one", "seconds_until_next_due"]
@@ -47,21 +47,22 @@ def release_batch(
     where ``turns``, the loop's own, stopped; a new one starts from the first project); returns how many
     were handled. ``on_lease`` hears of each AI step leased (after its commit)."""
     turns = turns if turns is not None else RoundRobin()
-    projects = due_projects(pool, clock, after=turns.after, projects=limit)
     handled = 0
     served: list[uuid.UUID] = []
-    for project_id in projects:
-        served.append(project_id)
-        # an even share of what is left of the batch (what a project with fewer due steps leaves goes to
-        # the ones after it); the batch is one turn: the next one walks again, so a project whose step fell
-        # due meanwhile waits a turn at most, not a backlog
-        share = min(TURN, math.ceil((limit - handled) / (len(projects) - len(served) + 1)))
-        for _ in range(share):
-            released = release_one(pool, clock, settings, ai_lease, project_id=project_id)
-            if released is None:
-                break  # none of the project's due enrollments is left (or free)
-            if released.action == "lease" and on_lease is not None:
-                on_lease(released)
-            handled += 1
+    with pool.connection() as conn:  # one connection for the batch: a transaction per step on it
+        projects = due_projects(conn, clock, after=turns.after, projects=limit)
+        for project_id in projects:
+            served.append(project_id)
+            # an even share of what is left of the batch (what a project with fewer due steps leaves goes
+            # to the ones after it); the batch is one turn: the next one walks again, so a project whose
+            # step fell due meanwhile waits a turn at most, not a backlog
+            share = min(TURN, math.ceil((limit - handled) / (len(projects) - len(served) + 1)))
+            for _ in range(share):
+                released = release_on(conn, clock, settings, ai_lease, project_id=project_id)
+                if released is None:
+                    break  # none of the project's due enrollments is left (or free)
+                if released.action == "lease" and on_lease is not None:
+                    on_lease(released)
+                handled += 1
     turns.served(served)
     return handled

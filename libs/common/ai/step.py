@@ -163,7 +163,9 @@ def run_step(
                     },
                 )
     except Exception as exc:  # the second pass failed: counted like a release failure (backoff, then failed)
-        released = release_step.record_failure(pool, due.project_id, due.enrollment_id, exc, now, settings)
+        with pool.connection() as conn:
+            ids = (due.project_id, due.enrollment_id)
+            released = release_step.record_failure(conn, *ids, exc, now, settings)
         outcome = "error"
     AI_REQUESTS.labels("followup", outcome).inc()
     if problem is not None and outcome == "ai_invalid_output":

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
+from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
-from libs.common.core.db import server_unavailable
+from libs.common.core.db import pipelined_transaction, server_unavailable
 from libs.common.core.jobs import FIRST_PROJECT
 from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
 from libs.common.core.settings import FollowupSettings
@@ -35,12 +37,26 @@ def release_one(
 
     ``ai_lease`` (a model is configured): an AI step is leased for that long and returned as ``lease``; the
     caller sends it to the ai_steps service once committed."""
+    with pool.connection() as conn:
+        return release_on(conn, clock, settings, ai_lease, project_id=project_id)
+
+
+def release_on(
+    conn: Connection[Any],
+    clock: Clock,
+    settings: FollowupSettings,
+    ai_lease: timedelta | None = None,
+    *,
+    project_id: uuid.UUID | None = None,
+) -> Released | None:
+    """:func:`release_one` on a connection the caller holds (idle): a burst of claims keeps one connection
+    (the release loop's batch) instead of a checkout each. Its own transaction, committed here."""
     now = clock.now()
     claimed: tuple[uuid.UUID, uuid.UUID] | None = None  # (project, enrollment)
     try:
-        # Pipeline mode: a statement whose result is read waits for it; the writes that follow the last
-        # read travel together with the COMMIT in one round trip.
-        with pool.connection() as conn, conn.pipeline():
+        # one pipeline: a statement whose result is read waits for it; BEGIN travels with the claim, and
+        # the writes that follow the last read travel together with the COMMIT in one round trip
+        with pipelined_transaction(conn):
             if project_id is None:
                 first = _due_projects(conn, now, after=FIRST_PROJECT, projects=1)
                 if not first:
@@ -51,20 +67,20 @@ def release_one(
                 return None
             claimed = (row.project_id, row.id)
             released = release_claimed(conn, row, settings, now=now, ai_lease=ai_lease)
-            conn.commit()
     except Exception as exc:
         # the database went away mid-release: not the enrollment's fault (no failure counted, no back-off);
         # the transaction is gone with the connection, and the loop tries again once the server is back
         if claimed is None or server_unavailable(exc):
             raise
-        released = record_failure(pool, *claimed, exc, now, settings)
+        released = record_failure(conn, *claimed, exc, now, settings)
     observe(released)
     return released
 
 
-def due_projects(pool: ConnectionPool, clock: Clock, *, after: uuid.UUID, projects: int) -> list[uuid.UUID]:
-    """The projects with a due enrollment, in turns from ``after`` (at most ``projects``)."""
-    with pool.connection() as conn:
+def due_projects(conn: Connection[Any], clock: Clock, *, after: uuid.UUID, projects: int) -> list[uuid.UUID]:
+    """The projects with a due enrollment, in turns from ``after`` (at most ``projects``), read in a
+    transaction of its own on ``conn`` (idle)."""
+    with conn.transaction():
         return _due_projects(conn, clock.now(), after=after, projects=projects)
 
 

@@ -28,7 +28,6 @@ import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.events import Event, StepQueued, StepSkipped
 from libs.common.core.jobs import Backoff
@@ -52,7 +51,13 @@ from libs.common.followups.release_claim import ClaimedEnrollment
 from libs.common.followups.sequences import version_definition, version_number
 from libs.common.followups.templates import RenderContext, TemplateSkip, render, render_message
 from libs.common.followups.transitions import FinalStatus
-from libs.common.platform.messages import Activity, ConversationBusy, OutboundMessage, queue_contact_message
+from libs.common.platform.messages import (
+    Activity,
+    ConversationBusy,
+    LockedConversation,
+    OutboundMessage,
+    queue_contact_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +112,11 @@ class ReleaseState(ConstraintState, kw_only=True, frozen=True):
     #: The contact's last reply since enrollment, if any.
     replied_at: datetime | None
     last_message_status: str | None
+    #: The open conversation a queued message threads into, locked with the contact (None: none is open,
+    #: or ``open_conversation_busy``: another transaction holds it).
+    open_conversation_id: uuid.UUID | None
+    open_conversation_number_id: uuid.UUID | None
+    open_conversation_busy: bool
 
 
 @dataclass(frozen=True)
@@ -181,6 +191,7 @@ def release_claimed(
         "last_message_id": row.last_message_id if "previous_not_read" in step.only_if else None,
         "number_id": row.number_id,
         "fixed_number_id": definition.number_id,
+        "conversation_id": row.conversation_id,
         "now": now,
     }
     with conn.cursor(row_factory=class_row(ReleaseState)) as cur:
@@ -210,9 +221,12 @@ def release_claimed(
     if content is None:
         assert reason is not None
         return _skip(conn, claim, reason, detail)
+    if state.open_conversation_busy:  # another transaction holds the contact's open conversation
+        retry = now + timedelta(seconds=settings.busy_retry_seconds)
+        return _defer(conn, row, retry, "busy", values={"locked": "conversation"})
     try:
         return _queue(conn, claim, content, reason, detail, decision)
-    except ConversationBusy:
+    except ConversationBusy:  # none was open, and one opened meanwhile is held
         retry = now + timedelta(seconds=settings.busy_retry_seconds)
         return _defer(conn, row, retry, "busy", values={"locked": "conversation"})
 
@@ -395,6 +409,11 @@ def _queue(
             id=message_id,
         ),
         now=now,
+        conversation=(
+            LockedConversation(claim.state.open_conversation_id, claim.state.open_conversation_number_id)
+            if claim.state.open_conversation_id is not None
+            else None
+        ),
     )
     constraints.after_queued(conn, row.project_id, sending, now)
     _insert_step_run(conn, claim, "queued", reason, detail, queued.message_id, None)
@@ -549,16 +568,17 @@ class _Finishing(msgspec.Struct, frozen=True):
 
 
 def record_failure(
-    pool: ConnectionPool,
+    conn: Connection[Any],
     project_id: uuid.UUID,
     enrollment_id: uuid.UUID,
     exc: Exception,
     now: datetime,
     settings: FollowupSettings,
 ) -> Released:
-    """The release transaction rolled back: count the failure, back off, or fail the enrollment."""
+    """The release transaction rolled back: count the failure, back off, or fail the enrollment, in a
+    transaction of its own on ``conn`` (idle), committed here."""
     error = f"{type(exc).__name__}: {exc}"[:1000]
-    with pool.connection() as conn:
+    with conn.transaction():
         failures = transitions.count_failure(conn, project_id, enrollment_id, error)
         if failures is None:  # finished meanwhile (stopped, say): nothing left to retry
             return Released(enrollment_id, "retry", error)

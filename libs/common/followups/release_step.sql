@@ -8,6 +8,11 @@
 -- at the cap. When the contact last wrote is the contact's own column (the reply sets it), so the step
 -- never reads the messages table for it. The number to send from: the enrollment's, the sequence's fixed
 -- one, the contact's last conversation's, the project's default, then any connected one.
+-- The conversation a queued message threads into is locked here too (the same choice as the platform's
+-- lock_open_conversation: the enrollment's own while open, else the contact's newest open one, locked SKIP
+-- LOCKED), so queueing costs no round trip of its own: open_conversation_busy says one is open but another
+-- transaction holds it (the step is deferred busy), a null id with busy false that none is open (the
+-- platform opens one).
 SELECT c.opted_out_at IS NOT NULL AS opted_out,
        c.erased_at IS NOT NULL AS erased,
        c.name, c.phone, c.attributes, c.timezone, c.consent,
@@ -43,7 +48,11 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
        fs.send_window, coalesce(fs.consent_mode, 'off') AS consent_mode,
        coalesce(fs.service_window, 'off') AS service_window, fs.max_per_contact_24h,
        coalesce(fs.send_delay_ms, 0) AS send_delay_ms, fs.max_in_flight_per_number, fs.monthly_message_quota,
-       fs.max_send_lane_backlog
+       fs.max_send_lane_backlog,
+       thread.id AS open_conversation_id, thread.number_id AS open_conversation_number_id,
+       thread.id IS NULL AND EXISTS (SELECT 1 FROM conversations v
+                                     WHERE v.project_id = c.project_id AND v.contact_id = c.id
+                                       AND v.status <> 'resolved') AS open_conversation_busy
 FROM contacts c
 JOIN projects p ON p.id = c.project_id
 LEFT JOIN followup_sequences s ON s.project_id = c.project_id AND s.id = %(sequence_id)s
@@ -59,6 +68,17 @@ LEFT JOIN LATERAL (
              n.is_default DESC, n.created_at, n.id
     LIMIT 1
 ) num ON true
+LEFT JOIN LATERAL (
+    SELECT v.id, v.number_id FROM conversations v
+    WHERE v.project_id = c.project_id AND v.id = (
+        SELECT o.id FROM conversations o
+        WHERE o.project_id = c.project_id AND o.contact_id = c.id AND o.status <> 'resolved'
+        ORDER BY o.id = %(conversation_id)s::uuid DESC NULLS LAST, o.created_at DESC, o.id
+        LIMIT 1
+    )
+      AND v.status <> 'resolved'
+    FOR UPDATE SKIP LOCKED
+) thread ON true
 WHERE c.project_id = %(project_id)s AND c.id = %(contact_id)s
 FOR SHARE OF c SKIP LOCKED
 

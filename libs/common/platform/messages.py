@@ -80,6 +80,16 @@ class OutboundMessage:
 
 
 @dataclass(frozen=True)
+class LockedConversation:
+    """The open conversation a message threads into, already locked by the caller with the same choice as
+    ``lock_open_conversation`` (the release step's state read locks it with the contact's state, saving
+    the round trip)."""
+
+    id: uuid.UUID
+    number_id: uuid.UUID | None
+
+
+@dataclass(frozen=True)
 class QueuedMessage:
     message_id: uuid.UUID
     conversation_id: uuid.UUID
@@ -87,13 +97,19 @@ class QueuedMessage:
     event: MessageQueued
 
 
-def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, now: datetime) -> QueuedMessage:
+def queue_contact_message(
+    conn: Connection[Any],
+    message: OutboundMessage,
+    *,
+    now: datetime,
+    conversation: LockedConversation | None = None,
+) -> QueuedMessage:
     """Queue a message for the send lane, in the caller's transaction.
 
-    Threads it into the contact's open conversation (locked SKIP LOCKED: busy raises
-    :class:`ConversationBusy`) or a new one; writes the message row (QUEUED), its status event, counts it
-    in the project's monthly usage and, when the message brings one, writes its activity. The
-    ``message.queued`` event is returned for the caller to write with its own events.
+    Threads it into ``conversation`` (the caller locked it), else the contact's open conversation (locked
+    SKIP LOCKED: busy raises :class:`ConversationBusy`) or a new one; writes the message row (QUEUED), its
+    status event, counts it in the project's monthly usage and, when the message brings one, writes its
+    activity. The ``message.queued`` event is returned for the caller to write with its own events.
     """
     params: dict[str, Any] = {
         "project_id": message.project_id,
@@ -101,7 +117,10 @@ def queue_contact_message(conn: Connection[Any], message: OutboundMessage, *, no
         "conversation_id": message.conversation_id,
         "now": now,
     }
-    row = conn.execute(QUERIES["lock_open_conversation"], params).fetchone()
+    if conversation is not None:
+        row: tuple[Any, ...] | None = (conversation.id, conversation.number_id)
+    else:
+        row = conn.execute(QUERIES["lock_open_conversation"], params).fetchone()
     if row is None:
         if conn.execute(QUERIES["open_conversation_exists"], params).fetchone():
             raise ConversationBusy()

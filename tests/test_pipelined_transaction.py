@@ -1,0 +1,126 @@
+"""core.db.pipelined_transaction: one transaction in one pipeline, BEGIN sent with the first statement and
+COMMIT with the last writes. What is written is committed together or not at all (a statement that fails,
+an exception out of the block, a COMMIT that fails); the connection comes back idle with its autocommit
+setting, usable; and the round trips are the reads' plus one (counted from libpq's trace of the
+connection)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors
+from psycopg.pq import Trace, TransactionStatus
+from psycopg_pool import ConnectionPool
+
+from libs.common.core.db import pipelined_transaction
+
+TABLE = """
+CREATE TABLE IF NOT EXISTS pipelined (id integer PRIMARY KEY, note text);
+CREATE TABLE IF NOT EXISTS pipelined_deferred (
+    id integer PRIMARY KEY,
+    parent integer REFERENCES pipelined (id) DEFERRABLE INITIALLY DEFERRED
+);
+"""
+
+
+@pytest.fixture
+def table(pool: ConnectionPool) -> ConnectionPool:
+    with pool.connection() as conn:
+        conn.execute(TABLE)
+    return pool
+
+
+def stored(pool: ConnectionPool) -> list[tuple[Any, ...]]:
+    with pool.connection() as conn:
+        return conn.execute("SELECT id, note FROM pipelined ORDER BY id").fetchall()
+
+
+def idle_and_usable(conn: psycopg.Connection[Any]) -> None:
+    assert not conn.closed
+    assert conn.autocommit is False
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    conn.rollback()
+
+
+def test_what_the_block_writes_is_committed_and_the_connection_comes_back_as_it_was(
+    table: ConnectionPool,
+) -> None:
+    with table.connection() as conn:
+        with pipelined_transaction(conn):
+            row = conn.execute("INSERT INTO pipelined VALUES (1, 'read') RETURNING id").fetchone()
+            assert row == (1,)
+            conn.execute("INSERT INTO pipelined VALUES (2, 'written')")
+        idle_and_usable(conn)
+    assert stored(table) == [(1, "read"), (2, "written")]
+
+
+def test_a_statement_that_fails_rolls_everything_back_and_is_raised(table: ConnectionPool) -> None:
+    with table.connection() as conn:
+        conn.execute("INSERT INTO pipelined VALUES (1, 'before')")
+        conn.commit()
+        with pytest.raises(errors.UniqueViolation), pipelined_transaction(conn):
+            conn.execute("INSERT INTO pipelined VALUES (2, 'first')")
+            conn.execute("INSERT INTO pipelined VALUES (1, 'duplicate')")
+            conn.execute("INSERT INTO pipelined VALUES (3, 'after')")
+        idle_and_usable(conn)
+    assert stored(table) == [(1, "before")]
+
+
+def test_an_exception_out_of_the_block_rolls_the_writes_back(table: ConnectionPool) -> None:
+    with table.connection() as conn:
+        with pytest.raises(RuntimeError, match="the caller's"), pipelined_transaction(conn):
+            conn.execute("INSERT INTO pipelined VALUES (1, 'read') RETURNING id").fetchone()
+            conn.execute("INSERT INTO pipelined VALUES (2, 'unread')")
+            raise RuntimeError("the caller's")
+        idle_and_usable(conn)
+    assert stored(table) == []
+
+
+def test_a_commit_that_fails_stores_nothing_and_is_raised(table: ConnectionPool) -> None:
+    with table.connection() as conn:
+        with pytest.raises(errors.ForeignKeyViolation), pipelined_transaction(conn):
+            conn.execute("INSERT INTO pipelined VALUES (1, 'kept only with its commit')")
+            conn.execute("INSERT INTO pipelined_deferred VALUES (1, 99)")  # checked at COMMIT
+        idle_and_usable(conn)
+    assert stored(table) == []
+
+
+def test_a_connection_the_server_closed_is_closed_for_the_pool_to_drop(table: ConnectionPool) -> None:
+    with table.connection() as conn:
+        pid = conn.info.backend_pid
+        with pytest.raises(psycopg.OperationalError), pipelined_transaction(conn):
+            conn.execute("INSERT INTO pipelined VALUES (1, 'lost')")
+            with table.connection() as other:
+                other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            conn.execute("SELECT 1").fetchone()
+        assert conn.closed
+    assert stored(table) == []
+
+
+def test_a_read_then_writes_cost_two_round_trips(table: ConnectionPool) -> None:
+    with table.connection() as conn:
+        for _ in range(3):  # statements prepared: the counted run is the steady state
+            with pipelined_transaction(conn):
+                conn.execute("SELECT count(*) FROM pipelined").fetchone()
+                conn.execute("INSERT INTO pipelined VALUES (%s, 'w') ON CONFLICT (id) DO NOTHING", (1,))
+        with tempfile.TemporaryFile("w+") as trace:
+            conn.pgconn.trace(trace.fileno())
+            conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+            with pipelined_transaction(conn):
+                conn.execute("SELECT count(*) FROM pipelined").fetchone()
+                conn.execute("INSERT INTO pipelined VALUES (%s, 'w') ON CONFLICT (id) DO NOTHING", (2,))
+                conn.execute("UPDATE pipelined SET note = 'x' WHERE id = 1")
+            conn.pgconn.untrace()
+            os.fsync(trace.fileno())
+            trace.seek(0)
+            directions = [line.split("\t", 1)[0] for line in trace if line[:1] in ("F", "B")]
+        # a round trip: the client's messages, then the server's answers
+        turns = sum(1 for before, after in itertools.pairwise(directions) if (before, after) == ("F", "B"))
+        assert turns == 2, directions
+    assert stored(table) == [(1, "x"), (2, "w")]
