@@ -9,7 +9,7 @@ LOCAL_MODEL := $(VENV)/.installed-local-model
 WANTS_LOCAL_MODEL := $(if $(findstring --local-model,$(ARGS)),$(LOCAL_MODEL))
 
 .DEFAULT_GOAL := help
-.PHONY: help install local-model dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers bench-webhooks bench-send-lane bench-outbox bench-partitions chaos chaos-test clean
+.PHONY: help install local-model dev test check schema alerts lint format typecheck imports ownership unit bench bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-peers bench-webhooks bench-send-lane bench-outbox bench-preview bench-partitions chaos chaos-test clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -70,7 +70,7 @@ chaos-test: $(STAMP) ## the short chaos run as a test, on its own (skipped witho
 
 test: check unit chaos-test ## every check and every test (what CI runs)
 
-bench: bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-webhooks bench-send-lane bench-outbox ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
+bench: bench-release bench-stop bench-triggers bench-sweep bench-bulk bench-ai bench-retention bench-webhooks bench-send-lane bench-outbox bench-preview ## every benchmark (against DATABASE_URL, default the local PostgreSQL)
 
 bench-release: $(STAMP) ## release throughput, lag and claim-cost benchmark
 	$(BIN)/python -m benchmarks.release $(ARGS)
@@ -101,6 +101,9 @@ bench-send-lane: $(STAMP) ## send lane: messages/s through the fake WhatsApp Clo
 
 bench-outbox: $(STAMP) ## outbox relay: 100k events drained into RabbitMQ (AMQP_URL), a batch's confirms together against one at a time
 	$(BIN)/python -m benchmarks.outbox $(ARGS)
+
+bench-preview: $(STAMP) ## a sequence preview's latency: 5 and 50 steps, in a project with 10,000 live enrollments
+	$(BIN)/python -m benchmarks.preview $(ARGS)
 
 bench-partitions: $(STAMP) ## retention by DROP of a month's partition against batched deletes at 10M messages, and partitioning's cost to inserts and lookups (~30 min; not in `make bench`)
 	$(BIN)/python -m benchmarks.partitions $(ARGS)

@@ -1,8 +1,7 @@
 """The benchmarks keep working as the code under them changes: a small run of the release benchmark's
-backlog, ratio (its pgbench ceiling), scale and profile parts, of the partitions benchmark and of the
-outbox benchmark, through their command lines, print
-their lines with their keys (figures are not judged here: performance is measured by running the
-benchmarks, never by tests)."""
+backlog, ratio (its pgbench ceiling), scale and profile parts, of the partitions benchmark, of the outbox
+benchmark and of the preview benchmark, through their command lines, print their lines with their keys
+(figures are not judged here: performance is measured by running the benchmarks, never by tests)."""
 
 from __future__ import annotations
 
@@ -151,3 +150,14 @@ def test_the_outbox_benchmark_relays_both_ways_and_prints_its_line(server_url: s
     assert re.fullmatch(r"outbox: relayed_per_s=\d+ before_per_s=\d+ ratio=\d+\.\d\d", last_line(output)), (
         output
     )
+
+
+def test_the_preview_benchmark_previews_both_sequences_and_prints_its_line(server_url: str) -> None:
+    output = run_benchmark(
+        server_url, "preview", "followups_bench_preview_smoke", *("--samples", "3", "--live", "100")
+    )
+    number = r"\d+\.\d"
+    assert re.fullmatch(
+        rf"preview: p50_ms_5={number} p99_ms_5={number} p50_ms_50={number} p99_ms_50={number}",
+        last_line(output),
+    ), output

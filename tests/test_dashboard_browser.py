@@ -339,6 +339,46 @@ def test_test_a_rule_against_a_contact_and_see_why_it_matches(
     assert rows(runtime.pool, "SELECT tags FROM contacts WHERE id = %s", contact) == [(["vip"],)]
 
 
+def test_preview_a_sequence_for_a_contact_and_see_its_timeline(
+    page: Page, project: Project, runtime: Runtime
+) -> None:
+    # the project's window is 09:00-17:00; at 04:00 in New York the first step waits for it
+    nine_to_five = {"start": "09:00", "end": "17:00", "days": ["mon", "tue", "wed", "thu", "fri"]}
+    assert page.request.put("/v1/settings", headers=project.headers, data={"send_window": nine_to_five}).ok
+    make_contact(runtime.pool, project.id, phone="+14155550143", name="Ada", timezone="America/New_York")
+    definition = {
+        "steps": [
+            {"kind": "message", "text": "Hi {{contact.name}}, welcome to the {{vars.plan}} plan"},
+            {"kind": "message", "text": "Your code is {{vars.code}}", "delay_seconds": 3600},
+            {"kind": "message", "text": "How is it going, {{contact.name}}?", "delay_seconds": 86400},
+        ]
+    }
+    created = page.request.post(
+        "/v1/sequences", headers=project.headers, data={"name": "Onboarding", "definition": definition}
+    )
+    assert created.status == 201, created.text()
+    publish = page.request.post(f"/v1/sequences/{created.json()['id']}/publish", headers=project.headers)
+    assert publish.status == 201, publish.text()
+    sign_in(page, project)
+    page.get_by_role("link", name="Onboarding", exact=True).click()
+    page.get_by_role("link", name="Preview for a contact").click()
+    page.get_by_label("Contact (phone number or id)").fill("+14155550143")
+    page.get_by_label("Variables (key=value, one a line)").fill("plan=gold")
+    page.get_by_role("button", name="Preview", exact=True).click()
+    timeline = page.get_by_role("region", name="Timeline in America/New_York")
+    expect(timeline).to_be_visible()
+    steps = timeline.locator("li")
+    expect(steps).to_have_count(3)
+    expect(steps.nth(0)).to_contain_text("Tue 2030-01-01 09:00 local")
+    expect(steps.nth(0)).to_contain_text("Outside the send window")
+    expect(steps.nth(0)).to_contain_text("Hi Ada, welcome to the gold plan")
+    expect(steps.nth(1)).to_contain_text("skipped")
+    expect(steps.nth(1)).to_contain_text("vars.code")
+    expect(steps.nth(2)).to_contain_text("Wed 2030-01-02 10:00 local")
+    screenshot(page, "sequence-preview")
+    assert rows(runtime.pool, "SELECT count(*) FROM followup_enrollments") == [(0,)]
+
+
 def test_see_why_a_rule_ran_and_why_its_delayed_run_was_skipped_when_due(
     page: Page, project: Project, runtime: Runtime, clock: ManualClock
 ) -> None:

@@ -84,6 +84,9 @@ BEYOND_SCHEMA = {
     # a conversation an event of the rule's type never has (or lacks, the contact having no open one); the
     # event's data over 16 KB as JSON
     "POST /v1/rules/{rule_id}/dry-run": r"conversation_id|event",
+    # a preview's contact by id or else by phone (either / or); a time that must be ahead (not past, within
+    # a year); an anchor the steps' offsets take off the calendar; variables as enroll refuses them
+    "POST /v1/sequences/{sequence_id}/preview": r"contact_id|phone|enrolled_at|anchor_at|variables(\..*)?",
     # a send window whose start and end are the same time (one that never closes); a time zone its pattern
     # admits that the time zone database does not know
     "PUT /v1/settings": r"send_window|business_hours|timezone",

@@ -29,6 +29,7 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import ExceptionHandlersMap
 
 from libs.common.core.errors import (
+    Busy,
     Conflict,
     DatabaseUnavailable,
     FollowupsError,
@@ -55,6 +56,7 @@ STATUS_OF: dict[type[FollowupsError], int] = {
     Conflict: 409,
     Unauthorized: 401,
     Forbidden: 403,
+    Busy: 429,
     DatabaseUnavailable: 503,
 }
 
@@ -75,7 +77,11 @@ TITLES = {
 }
 
 #: Headers a status always carries: the scheme to authenticate with, when to try again.
-_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 503: {"Retry-After": str(RETRY_AFTER_SECONDS)}}
+_HEADERS = {
+    401: {"WWW-Authenticate": "Bearer"},
+    429: {"Retry-After": str(RETRY_AFTER_SECONDS)},
+    503: {"Retry-After": str(RETRY_AFTER_SECONDS)},
+}
 
 _NAMED_FIELD = re.compile(r"(?:unknown|missing required) field `([^`]+)`")
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
 import dramatiq
@@ -23,7 +22,7 @@ RELEASE_LOOP = "release"
 
 def build(runtime: Runtime) -> Service:
     settings = runtime.settings
-    ai_lease = timedelta(milliseconds=settings.ai.lease_ms) if settings.ai.base_url else None
+    ai_lease = settings.ai.step_lease
 
     def leased(released: Released) -> None:
         """An AI step leased: the ai_steps service writes it (lost, the lease expires and it comes back)."""

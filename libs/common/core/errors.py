@@ -7,6 +7,7 @@
      │    └── AlreadyExists       a unique natural key is taken
      ├── Unauthorized             missing or unknown API key
      ├── Forbidden                the caller may not do this (its API key's scope is too narrow)
+     ├── Busy                     the project runs as many of these at once as it may: try again
      └── DatabaseUnavailable      PostgreSQL cannot be reached
 
 Each subclass's docstring is its default message. Driver errors are mapped to these at the database
@@ -90,6 +91,12 @@ class Forbidden(FollowupsError):
     """This API key's scope does not allow this request."""
 
     code = "missing_scope"
+
+
+class Busy(FollowupsError):
+    """The project runs as many of these at once as it may: try again in a moment."""
+
+    code = "busy"
 
 
 class DatabaseUnavailable(FollowupsError):

@@ -34,6 +34,11 @@ FOLLOWUP_FINISHED: Final = Counter(
     "Enrollments that finished, by status and reason.",
     ["status", "reason"],
 )
+FOLLOWUP_PREVIEWS: Final = Counter(
+    "whatstig_followup_previews_total",
+    "Sequence previews, by result: complete, incomplete (a step still deferred), or the rejection.",
+    ["result"],
+)
 FOLLOWUP_TRIGGERS: Final = Counter(
     "whatstig_followup_triggers_total",
     "Rule triggers processed, by type and outcome.",

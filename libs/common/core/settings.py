@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import msgspec
@@ -107,6 +108,12 @@ class AiSettings(_Settings):
     #: How the JSON schema of the answer is asked for: ``json_schema`` (OpenAI, vLLM) or ``json_object``
     #: with a ``schema`` beside it (the llama.cpp server).
     response_format: str = "json_schema"
+
+    @property
+    def step_lease(self) -> timedelta | None:
+        """How long the release path leases an AI step for its model call; None without a model configured
+        (the step then takes its fallback at once)."""
+        return timedelta(milliseconds=self.lease_ms) if self.base_url else None
 
 
 class ChannelSettings(_Settings):

@@ -1,5 +1,6 @@
 """Follow-up sequences (seed 000): definitions and templates, sequences and their immutable versions,
-``enroll()``, the conversation shortcut, the stop paths, the release step, statistics and erasure.
+``enroll()``, the conversation shortcut, the stop paths, the release step, the preview, statistics and
+erasure.
 
     definition     step kinds, timing, stop flags; validation; when a step is due
     sequences      drafts, versions (and the per-process version cache)
@@ -11,6 +12,8 @@
     release_step   one step, one transaction (for a claimed enrollment; the AI step's second pass too)
     release_ai     the AI step's second pass: locked again under its fence, released with the draft
     campaigns      a campaign's no-reply sequence, and its released recipients' enrollment
+    preview        a sequence's time-travel preview for a contact: enroll() and the release step run in a
+                   savepoint that is rolled back
 
 Owns: ``followup_sequences``, ``followup_sequence_versions``, ``followup_enrollments``,
 ``followup_step_runs``, ``followup_campaigns``,

@@ -178,6 +178,23 @@ def enroll(
     return result
 
 
+def create_enrollment(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    request: EnrollRequest,
+    *,
+    now: datetime,
+    source: str,
+    campaign_id: uuid.UUID | None = None,
+) -> tuple[Enrollment, bool]:
+    """What :func:`enroll` does, without counting, logging or nudging: the enrollment and whether it was
+    created (a sequence's preview enrolls so, in a savepoint it rolls back)."""
+    [result] = _enroll_batch(conn, project_id, [request], now=now, source=source, campaign_id=campaign_id)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 def enroll_all(
     conn: Connection[Any],
     project_id: uuid.UUID,

@@ -100,3 +100,13 @@ def lock_fenced(
     params = {"project_id": project_id, "id": enrollment_id, "step_index": step_index, "fence": fence}
     with conn.cursor(row_factory=class_row(ClaimedEnrollment)) as cur:
         return cur.execute(QUERIES["lock_fenced"], params).fetchone()
+
+
+def enrollment_to_release(
+    conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID
+) -> ClaimedEnrollment | None:
+    """An active enrollment as the release step reads it, due or not, without a lock (a preview's own, made
+    in its savepoint); None once it is no longer active."""
+    params = {"project_id": project_id, "id": enrollment_id}
+    with conn.cursor(row_factory=class_row(ClaimedEnrollment)) as cur:
+        return cur.execute(QUERIES["enrollment_to_release"], params).fetchone()

@@ -82,3 +82,12 @@ FROM followup_enrollments
 WHERE project_id = %(project_id)s AND id = %(id)s AND status = 'active' AND step_index = %(step_index)s
   AND attempts = %(fence)s
 FOR UPDATE
+
+-- name: enrollment_to_release
+-- An active enrollment as the release step reads it, by id, whenever it falls due (a sequence's preview
+-- releases the enrollment it made in its own savepoint: nobody else sees it, no lock is taken).
+SELECT id, project_id, sequence_id, version_id, contact_id, conversation_id, number_id, step_index,
+       next_run_at, step_due_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply,
+       waiting_reason, unavailable_since, campaign_id
+FROM followup_enrollments
+WHERE project_id = %(project_id)s AND id = %(id)s AND status = 'active'

@@ -22,6 +22,7 @@ from services.api.dashboard.contacts import ContactsController
 from services.api.dashboard.enrollments import EnrollmentsController
 from services.api.dashboard.rules import RulesController
 from services.api.dashboard.sequence_history import SequenceHistoryController
+from services.api.dashboard.sequence_preview import SequencePreviewController
 from services.api.dashboard.sequence_steps import SequenceStepsController
 from services.api.dashboard.sequences import SequencesController
 from services.api.dashboard.session import Signer, secret_from_environment
@@ -41,6 +42,7 @@ def dashboard_router(secret: bytes | None = None) -> Router:
             SequencesController,
             SequenceStepsController,
             SequenceHistoryController,
+            SequencePreviewController,
             EnrollmentsController,
             BulkController,
             RulesController,

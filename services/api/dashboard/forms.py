@@ -8,16 +8,20 @@ same path as the API's problem body, is shown next to the input it is about, wit
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from litestar import Request
 from litestar.datastructures import FormMultiDict, UploadFile
+from psycopg import Connection
 
-from libs.common.core.errors import FollowupsError
+from libs.common.core.errors import FollowupsError, NotFound
+from libs.common.core.runtime import Runtime
+from services.api.deps import transaction
+from services.api.problems import status_of
 
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`")
 
@@ -212,3 +216,39 @@ def anchor_time(raw: str, errors: FormErrors, field: str, what: str = "the ancho
         errors.add(field, f"{what} is a date and time such as 2025-03-01T14:00")
         return None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+_Answer = TypeVar("_Answer")
+
+
+@dataclass(frozen=True)
+class Tried(Generic[_Answer]):
+    """What a form that asks the domain a question came to: the answer, or the errors to show next to the
+    form's inputs and the page's status."""
+
+    answer: _Answer | None
+    errors: FormErrors
+    status: int
+
+
+def try_form(
+    runtime: Runtime,
+    attempt: Callable[[Connection[Any], FormErrors], _Answer | None],
+    fields: Mapping[str, str],
+    owner: str,
+) -> Tried[_Answer]:
+    """Run ``attempt`` (it reads the form into a request, adding errors, and asks the domain; None when the
+    form made no request) in one transaction. A refusal of the request's types or of the domain is shown next
+    to the form's inputs (``fields``: the domain's field names to the inputs'); a NotFound naming ``owner``,
+    the page's own resource (another project's rule, say), is raised: the 404 page."""
+    errors = FormErrors()
+    try:
+        with transaction(runtime) as conn:
+            answer = attempt(conn, errors)
+    except msgspec.ValidationError as exc:
+        return Tried(None, validation_error(exc).renamed(fields), 422)
+    except FollowupsError as exc:
+        if isinstance(exc, NotFound) and exc.field == owner:
+            raise
+        return Tried(None, error_of(exc).renamed(fields), status_of(exc))
+    return Tried(answer, errors, 200 if answer is not None else 422)

@@ -11,8 +11,9 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
+from psycopg import Connection
 
-from libs.common.core.errors import Conflict, FollowupsError, NotFound
+from libs.common.core.errors import Conflict, FollowupsError
 from libs.common.followups import sequences
 from libs.common.rules import dry_run, executions, rules
 from libs.common.rules import runs as rule_runs
@@ -27,7 +28,7 @@ from services.api.dashboard.action_form import (
 )
 from services.api.dashboard.base import paged, project_of, see_other
 from services.api.dashboard.condition_form import ATTRIBUTE_CHOICES, OPERATOR_CHOICES, VALUE_TYPES, summary
-from services.api.dashboard.forms import Form, FormErrors, back_to_card, error_of, validation_error
+from services.api.dashboard.forms import Form, FormErrors, back_to_card, error_of, try_form, validation_error
 from services.api.dashboard.queries import contact_labels, sequence_names
 from services.api.dashboard.render import page
 from services.api.dashboard.rule_dry_run import EVENT_EXAMPLE, FIELDS, DryRunForm, shown
@@ -77,28 +78,15 @@ class RulesController(Controller):
         project_id = project_of(request)
         runtime = runtime_of(request)
         typed = DryRunForm.of_form(Form.of(request))
-        errors = FormErrors()
-        try:
-            with transaction(runtime) as conn:
-                data = typed.request(conn, project_id, errors)
-                tried = (
-                    dry_run.dry_run(conn, project_id, rule_id, data, now=runtime.clock.now())
-                    if data
-                    else None
-                )
-        except msgspec.ValidationError as exc:
-            return self._detail(
-                request, rule_id, typed, errors=validation_error(exc).renamed(FIELDS), status=422
-            )
-        except FollowupsError as exc:
-            if isinstance(exc, NotFound) and exc.field == "rule_id":
-                raise  # another project's rule: the 404 page
-            return self._detail(
-                request, rule_id, typed, errors=error_of(exc).renamed(FIELDS), status=status_of(exc)
-            )
-        if tried is None:
-            return self._detail(request, rule_id, typed, errors=errors, status=422)
-        return self._detail(request, rule_id, typed, tried=tried)
+
+        def attempt(conn: Connection[Any], errors: FormErrors) -> DryRun | None:
+            data = typed.request(conn, project_id, errors)
+            return dry_run.dry_run(conn, project_id, rule_id, data, now=runtime.clock.now()) if data else None
+
+        tried = try_form(runtime, attempt, FIELDS, owner="rule_id")  # another project's rule: the 404 page
+        return self._detail(
+            request, rule_id, typed, tried=tried.answer, errors=tried.errors, status=tried.status
+        )
 
     @get("/{rule_id:uuid}/runs/{run_id:uuid}", sync_to_thread=True)
     def run(

@@ -9,7 +9,8 @@ from litestar import Controller, Request, Response, get, patch, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from libs.common.followups import sequences, statistics
+from libs.common.followups import preview, sequences, statistics
+from libs.common.followups.preview import Preview, PreviewRequest
 from libs.common.followups.sequences import (
     Published,
     Sequence,
@@ -147,6 +148,46 @@ class SequencesController(Controller):
         """Enrolled, active, completed, stopped by reason; per step: sent, skipped by reason, replies."""
         with transaction(runtime_of(request)) as conn:
             return statistics.sequence_statistics(conn, project_id, sequence_id)
+
+    @post(
+        "/{sequence_id:uuid}/preview",
+        sync_to_thread=True,
+        status_code=200,
+        responses={
+            **not_found("The contact (`contact_id`, or `phone`) is not one of the project's."),
+            **conflict("The sequence has no published version, or is archived: nobody can be enrolled."),
+            **invalid(
+                "A well-formed value the server refuses: neither or both of `contact_id` and `phone`, a "
+                "phone that is not E.164 (`phone`), an `enrolled_at` in the past or over a year ahead, an "
+                "`anchor_at` too near the ends of the calendar for the steps' offsets, `variables` over "
+                "16 KB as JSON."
+            ),
+        },
+    )
+    def preview(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        sequence_id: FromPath[uuid.UUID],
+        data: JSONBody[PreviewRequest],
+    ) -> Preview:
+        """The schedule a contact would get in the sequence's current version, under the current settings,
+        without acting: each step's time (send window, pacing, caps, the contact's zone applied), its
+        deferrals, its rendered text, or why it would be skipped; or why the contact could not be enrolled.
+        The release path itself runs on an enrollment made and rolled back in a savepoint: nothing is kept,
+        nothing is sent, the model is not called. The ``write`` scope, as every operation but a GET."""
+        runtime = runtime_of(request)
+        settings = runtime.settings
+        with transaction(runtime) as conn:
+            return preview.preview(
+                conn,
+                project_id,
+                sequence_id,
+                data,
+                settings.followup,
+                now=runtime.clock.now(),
+                ai_lease=settings.ai.step_lease,
+            )
 
     @staticmethod
     def _change(
