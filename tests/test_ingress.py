@@ -4,6 +4,8 @@ domain functions as the REST API; malformed or rejected messages are dead-letter
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -12,9 +14,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from libs.common.contracts import actors
-from libs.common.contracts.platform_events import ContactOptedOut, InboundMessage
+from libs.common.contracts.platform_events import ContactOptedOut, InboundMessage, MessageStatus
 from libs.common.core.runtime import Runtime
-from libs.common.followups.definition import MessageStep
+from libs.common.followups.definition import MessageStep, WhatsAppTemplate
 from libs.common.platform.messages import OutboundMessage, queue_contact_message
 from services.release.release import release_batch
 from tests.conftest import Project
@@ -265,3 +267,45 @@ def test_an_event_that_meets_an_unreachable_database_is_retried_not_dead_lettere
         ("stopped", "replied")
     ]
     assert rows(pool, "SELECT status FROM messages WHERE id = %s", message) == [("CANCELLED",)]
+
+
+def test_an_event_that_finds_the_conversation_held_is_retried_and_applied_once_it_is_free(
+    ingress: Ingress, runtime: Runtime, project: Project, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a follow-up sent free-form whose step has an approved template, and another transaction holding
+    # the contact's open conversation
+    pool = runtime.pool
+    contact = make_contact(pool, project.id)
+    template = WhatsAppTemplate(name="order_reminder", language="en")
+    sequence = make_sequence(pool, project.id, MessageStep(text="first", whatsapp_template=template))
+    enrollment = make_enrollment(pool, runtime.clock, project.id, sequence, contact).id
+    assert release_batch(pool, runtime.clock, runtime.settings.followup) == 1
+    [(message, conversation)] = rows(
+        pool, "SELECT id, conversation_id FROM messages WHERE followup_enrollment_id = %s", enrollment
+    )
+    rows(pool, "UPDATE messages SET status = 'SENT' WHERE id = %s RETURNING id", message)
+    drained = threading.Thread(target=ingress.drain)
+    with pool.connection() as holder, caplog.at_level(logging.INFO, logger="services.api.ingress"):
+        holder.execute("SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation,))
+
+        # When the provider's report that it fell outside the window comes over the broker meanwhile
+        ingress.send_event(
+            project.id, MessageStatus(message_id=message, status="FAILED", error_code="131047")
+        )
+        drained.start()
+        for _ in range(200):
+            if any(r.getMessage() == "ingress event deferred: busy" for r in caplog.records):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the event never met the held conversation")
+    drained.join()
+
+    # Then it was tried again once the conversation was free, not dead-lettered: the step went again as its
+    # template
+    assert ingress.dead == []
+    assert rows(
+        pool,
+        "SELECT template_name FROM messages WHERE followup_enrollment_id = %s ORDER BY created_at",
+        enrollment,
+    ) == [(None,), ("order_reminder",)]

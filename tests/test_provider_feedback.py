@@ -287,3 +287,41 @@ def test_any_other_code_is_recorded_and_counted_only(
     assert (
         rows(runtime.pool, "SELECT count(*) FROM message_status_events WHERE action IS NOT NULL")[0][0] == 1
     )
+
+
+def test_a_template_retry_while_the_conversation_is_held_is_answered_busy_and_applies_when_sent_again(
+    client: TestClient[Any], runtime: Runtime, clock: ManualClock
+) -> None:
+    # Given a step with an approved template sent free-form, and another transaction holding the contact's
+    # open conversation (a reply being recorded, say)
+    template = {"name": "order_reminder", "language": "pt_BR", "parameters": ["{{ vars.order }}"]}
+    with_template = sequence(
+        client, {"kind": "message", "text": "Any news, {{ vars.order }}?", "whatsapp_template": template}
+    )
+    templated = enroll(client, with_template, contact(client), variables={"order": "A-17"})
+    release(runtime, clock)
+    first = last_message(client, templated)
+    report(client, first, "SENT", provider_message_id=f"wamid.{first}")
+    with runtime.pool.connection() as holder:
+        holder.execute(
+            "SELECT 1 FROM conversations WHERE id = (SELECT conversation_id FROM messages WHERE id = %s)"
+            " FOR UPDATE",
+            (first,),
+        )
+
+        # When the provider reports it outside the window meanwhile
+        body = {"type": "message.status", "message_id": first, "status": "FAILED", "error_code": "131047"}
+        busy = client.post("/v1/events", json=body)
+
+        # Then the platform is told to send it again in a moment, and nothing of it is kept
+        assert busy.status_code == 429, busy.text
+        assert busy.headers["retry-after"]
+        assert busy.json()["code"] == "busy"
+        assert message(client, first)["status"] == "SENT"
+        assert len(enrollment(client, templated)["messages"]) == 1
+
+    # And sent again once the conversation is free, it is applied: the step is retried as its template
+    retried = report(client, first, "FAILED", error_code="131047")
+    [retry] = [m for m in enrollment(client, templated)["messages"] if m["id"] != first]
+    assert retried["provider_action"] == f"template_retry:{retry['id']}"
+    assert message(client, first)["status"] == "FAILED"

@@ -19,7 +19,7 @@ import msgspec
 
 from libs.common.contracts import actors
 from libs.common.core.db import map_errors
-from libs.common.core.errors import DatabaseUnavailable, FollowupsError
+from libs.common.core.errors import Busy, DatabaseUnavailable, FollowupsError
 from libs.common.core.runtime import Runtime, Service
 from libs.common.ingress import handle_event
 from libs.common.platform.send_lane import ClaimRequest, claim_messages
@@ -37,12 +37,13 @@ class Rejected(Exception):
 
 
 class Deferred(dramatiq.Retry):
-    """The database is out of reach: the event is tried again later (a ``Retry``, so Dramatiq does not log
-    a traceback per message; the outage itself is logged once, by the pool's side)."""
+    """The database is out of reach, or a row the event needs is held a moment: the event is tried again
+    later (a ``Retry``, so Dramatiq does not log a traceback per message; an outage itself is logged once,
+    by the pool's side)."""
 
 
 def retry_when(retries: int, exception: BaseException) -> bool:
-    """Retry only transient failures (the database unreachable), a bounded number of times."""
+    """Retry only transient failures (the database unreachable, a row held), a bounded number of times."""
     return isinstance(exception, Deferred) and retries < TRANSIENT_RETRIES
 
 
@@ -57,6 +58,9 @@ def build(runtime: Runtime) -> Service:
         except DatabaseUnavailable as exc:
             log.debug("ingress event deferred: database unavailable", extra=context)
             raise Deferred("database unavailable") from exc
+        except Busy as exc:  # a row it needs is held a moment (the contact's open conversation)
+            log.info("ingress event deferred: busy", extra=context | {"reason": exc.message})
+            raise Deferred("busy") from exc
         except FollowupsError as exc:
             log.error("ingress event rejected", extra=context | {"reason": exc.message, "field": exc.field})
             raise Rejected(exc.message) from exc

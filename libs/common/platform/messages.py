@@ -16,7 +16,7 @@ from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import MessageFailed, MessageHuman, MessageQueued, MessageReceived
-from libs.common.core.errors import InvalidInput, NotFound
+from libs.common.core.errors import Busy, InvalidInput, NotFound
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import load_queries
 from libs.common.platform.conversations import Conversation, create_conversation, get_conversation
@@ -32,8 +32,8 @@ USAGE_SHARDS = 8
 _encode = msgspec.json.Encoder().encode
 
 
-class ConversationBusy(Exception):
-    """The contact's open conversation is locked by another transaction; retry soon."""
+class ConversationBusy(Busy):
+    """The contact's open conversation is locked by another transaction: try again in a moment."""
 
 
 @dataclass(frozen=True)
