@@ -325,3 +325,55 @@ def test_a_template_retry_while_the_conversation_is_held_is_answered_busy_and_ap
     [retry] = [m for m in enrollment(client, templated)["messages"] if m["id"] != first]
     assert retried["provider_action"] == f"template_retry:{retry['id']}"
     assert message(client, first)["status"] == "FAILED"
+
+
+def test_a_rate_limited_follow_up_is_not_sent_again_after_a_reply_or_for_a_late_report(
+    client: TestClient[Any], runtime: Runtime, clock: ManualClock
+) -> None:
+    # Given two contacts each sent a two-step sequence's first follow-up
+    clock.set(MONDAY)
+    seq = sequence(client, {"kind": "message", "text": "Hi"}, {"kind": "message", "text": "Again?"})
+    replied_contact, other_contact = contact(client), contact(client)
+    replied, other = enroll(client, seq, replied_contact), enroll(client, seq, other_contact)
+    release(runtime, clock)
+    first, second = last_message(client, replied), last_message(client, other)
+    for m in (first, second):
+        report(client, m, "SENT", provider_message_id=f"wamid.{m}")
+
+    # When the first contact replies, then the provider rate-limits the follow-up it was sent (130429)
+    clock.advance(timedelta(seconds=1))
+    ok(
+        client.post(
+            "/v1/events",
+            json={"type": "message.inbound", "contact_id": replied_contact, "provider_message_id": "in-1"},
+        ),
+        201,
+    )
+    after_reply = fail(client, first, "130429")
+
+    # Then it is not queued again: it failed, the number is paced, the reply stopped the sequence
+    assert after_reply["status"] == "FAILED" and message(client, first)["status"] == "FAILED"
+    assert enrollment(client, replied)["enrollment"]["status"] == "stopped"
+
+    # And a rate limit reported for an attempt the provider no longer holds (a late report of an earlier
+    # attempt) leaves the message as it is, and reports by our id alone queue it again at most 3 times
+    stale = report(
+        client, second, "FAILED", provider_message_id="wamid.earlier", error_code="130429", error="late"
+    )
+    assert message(client, second)["status"] == "FAILED" and stale["status"] == "FAILED"
+
+
+def test_a_rate_limit_reported_again_and_again_by_our_id_queues_the_message_again_at_most_three_times(
+    client: TestClient[Any], runtime: Runtime, clock: ManualClock
+) -> None:
+    clock.set(MONDAY)
+    seq = sequence(client, {"kind": "message", "text": "Hi"})
+    enrolled = enroll(client, seq, contact(client))
+    release(runtime, clock)
+    sent = last_message(client, enrolled)
+    statuses = []
+    for attempt in range(5):
+        report(client, sent, "SENT", provider_message_id=f"wamid.{attempt}")
+        statuses.append(report(client, sent, "FAILED", error_code="130429", error="rate limit")["status"])
+    assert statuses == ["QUEUED", "QUEUED", "QUEUED", "FAILED", "FAILED"]
+    assert actions(client, sent).count("requeued") == 3

@@ -556,6 +556,13 @@ class _Live(msgspec.Struct, frozen=True):
     contact_id: uuid.UUID
 
 
+def still_sending(conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID) -> bool:
+    """Whether the enrollment's messages may still go (active, or completed: not stopped, failed or
+    paused); a message sent once and failed for a rate limit is sent again only then."""
+    params = {"project_id": project_id, "id": enrollment_id}
+    return conn.execute(QUERIES["still_sending"], params).fetchone() is not None
+
+
 def get_enrollment(conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID) -> Enrollment:
     with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
         params = {"project_id": project_id, "id": enrollment_id}

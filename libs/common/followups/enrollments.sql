@@ -100,6 +100,12 @@ SELECT *
 FROM followup_enrollments
 WHERE project_id = %(project_id)s AND id = %(id)s
 
+-- name: still_sending
+-- Whether the enrollment's messages may still go: active, or completed (its last step sent); not stopped,
+-- failed or paused.
+SELECT 1 FROM followup_enrollments
+WHERE project_id = %(project_id)s AND id = %(id)s AND status IN ('active', 'completed')
+
 -- name: lock_enrollment
 -- One enrollment of a project, locked for a change (a release holding it makes this wait).
 SELECT *

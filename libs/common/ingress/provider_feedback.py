@@ -27,17 +27,26 @@ from psycopg import Connection
 from libs.common.core.effects import Observe, after_commit
 from libs.common.core.metrics import PROVIDER_ERRORS
 from libs.common.core.reasons import ProviderAction, ProviderErrorClass, stored
-from libs.common.followups import pacing
+from libs.common.followups import enrollments, pacing
 from libs.common.followups.provider_feedback import retry_as_template
 from libs.common.ingress.apply import EventResult, stop
 from libs.common.platform import contacts
 from libs.common.platform.provider_errors import classify
-from libs.common.platform.send_lane import MessageState, StatusReport, record_action, requeue_message
+from libs.common.platform.send_lane import (
+    MessageState,
+    StatusReport,
+    rate_limited_message,
+    record_action,
+    requeue_message,
+)
 
 log = logging.getLogger(__name__)
 
 #: How long the contact's marketing follow-ups wait after the provider's per-user marketing limit.
 MARKETING_LIMIT_WAIT: Final = timedelta(hours=24)
+#: How many times a message is queued again for rate limits: a report repeated by our id alone (a
+#: redelivery, a late report of an earlier attempt) cannot send it again and again.
+RATE_LIMIT_REQUEUES: Final = 3
 
 
 def requeue_rate_limited(
@@ -47,7 +56,21 @@ def requeue_rate_limited(
     widened (None when the report is no such thing: it is applied as any other)."""
     if report.status != "FAILED" or classify(report.error_code) != "rate_limit":
         return None
-    state = requeue_message(conn, project_id, report, action="requeued", now=now)
+    sent = rate_limited_message(conn, project_id, report)
+    if sent is None:
+        return None
+    # sent again only while it may still go: the contact has not replied, opted out or been erased or
+    # flagged since it was queued (share-locked: a stop path in flight is waited for), and its follow-up was
+    # not stopped or paused; else the failure is applied as any other (FAILED, the number paced)
+    if not contacts.share_reachable(conn, project_id, sent.contact_id, since=sent.created_at):
+        return None
+    if sent.followup_enrollment_id is not None and not enrollments.still_sending(
+        conn, project_id, sent.followup_enrollment_id
+    ):
+        return None
+    state = requeue_message(
+        conn, project_id, sent.id, report, action="requeued", most=RATE_LIMIT_REQUEUES, now=now
+    )
     if state is None:
         return None
     result = EventResult(

@@ -230,6 +230,16 @@ def lock_contact_for_erasure(conn: Connection[Any], project_id: uuid.UUID, conta
     _lock(conn, "lock_contact_for_erasure", project_id, contact_id)
 
 
+def share_reachable(
+    conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, *, since: datetime
+) -> bool:
+    """Whether a message may still go to the contact: not opted out, erased or flagged undeliverable, and
+    silent since ``since``; share-locked, so a stop path in flight (a reply, an opt-out) is waited for and
+    seen, and none starts before this transaction ends."""
+    params = {"project_id": project_id, "id": contact_id, "since": since}
+    return conn.execute(QUERIES["share_reachable"], params).fetchone() is not None
+
+
 def share_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> bool:
     """Key-share lock a contact about to be written to; False when it was erased."""
     params = {"project_id": project_id, "id": contact_id}

@@ -85,6 +85,15 @@ SELECT id FROM contacts
 WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL
 FOR UPDATE
 
+-- name: share_reachable
+-- The contact may still be sent to (not opted out, erased or flagged undeliverable) and has not written
+-- since %(since)s: share-locked, so a stop path holding it (a reply, an opt-out: FOR NO KEY UPDATE) is
+-- waited for and its change seen (the condition is checked again on the row as it committed).
+SELECT id FROM contacts
+WHERE project_id = %(project_id)s AND id = %(id)s AND erased_at IS NULL AND opted_out_at IS NULL
+  AND undeliverable_at IS NULL AND (last_inbound_at IS NULL OR last_inbound_at < %(since)s)
+FOR SHARE
+
 -- name: share_contact
 -- The conversation's contact may be written to (it is not erased): key-share locked, so an erasure waits
 -- for this transaction, or this one sees the erasure once it committed.

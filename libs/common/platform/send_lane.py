@@ -264,18 +264,46 @@ def report_sent(
     return [event.message_id for event in events]
 
 
-def requeue_message(
-    conn: Connection[Any], project_id: uuid.UUID, report: StatusReport, *, action: str, now: datetime
-) -> MessageState | None:
-    """A SENT message the provider then failed for its number's rate limit (``report``), QUEUED again for
-    the send lane, its status event keeping the report's error and ``action``; None when the message is not
-    SENT (then the report is applied as any other)."""
+class SentMessage(MessageState, kw_only=True, frozen=True):
+    """A SENT message, with when it was queued."""
+
+    created_at: datetime
+
+
+def rate_limited_message(
+    conn: Connection[Any], project_id: uuid.UUID, report: StatusReport
+) -> SentMessage | None:
+    """The SENT message a rate-limit failure (``report``) is about: by our id or the provider's, and when the
+    report names the provider's id, only the attempt it names (None: the report is applied as any other)."""
     params = {
         "project_id": project_id,
         "id": report.message_id,
         "provider_message_id": report.provider_message_id,
+    }
+    with conn.cursor(row_factory=class_row(SentMessage)) as cur:
+        return cur.execute(QUERIES["rate_limited_message"], params).fetchone()
+
+
+def requeue_message(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    message_id: uuid.UUID,
+    report: StatusReport,
+    *,
+    action: str,
+    most: int,
+    now: datetime,
+) -> MessageState | None:
+    """A SENT message the provider then failed for its number's rate limit (``report``), QUEUED again for
+    the send lane, its status event keeping the report's error and ``action``; None when the message is no
+    longer SENT, or was queued again so (``action``) ``most`` times already (then the report is applied as
+    any other)."""
+    params = {
+        "project_id": project_id,
+        "id": message_id,
         "detail": report.error or report.error_code,
         "action": action,
+        "most": most,
         "now": now,
     }
     with conn.cursor(row_factory=class_row(MessageState)) as cur:

@@ -123,14 +123,28 @@ WITH given AS (
 )
 SELECT id, provider_message_id, followup_enrollment_id FROM updated
 
+-- name: rate_limited_message
+-- The SENT message a rate-limit failure (130429) is about, by our id or the provider's; when the report
+-- names the provider's id too, only the attempt it names (a late report of an earlier attempt of a message
+-- sent again is not about the message as it is).
+SELECT id, status, provider_message_id, error, error_code, status_changed_at, followup_enrollment_id, contact_id,
+       conversation_id, number_id, created_at
+FROM messages
+WHERE project_id = %(project_id)s AND direction = 'outbound' AND status = 'SENT'
+  AND (id = %(id)s::uuid OR (%(id)s::uuid IS NULL AND provider_message_id = %(provider_message_id)s::text))
+  AND (%(provider_message_id)s::text IS NULL OR provider_message_id = %(provider_message_id)s::text)
+
 -- name: requeue_message
--- A message the provider took, then failed for its number's rate limit (130429), by our id or the
--- provider's: QUEUED again for the send lane to claim anew (one not SENT, its send not settled or already
--- ended, is left as it is), with its status event naming the error and what was done.
+-- A SENT message the provider then failed for its number's rate limit: QUEUED again for the send lane to
+-- claim anew (one no longer SENT is left as it is; one already queued again %(most)s times for it too: a
+-- report repeated by our id alone cannot send it again and again), with its status event naming the error
+-- and what was done.
 WITH updated AS (
     UPDATE messages SET status = 'QUEUED', status_changed_at = %(now)s
-    WHERE project_id = %(project_id)s AND direction = 'outbound' AND status = 'SENT'
-      AND (id = %(id)s::uuid OR (%(id)s::uuid IS NULL AND provider_message_id = %(provider_message_id)s::text))
+    WHERE project_id = %(project_id)s AND id = %(id)s AND direction = 'outbound' AND status = 'SENT'
+      AND (SELECT count(*) FROM message_status_events e
+           WHERE e.message_id = messages.id AND e.project_id = messages.project_id
+             AND e.action = %(action)s) < %(most)s
     RETURNING project_id, id, status, provider_message_id, error, error_code, status_changed_at,
               followup_enrollment_id, contact_id, conversation_id, number_id
 ), status_events AS (
