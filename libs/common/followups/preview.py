@@ -195,6 +195,11 @@ def preview(
             steps, complete = _follow(
                 conn, project_id, enrollment.id, enrollment.version_id, enrolled_at, settings, tz, ai_lease
             )
+    except OverflowError as exc:  # a step's time (its anchor, a grace or a wait after it) past the calendar
+        raise InvalidInput(
+            "anchor_at puts a step, or a wait after it, beyond the last date that can be written",
+            field="anchor_at",
+        ) from exc
     except EnrollmentRejected as rejection:
         if rejection.code == "sequence_not_enrollable":
             raise  # the sequence's fault, not the contact's: as enroll answers it
