@@ -8,6 +8,7 @@ release service's ``release_one``.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -475,3 +476,50 @@ def test_a_project_runs_two_previews_at_once_and_a_third_is_refused_without_wait
 
     # Then, a slot free again, the next one runs
     assert previewed(client, sequence, contact_id=contact)["steps"][0]["outcome"] == "queued"
+
+
+def test_a_preview_holds_no_counter_row_nor_the_plan_lock_a_real_release_would_wait_for(
+    client: TestClient[Any], runtime: Runtime, project: Project
+) -> None:
+    # Given a plan-limited project whose every counter row (live enrollments, usage this month, messages
+    # queued) and whose plan lock another transaction holds, as a real enrollment or release in flight does
+    contact = new_contact(client)
+    sequence = new_sequence(client, {"kind": "message", "text": "one"}, {"kind": "message", "text": "two"})
+    month = runtime.clock.now().astimezone(UTC).date().replace(day=1)
+    answers: list[Any] = []
+    with runtime.pool.connection() as holder:
+        holder.execute("UPDATE projects SET max_active_enrollments = 1000 WHERE id = %s", (project.id,))
+        holder.commit()
+        holder.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('plan/' || %s::text, 0))", (project.id,)
+        )
+        for shard in range(16):
+            holder.execute(
+                "INSERT INTO followup_live_counters VALUES (%s, %s, 0) ON CONFLICT DO NOTHING",
+                (project.id, shard),
+            )
+            holder.execute(
+                "INSERT INTO usage_counters (project_id, month, shard, messages) VALUES (%s, %s, %s, 0)"
+                " ON CONFLICT DO NOTHING",
+                (project.id, month, shard),
+            )
+            holder.execute(
+                "INSERT INTO message_counters (project_id, kind, owner_id, shard, messages)"
+                " VALUES (%s, 'project_queued', %s, %s, 0) ON CONFLICT DO NOTHING",
+                (project.id, project.id, shard),
+            )
+        for table in ("followup_live_counters", "usage_counters", "message_counters"):
+            holder.execute(f"SELECT 1 FROM {table} WHERE project_id = %s FOR UPDATE", (project.id,))
+
+        # When the contact's schedule is previewed meanwhile
+        worker = threading.Thread(
+            target=lambda: answers.append(previewed(client, sequence, contact_id=contact))
+        )
+        worker.start()
+        worker.join(timeout=30)
+        waited = worker.is_alive()
+    worker.join()
+
+    # Then it answered without waiting for them, both steps queued
+    assert not waited, "the preview waited for a counter row or the plan lock"
+    assert [s["outcome"] for s in answers[0]["steps"]] == ["queued", "queued"]

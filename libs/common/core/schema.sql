@@ -8,6 +8,9 @@ CREATE FUNCTION public.count_messages() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF current_setting('followups.preview', true) = 'on' THEN
+        RETURN NULL;  -- a preview: rolled back, and it must hold no counter row a real send waits for
+    END IF;
     IF TG_OP = 'INSERT' THEN
         INSERT INTO message_counters AS mc (project_id, kind, owner_id, shard, messages)
         SELECT d.project_id, d.kind, d.owner_id, d.shard, sum(d.delta)

@@ -63,14 +63,17 @@ FOR UPDATE
 -- name: lock_project
 -- A project with a plan limit: its enrollments one at a time (a lock until the transaction ends), so that
 -- the limit holds when they are concurrent; nothing for a project without one. An advisory lock: it writes
--- nothing, and it blocks nothing but another enrollment of the same project.
+-- nothing, and it blocks nothing but another enrollment of the same project. Not in a preview (a session's
+-- followups.preview: what it writes is rolled back, and it holds no lock a real enrollment waits for).
 SELECT pg_advisory_xact_lock(hashtextextended('plan/' || p.id::text, 0))
 FROM projects p WHERE p.id = %(project_id)s AND p.max_active_enrollments IS NOT NULL
+  AND current_setting('followups.preview', true) IS DISTINCT FROM 'on'
 
 -- name: insert_enrollments
 -- Enroll contacts in a pinned version (one request's arrays or a chunk's), with the stop flags copied from
 -- it; nothing for a contact whose dedupe key is known or who is enrolled now (a unique index: the caller
--- tells which). The project's live count gains them (migration 0027: the session's shard).
+-- tells which). The project's live count gains them (migration 0027: the session's shard; not in a
+-- preview, which is rolled back and must not hold a counter row a real enrollment or release waits for).
 WITH enrolled AS (
     INSERT INTO followup_enrollments (
         project_id, sequence_id, version_id, contact_id, conversation_id, number_id, source, campaign_id,
@@ -89,7 +92,8 @@ WITH enrolled AS (
     RETURNING *
 ), counted AS (
     INSERT INTO followup_live_counters AS c (project_id, shard, live)
-    SELECT %(project_id)s, pg_backend_pid() & 15, count(*) FROM enrolled HAVING count(*) > 0
+    SELECT %(project_id)s, pg_backend_pid() & 15, count(*) FROM enrolled
+    WHERE current_setting('followups.preview', true) IS DISTINCT FROM 'on' HAVING count(*) > 0
     ON CONFLICT (project_id, shard) DO UPDATE SET live = c.live + excluded.live
 )
 SELECT * FROM enrolled

@@ -54,7 +54,9 @@ WITH finished AS (
     RETURNING 1
 )
 INSERT INTO followup_live_counters AS c (project_id, shard, live)
-SELECT %(project_id)s, pg_backend_pid() & 15, -count(*) FROM finished HAVING count(*) > 0
+SELECT %(project_id)s, pg_backend_pid() & 15, -count(*) FROM finished
+WHERE current_setting('followups.preview', true) IS DISTINCT FROM 'on' -- a preview holds no counter row
+HAVING count(*) > 0
 ON CONFLICT (project_id, shard) DO UPDATE SET live = c.live + excluded.live
 
 -- name: lease

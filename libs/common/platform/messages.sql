@@ -42,6 +42,7 @@ WITH message AS (
 ), usage_count AS (
     INSERT INTO usage_counters (project_id, month, shard, messages)
     SELECT project_id, %(month)s, %(shard)s, 1 FROM message
+    WHERE current_setting('followups.preview', true) IS DISTINCT FROM 'on' -- a preview holds no counter row
     ON CONFLICT (project_id, month, shard) DO UPDATE SET messages = usage_counters.messages + 1
 ), activity AS (
     INSERT INTO activities (project_id, contact_id, kind, data, occurred_at)
