@@ -423,7 +423,8 @@ def test_bad_input_is_a_problem_naming_the_field(
     assert_problem(
         client.post(url, json={"contact_id": contact, "anchor_at": "0001-01-01T00:30:00Z"}), 422, "anchor_at"
     )
-    at_anchor = f"/v1/sequences/{new_sequence(client, {'kind': 'message', 'text': 'one', 'anchor_offset_seconds': 0})}/preview"
+    on_anchor = new_sequence(client, {"kind": "message", "text": "one", "anchor_offset_seconds": 0})
+    at_anchor = f"/v1/sequences/{on_anchor}/preview"
     assert_problem(
         client.post(at_anchor, json={"contact_id": contact, "anchor_at": "9999-12-31T23:00:00Z"}),
         422,
