@@ -273,3 +273,54 @@ def test_retention_recounts_and_corrects_a_drift_logged_and_counted(
     } & {str(project.id), str(other_project.id)}
     assert_exact(pool, project, 2)
     assert_exact(pool, other_project, 2)
+
+
+def test_a_recount_that_finds_a_shard_held_is_postponed_without_holding_the_others(
+    pool: ConnectionPool,
+    clock: ManualClock,
+    project: Project,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a project whose counter says 5 too many, and a long transaction holding one of its shards (not
+    # the one of the connection that enrolls next)
+    sequence = make_sequence(pool, project.id)
+    with pool.connection() as conn:
+        request = EnrollRequest(sequence_id=sequence, contact_id=make_contact(pool, project.id))
+        enroll(conn, project.id, request, now=clock.now())
+    with pool.connection() as enrolling, pool.connection() as holder:
+        shard = enrolling.execute("SELECT pg_backend_pid() & 15").fetchone()
+        assert shard is not None
+        held = (shard[0] + 1) % 16
+        enrolling.commit()
+        holder.execute(
+            "INSERT INTO followup_live_counters VALUES (%s, %s, 5)"
+            " ON CONFLICT (project_id, shard) DO UPDATE SET live = followup_live_counters.live + 5",
+            (project.id, held),
+        )
+        holder.commit()
+        holder.execute(
+            "SELECT 1 FROM followup_live_counters WHERE project_id = %s AND shard = %s FOR UPDATE",
+            (project.id, held),
+        )
+
+        # When the retention job runs meanwhile
+        with caplog.at_level(logging.INFO, logger="libs.common.retention.cleanup"):
+            assert run_retention(pool, clock.now) is True
+
+        # Then the project's recount is postponed (logged), the counter left as it was and no shard kept
+        # locked: an enrollment of the project goes through at once
+        assert any(
+            r.getMessage() == "live enrollment recount postponed: its counter is held"
+            and r.project_id == str(project.id)  # type: ignore[attr-defined]
+            for r in caplog.records
+        )
+        assert live_counts(pool)[str(project.id)] == (6, 1)
+        enrolling.execute("SET lock_timeout = '5s'")
+        request = EnrollRequest(sequence_id=sequence, contact_id=make_contact(pool, project.id))
+        enroll(enrolling, project.id, request, now=clock.now())
+        enrolling.execute("SET lock_timeout = 0")
+        enrolling.commit()
+
+    # And the next run, the shard free, corrects it
+    assert run_retention(pool, clock.now) is True
+    assert_exact(pool, project, 2)

@@ -289,9 +289,14 @@ def recount_live(conn: Connection[Any], project_id: uuid.UUID) -> tuple[int, int
     """Count the project's live enrollments anew and make its live count say so (the retention job's
     reconciliation, a transaction of its own per project): returns the count and what the counter said
     (their difference is the drift corrected). The counter's shards are locked first, so the project's
-    enrollments and finishes wait for the count (one index walk over its live enrollments)."""
+    enrollments and finishes wait for the count (one index walk over its live enrollments). A shard held by
+    another transaction (a bulk chunk, say) is waited for at most 200 ms: then
+    :class:`psycopg.errors.LockNotAvailable` is raised, so the shards already locked are not held behind it
+    while the project's releases wait for them."""
     params = {"project_id": project_id}
+    conn.execute("SET LOCAL lock_timeout = '200ms'")
     conn.execute(QUERIES["lock_live_counters"], params)
+    conn.execute("SET LOCAL lock_timeout = 0")
     row = conn.execute(QUERIES["recount_live"], params).fetchone()
     assert row is not None
     return row[0], row[1]

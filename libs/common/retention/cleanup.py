@@ -182,9 +182,16 @@ def _delete_all(
 
 def _reconcile_live(pool: ConnectionPool, project_id: uuid.UUID) -> None:
     """Recount the project's live enrollments (a transaction of its own); a drift is corrected, logged and
-    counted."""
-    with pool.connection() as conn:
-        live, counted = transitions.recount_live(conn, project_id)
+    counted. One whose counter another transaction holds is postponed to the next run (logged)."""
+    try:
+        with pool.connection() as conn:
+            live, counted = transitions.recount_live(conn, project_id)
+    except psycopg.errors.LockNotAvailable:
+        log.info(
+            "live enrollment recount postponed: its counter is held",
+            extra={"job": "followup-retention", "project_id": str(project_id)},
+        )
+        return
     if live != counted:
         FOLLOWUP_LIVE_DRIFT.labels("over" if counted > live else "under").inc(abs(counted - live))
         log.warning(
