@@ -58,6 +58,14 @@ def last_message(client: TestClient[Any], enrollment_id: str) -> str:
     return enrollment(client, enrollment_id)["messages"][-1]["id"]  # type: ignore[no-any-return]
 
 
+def enrolled_on(client: TestClient[Any], sequence_id: str, number_id: str) -> str:
+    """A new contact, in a conversation on ``number_id``, enrolled in the sequence: the enrollment."""
+    c = contact(client)
+    body = {"type": "conversation.created", "contact_id": c, "number_id": number_id}
+    ok(client.post("/v1/events", json=body), 201)
+    return enroll(client, sequence_id, c)
+
+
 def actions(client: TestClient[Any], message_id: str) -> list[str]:
     """The actions in a message's timeline, in order."""
     return [c["action"] for c in message(client, message_id)["status_history"] if c["action"] is not None]
@@ -207,14 +215,7 @@ def test_a_130429_burst_widens_the_numbers_pacing_then_it_recovers(
     seq = sequence(client, {"kind": "message", "text": "Hi"})
     sent = []
     for _ in range(3):
-        c = contact(client)
-        ok(
-            client.post(
-                "/v1/events", json={"type": "conversation.created", "contact_id": c, "number_id": paced}
-            ),
-            201,
-        )
-        sent.append(enroll(client, seq, c))
+        sent.append(enrolled_on(client, seq, paced))
     release(runtime, clock)
     counted = metrics()
 
@@ -232,14 +233,7 @@ def test_a_130429_burst_widens_the_numbers_pacing_then_it_recovers(
     # And the widened gap holds follow-ups on the number apart: the next two are a gap apart
     later = []
     for _ in range(2):
-        c = contact(client)
-        ok(
-            client.post(
-                "/v1/events", json={"type": "conversation.created", "contact_id": c, "number_id": paced}
-            ),
-            201,
-        )
-        later.append(enroll(client, seq, c))
+        later.append(enrolled_on(client, seq, paced))
     clock.advance(timedelta(seconds=4))
     release(runtime, clock)
     waits = sorted(enrollment(client, e)["enrollment"]["next_run_at"] or "" for e in later)
@@ -252,14 +246,7 @@ def test_a_130429_burst_widens_the_numbers_pacing_then_it_recovers(
     clock.set(MONDAY + timedelta(minutes=4))
     again = []
     for _ in range(2):
-        c = contact(client)
-        ok(
-            client.post(
-                "/v1/events", json={"type": "conversation.created", "contact_id": c, "number_id": paced}
-            ),
-            201,
-        )
-        again.append(enroll(client, seq, c))
+        again.append(enrolled_on(client, seq, paced))
     release(runtime, clock)
     assert all(len(enrollment(client, e)["messages"]) == 1 for e in again)
 
