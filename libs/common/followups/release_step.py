@@ -203,8 +203,7 @@ def release_claimed(
     with conn.cursor(row_factory=class_row(ReleaseState)) as cur:
         state = cur.execute(QUERIES["release_state"], params).fetchone()
     if state is None:  # the contact is locked by a stop path: come back shortly
-        retry = now + timedelta(seconds=settings.busy_retry_seconds)
-        return _defer(conn, row, retry, "busy", values={"locked": "contact"})
+        return _busy(conn, row, now, settings, "contact")
     claim = _Claim(row, state, definition, now)
     checked = _checks(conn, claim) or _timing(conn, claim)
     if checked is not None:
@@ -228,13 +227,11 @@ def release_claimed(
         assert reason is not None
         return _skip(conn, claim, reason, detail)
     if state.open_conversation_busy:  # another transaction holds the contact's open conversation
-        retry = now + timedelta(seconds=settings.busy_retry_seconds)
-        return _defer(conn, row, retry, "busy", values={"locked": "conversation"})
+        return _busy(conn, row, now, settings, "conversation")
     try:
         return _queue(conn, claim, content, reason, detail, decision)
     except ConversationBusy:  # none was open, and one opened meanwhile is held
-        retry = now + timedelta(seconds=settings.busy_retry_seconds)
-        return _defer(conn, row, retry, "busy", values={"locked": "conversation"})
+        return _busy(conn, row, now, settings, "conversation")
 
 
 def _constrained(row: ClaimedEnrollment) -> Claimed:
@@ -605,6 +602,18 @@ def _stop(conn: Connection[Any], claim: _Claim, reason: transitions.EnrollmentRe
     transitions.finish(conn, claim.row.project_id, [claim.row], "stopped", reason, now=claim.now)
     log.info("enrollment stopped", extra={"enrollment_id": str(claim.id), "reason": reason})
     return Released(claim.id, "stop", reason, finished="stopped")
+
+
+def _busy(
+    conn: Connection[Any],
+    row: ClaimedEnrollment,
+    now: datetime,
+    settings: FollowupSettings,
+    locked: Literal["contact", "conversation"],
+) -> Released:
+    """Another transaction holds the contact or its open conversation: come back shortly (``busy``)."""
+    retry = now + timedelta(seconds=settings.busy_retry_seconds)
+    return _defer(conn, row, retry, "busy", values={"locked": locked})
 
 
 def _defer(
