@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from libs.common.rules.conditions import CUSTOM_PREFIX
+from libs.common.platform.conditions import CUSTOM_PREFIX
 
 #: Each catalogue attribute's kind, as the module's documentation describes it.
 KINDS = {

@@ -35,9 +35,9 @@ from libs.common.core.distribution import DISTRIBUTION_COLUMN, REFERENCE_TABLES
 from libs.common.core.settings import DatabaseSettings
 from libs.common.core.sql import load_queries
 from libs.common.platform import send_lane
+from libs.common.platform.conditions import SEGMENT_CONTEXT
 from libs.common.platform.projects import create_project
 from libs.common.rules import bulk
-from libs.common.rules.conditions import SEGMENT_CONTEXT
 from libs.common.rules.matching import evaluation_statement, matching_statement
 from tests.conftest import database_from, with_database
 from tests.test_retention_plans import _seed as seed_retention

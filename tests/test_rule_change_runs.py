@@ -12,7 +12,7 @@ from litestar.testing import TestClient
 
 from libs.common.core.errors import InvalidInput
 from libs.common.core.runtime import Runtime
-from libs.common.rules.conditions import parse_segment
+from libs.common.platform.conditions import parse_segment
 from tests.delayed_rule_helpers import assert_problem, fire, labels_of, set_time, the_one
 from tests.rule_helpers import add_label, add_tag, create_rule, leaf, post_event, process
 from tests.rule_trigger_helpers import (

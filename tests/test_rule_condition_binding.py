@@ -12,13 +12,12 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from libs.common.rules.conditions import (
-    CONTEXT,
+from libs.common.platform.conditions import (
     CUSTOM_PREFIX,
     compile_conditions,
     parse_conditions,
 )
-from libs.common.rules.matching import inline, match
+from libs.common.rules.matching import CONTEXT, inline, match
 from tests.condition_helpers import (
     HOSTILE,
     NUMBER,

@@ -4,7 +4,7 @@ node by node (its root is what ``match`` says, each group's result its children'
 context's); no user value (custom attribute keys included) ever reaches the SQL text; invalid trees are
 rejected naming the JSON path.
 
-The evaluator below is written from what ``libs.common.rules.conditions`` documents (its docstring and the
+The evaluator below is written from what ``libs.common.platform.conditions`` documents (its docstring and the
 catalogue's descriptions), not from its SQL:
 
 * text ignores ASCII case only (A-Z fold to a-z, every other letter compares as written);
@@ -38,9 +38,8 @@ from psycopg import Connection, sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from libs.common.rules.conditions import (
+from libs.common.platform.conditions import (
     ATTRIBUTES,
-    CONTEXT,
     CUSTOM_PREFIX,
     MAX_LIST,
     Group,
@@ -50,7 +49,7 @@ from libs.common.rules.conditions import (
     parse_conditions,
 )
 from libs.common.rules.dry_run import DryRunRequest, EventData, dry_run
-from libs.common.rules.matching import inline, match
+from libs.common.rules.matching import CONTEXT, inline, match
 from libs.common.rules.trace import ConditionResult, GroupResult, Recorded, expand, record, trace
 from libs.common.rules.triggers import insert_trigger
 from tests.condition_helpers import (

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from libs.common.contracts.limits import MAX_GROUP_CHILDREN
 from libs.common.core.errors import InvalidInput
-from libs.common.rules.conditions import (
+from libs.common.platform.conditions import (
     ALWAYS,
     CUSTOM_PREFIX,
     MAX_DEPTH,

@@ -162,7 +162,7 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
     ),
     **_reads(
         "rules",
-        "libs/common/rules/conditions.py",
+        "libs/common/rules/matching.py",
         ("contacts", "conversations", "deals", "leads"),
         "a rule's conditions compile to one SQL predicate over the contact's context (its conversation, lead "
         "and deal): evaluated for a batch of triggers or a whole segment in one statement",

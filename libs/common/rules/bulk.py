@@ -54,7 +54,7 @@ from libs.common.followups.enrollments import (
     enroll_all,
 )
 from libs.common.followups.sequences import get_sequence
-from libs.common.rules.conditions import SEGMENT_CONTEXT, compile_conditions, parse_segment
+from libs.common.platform.conditions import SEGMENT_CONTEXT, compile_conditions, parse_segment
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from libs.common.platform.conditions import Group, Leaf, Node
 from libs.common.rules.actions import Subject
-from libs.common.rules.conditions import Group, Leaf, Node
 
 #: What an episode is keyed on (see the module).
 EpisodeKind = Literal["status", "reply_chase", "awaiting_agent", "event"]

@@ -2,7 +2,7 @@
 project's active rules (their conditions compiled once), which event time asks whether to record a
 trigger and the triggers service asks which rules to match.
 
-A rule: ``name``, ``event``, ``conditions`` (a tree, see :mod:`libs.common.rules.conditions`), ``actions``
+A rule: ``name``, ``event``, ``conditions`` (a tree, see :mod:`libs.common.platform.conditions`), ``actions``
 (see :mod:`libs.common.rules.actions`), ``execution_delay_minutes`` (None: at once; 1 to 43,200) and
 ``active``. Rules run in ``position`` order, then creation order.
 
@@ -37,13 +37,13 @@ from libs.common.core.errors import InvalidInput, NotFound, Refusals
 from libs.common.core.invalidation import on_invalidation
 from libs.common.core.sql import load_queries
 from libs.common.followups.project_settings import get_settings
-from libs.common.rules.actions import Action, check_action_count, validate_actions
-from libs.common.rules.conditions import (
+from libs.common.platform.conditions import (
     Node,
     check_event_fields,
     compile_conditions,
     parse_conditions,
 )
+from libs.common.rules.actions import Action, check_action_count, validate_actions
 from libs.common.rules.matching import inline
 
 log = logging.getLogger(__name__)
@@ -303,7 +303,7 @@ class ActiveRule:
     id: uuid.UUID
     event: str
     conditions: Node
-    #: The compiled predicate over ``conditions.CONTEXT`` and its parameters.
+    #: The compiled predicate over ``matching.CONTEXT`` and its parameters.
     predicate: sql.Composable
     params: list[Any]
     #: The same predicate with its parameters written in (:func:`~libs.common.rules.matching.inline`):

@@ -2,12 +2,12 @@
 home of that reading for a dry run (:mod:`~libs.common.rules.dry_run`), a rule run (the triggers service,
 at event time) and a delayed rule's execution (the sweep, when it falls due).
 
-The product has no evaluator of conditions in Python: the SQL a tree compiles to
-(:func:`~libs.common.rules.conditions.compile_conditions`) is the evaluator. A trace reads, in ONE statement
+The product has no evaluator of conditions in Python: the SQL a tree compiles to (its
+:func:`~libs.common.platform.conditions.compile_conditions`) is the evaluator. A trace reads, in ONE statement
 over the triggers' context (:func:`~libs.common.rules.matching.evaluate`), every node of the tree compiled
 alone by the same compiler and written in with :func:`~libs.common.rules.matching.inline` (each leaf and each
 group), and each leaf's value (the attribute's own expression, as JSON:
-:func:`~libs.common.rules.conditions.value_of`). The root's text is the rule's predicate as the triggers
+:func:`~libs.common.platform.conditions.value_of`). The root's text is the rule's predicate as the triggers
 service matches it: its result is the rule's verdict.
 
 Results are never NULL: the compiler wraps every leaf in ``coalesce(..., false)`` (a value that is absent
@@ -33,7 +33,7 @@ from typing import Any, Literal
 import msgspec
 from psycopg import Connection
 
-from libs.common.rules.conditions import Group, Leaf, Node, compile_conditions, parse_conditions, value_of
+from libs.common.platform.conditions import Group, Leaf, Node, compile_conditions, parse_conditions, value_of
 from libs.common.rules.episodes import EpisodeKind
 from libs.common.rules.matching import evaluate, inline
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libs.common.contracts.labels import label
-from libs.common.rules.conditions import ATTRIBUTES, CUSTOM_PREFIX
+from libs.common.platform.conditions import ATTRIBUTES, CUSTOM_PREFIX
 from services.api.dashboard.forms import Form, FormErrors, comma_list
 
 #: The attribute select of a leaf: the catalogue, then a custom attribute (its key typed beside it).

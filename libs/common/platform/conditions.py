@@ -1,18 +1,19 @@
-"""A rule's conditions: a tree of ``all`` / ``any`` groups, nested to any depth, whose leaves are
-``{attribute, operator, value}``; parsing and validation against the attribute catalogue, and compilation of
-a tree into ONE parameterised SQL predicate.
+"""Conditions, as rules, sequence goals, exits and branches write them: a tree of ``all`` / ``any``
+groups, nested to any depth, whose leaves are ``{attribute, operator, value}``; parsing and validation
+against the attribute catalogue, and compilation of a tree into ONE parameterised SQL predicate.
 
     {"all": [{"attribute": "conversation.status", "operator": "equal_to", "value": "pending"},
              {"any": [{"attribute": "contact.tags", "operator": "contains", "value": "vip"},
                       {"attribute": "contact.attributes.score",
                        "operator": "is_greater_than", "value": 80}]}]}
 
-The predicate is evaluated over the trigger's context (see ``CONTEXT``): the trigger row ``t`` (the event's
-own message and ``changed`` set live in its payload), its contact ``c`` (none once erased: no rule acts on
-an erased contact), conversation ``v``, the contact's
-lead ``l`` and deal ``d``. Identifiers come only from the catalogue below, written as SQL here; every value
-a user gave (custom attribute keys included) is a bound parameter. A predicate is never NULL: a leaf about
-a value that is absent is false, and a negative operator is the negation of its positive one.
+The predicate is evaluated over a context its caller gives: an event ``t`` (its ``payload`` holds the
+event's own message and ``changed`` set), a contact ``c``, a conversation ``v``, the contact's lead ``l``
+and deal ``d`` (a rule's trigger: ``libs.common.rules.matching.CONTEXT``; a segment or a contact's state
+without an event: :data:`SEGMENT_CONTEXT`). Identifiers come only from the catalogue below, written as SQL
+here; every value a user gave (custom attribute keys included) is a bound parameter. A predicate is never
+NULL: a leaf about a value that is absent is false, and a negative operator is the negation of its
+positive one.
 
 Text comparisons ignore ASCII case (``lower`` under the C collation: ``STOP`` matches ``stop``; other
 letters compare as written).
@@ -162,26 +163,6 @@ ATTRIBUTES: dict[str, Attribute] = {
 }
 CUSTOM_PREFIX = "contact.attributes."
 _CUSTOM = _attr("contact.attributes", "custom", "c.attributes", "the contact's custom attributes")
-
-#: FROM clause of the context a predicate is evaluated over (the trigger ``t`` is selected by the caller).
-CONTEXT = sql.SQL(
-    """followup_triggers t
-JOIN contacts c ON c.project_id = t.project_id AND c.id = t.contact_id AND c.erased_at IS NULL
-LEFT JOIN conversations v ON v.project_id = t.project_id AND v.id = t.conversation_id
-LEFT JOIN LATERAL (
-    SELECT status FROM leads
-    WHERE leads.project_id = c.project_id AND leads.contact_id = c.id
-    ORDER BY leads.id = (t.payload ->> 'lead_id')::uuid DESC NULLS LAST, leads.created_at DESC, leads.id
-    LIMIT 1
-) l ON true
-LEFT JOIN LATERAL (
-    SELECT stage FROM deals
-    WHERE deals.project_id = c.project_id AND deals.contact_id = c.id
-    ORDER BY deals.id = (t.payload ->> 'deal_id')::uuid DESC NULLS LAST, deals.updated_at DESC, deals.id
-    LIMIT 1
-) d ON true"""
-)
-
 
 #: FROM clause of a segment (bulk enrollment): every contact ``c`` with its newest conversation ``v``, lead
 #: ``l`` and deal ``d``; there is no event, so ``t`` has an empty payload (event attributes are refused).
@@ -451,7 +432,7 @@ def attributes_in(node: Node) -> set[str]:
 
 
 def compile_conditions(node: Node) -> tuple[sql.Composable, list[Any]]:
-    """ONE SQL predicate (never NULL) over ``CONTEXT`` and its parameters, in placeholder order."""
+    """ONE SQL predicate (never NULL) over the context and its parameters, in placeholder order."""
     params: list[Any] = []
     return _compile(node, params), params
 
@@ -469,7 +450,7 @@ def _compile(node: Node, params: list[Any]) -> sql.Composable:
 
 
 def value_of(leaf: Leaf) -> tuple[sql.Composable, list[Any]]:
-    """The value a leaf is about over ``CONTEXT``, as jsonb (NULL: absent), and its parameters: the
+    """The value a leaf is about over the context, as jsonb (NULL: absent), and its parameters: the
     attribute's own expression (a custom attribute's stored JSON value, whatever its type). For
     ``attribute_changed`` it is the event's change of the attribute (``{"from": ..., "to": ...}``, NULL when
     the event did not change it): what that operator compares."""
