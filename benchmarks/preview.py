@@ -23,7 +23,7 @@ import psycopg
 from benchmarks.common import bench_database, percentile
 from benchmarks.seed import seed_due_enrollments, seed_project
 from libs.common.core.settings import FollowupSettings
-from libs.common.followups.definition import AiStep, Definition, MessageStep, Step, TemplateFallback
+from libs.common.followups.definition import AiStep, Definition, MessageStep, Node, Step, TemplateFallback
 from libs.common.followups.preview import PreviewRequest, preview
 from libs.common.followups.project_settings import ProjectSettings, put_settings
 from libs.common.followups.send_window import SendWindow
@@ -59,7 +59,7 @@ def seed(url: str, live: int) -> tuple[uuid.UUID, dict[int, uuid.UUID], list[uui
         put_settings(conn, project_id, settings, now=START, ai_token_cap=None)
         sequences = {}
         for length in (5, 50):
-            steps = [STEPS[i % len(STEPS)] for i in range(length)]
+            steps: list[Node] = [STEPS[i % len(STEPS)] for i in range(length)]
             created = create_sequence(
                 conn, project_id, SequenceCreate(name=f"preview {length}", definition=Definition(steps=steps))
             )

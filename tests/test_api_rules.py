@@ -19,9 +19,9 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
-from libs.common.platform.conditions import MAX_DEPTH, Group, Leaf
+from libs.common.platform.conditions import MAX_DEPTH, Event, Group, Leaf
 from libs.common.rules.actions import Action
-from libs.common.rules.rules import MAX_DELAY_MINUTES, RULES, ActiveRule, Event, runs_after
+from libs.common.rules.rules import MAX_DELAY_MINUTES, RULES, ActiveRule, runs_after
 from tests.conftest import Project
 from tests.factories import make_sequence
 from tests.test_api_sequences import assert_problem, count, one

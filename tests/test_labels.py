@@ -15,10 +15,10 @@ from libs.common.followups.stops import REASONS as STOP_REASONS
 from libs.common.followups.transitions import EnrollmentReason, WaitingReason
 from libs.common.ingress.apply import EventResult
 from libs.common.platform.conditions import ATTRIBUTES as CONDITION_ATTRIBUTES
+from libs.common.platform.conditions import Event
 from libs.common.platform.messages import MessageSource
 from libs.common.rules.bulk import BulkJob
 from libs.common.rules.executions import Execution
-from libs.common.rules.rules import Event
 from libs.common.rules.runs import RuleRun
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "labels.md"

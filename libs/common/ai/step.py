@@ -39,6 +39,7 @@ from libs.common.core.settings import FollowupSettings
 from libs.common.core.sql import load_queries
 from libs.common.followups import project_settings, release, release_ai, release_step
 from libs.common.followups.definition import AiStep
+from libs.common.followups.graph import sending_step
 from libs.common.followups.release_claim import leased_step
 from libs.common.followups.release_step import AiDraft, Released
 from libs.common.followups.sequences import version_definition
@@ -115,7 +116,7 @@ def run_step(
             log.info("ai step dropped before its call: fenced out", extra=context_ids)
             AI_REQUESTS.labels("followup", "fenced_out").inc()
             return None
-        step = version_definition(conn, due.project_id, context["version_id"]).steps[due.step_index]
+        step = sending_step(version_definition(conn, due.project_id, context["version_id"]), due.step_index)
         assert isinstance(step, AiStep)
         budget = project_settings.ai_token_budget(  # the operator's cap is an AI setting: the client's
             project_settings.get_settings(conn, due.project_id).ai_monthly_token_budget,

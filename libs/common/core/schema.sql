@@ -407,9 +407,27 @@ CREATE TABLE public.followup_enrollments (
     step_due_at timestamp with time zone,
     campaign_id uuid,
     waiting_values jsonb,
-    CONSTRAINT followup_enrollments_status_check CHECK ((status = ANY (ARRAY['active'::text, 'paused'::text, 'completed'::text, 'stopped'::text, 'failed'::text])))
+    goal text,
+    converted_at timestamp with time zone,
+    converted_step integer,
+    exited_by text,
+    reply_step integer,
+    reply_taken_at timestamp with time zone,
+    assignments jsonb,
+    CONSTRAINT followup_enrollments_status_check CHECK ((status = ANY (ARRAY['active'::text, 'paused'::text, 'completed'::text, 'stopped'::text, 'failed'::text, 'converted'::text, 'exited'::text])))
 )
 WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000', autovacuum_vacuum_cost_delay='0');
+
+-- Name: followup_experiment_winners; Type: TABLE
+
+CREATE TABLE public.followup_experiment_winners (
+    project_id uuid NOT NULL,
+    sequence_id uuid NOT NULL,
+    experiment text NOT NULL,
+    variant text NOT NULL,
+    version_id uuid NOT NULL,
+    chosen_at timestamp with time zone NOT NULL
+);
 
 -- Name: followup_instance_pacing; Type: TABLE
 
@@ -501,7 +519,7 @@ CREATE TABLE public.followup_step_runs (
     due_at timestamp with time zone NOT NULL,
     ran_at timestamp with time zone NOT NULL,
     reason_values jsonb,
-    CONSTRAINT followup_step_runs_outcome_check CHECK ((outcome = ANY (ARRAY['queued'::text, 'skipped'::text])))
+    CONSTRAINT followup_step_runs_outcome_check CHECK ((outcome = ANY (ARRAY['queued'::text, 'skipped'::text, 'branched'::text])))
 );
 
 -- Name: followup_triggers; Type: TABLE
@@ -849,6 +867,11 @@ ALTER TABLE ONLY public.followup_campaigns
 
 ALTER TABLE ONLY public.followup_enrollments
     ADD CONSTRAINT followup_enrollments_pkey PRIMARY KEY (project_id, id);
+
+-- Name: followup_experiment_winners followup_experiment_winners_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.followup_experiment_winners
+    ADD CONSTRAINT followup_experiment_winners_pkey PRIMARY KEY (project_id, sequence_id, experiment);
 
 -- Name: followup_instance_pacing followup_instance_pacing_pkey; Type: CONSTRAINT
 
@@ -1355,6 +1378,16 @@ ALTER TABLE ONLY public.followup_enrollments
 
 ALTER TABLE ONLY public.followup_enrollments
     ADD CONSTRAINT followup_enrollments_version_id_fkey FOREIGN KEY (project_id, version_id) REFERENCES public.followup_sequence_versions(project_id, id);
+
+-- Name: followup_experiment_winners followup_experiment_winners_project_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.followup_experiment_winners
+    ADD CONSTRAINT followup_experiment_winners_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
+
+-- Name: followup_experiment_winners followup_experiment_winners_project_id_sequence_id_fkey; Type: FK CONSTRAINT
+
+ALTER TABLE ONLY public.followup_experiment_winners
+    ADD CONSTRAINT followup_experiment_winners_project_id_sequence_id_fkey FOREIGN KEY (project_id, sequence_id) REFERENCES public.followup_sequences(project_id, id) ON DELETE CASCADE;
 
 -- Name: followup_instance_pacing followup_instance_pacing_number_id_fkey; Type: FK CONSTRAINT
 

@@ -2,7 +2,10 @@
 ``enroll()``, the conversation shortcut, the stop paths, the release step, the preview, statistics and
 erasure.
 
-    definition     step kinds, timing, stop flags; validation; when a step is due
+    definition     step kinds (message, ai; branch, wait_for_reply, split), timing, stop flags, goals and
+                   exits; validation; when a step is due
+    graph          where an enrollment goes after a step: a step's next, a branch's paths, a wait's reply
+                   and timeout paths, a split's variant (assigned per contact and experiment)
     sequences      drafts, versions (and the per-process version cache)
     enrollments    enroll(), reads, pause / resume / stop / reschedule by hand
     transitions    every change to an enrollment after it was created, and its purge (the one writer)
@@ -18,7 +21,8 @@ erasure.
 Owns: ``followup_sequences``, ``followup_sequence_versions``, ``followup_enrollments``,
 ``followup_step_runs``, ``followup_campaigns``,
 ``followup_instance_pacing``, ``followup_settings``, ``followup_live_counters`` (a project's live
-enrollments, kept by the two statements that change how many are live).
+enrollments, kept by the two statements that change how many are live), ``followup_experiment_winners``
+(the winner chosen for an experiment).
 May import: ``platform``, ``core``, ``contracts``.
 """
 
@@ -37,5 +41,6 @@ OWNS: Final = frozenset(
         "followup_instance_pacing",
         "followup_settings",
         "followup_live_counters",
+        "followup_experiment_winners",
     }
 )

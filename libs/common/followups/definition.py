@@ -1,10 +1,16 @@
-"""A sequence's definition: its steps (a tagged union on ``kind``: ``message`` or ``ai``), their timing,
-``only_if`` conditions, stop flags and re-entry policy; decoding and the checks a definition must pass to
-be published; and when a step falls due.
+"""A sequence's definition: its steps (a tagged union on ``kind``: ``message`` and ``ai`` send; ``branch``,
+``wait_for_reply`` and ``split`` route), their timing, ``only_if`` conditions, stop flags, re-entry policy,
+goals and exits; decoding and the checks a definition must pass to be published; and when a step falls due.
 
-Each step has its timing: a delay after the previous step (or after enrollment), or an offset from the
-enrollment's anchor time (a reminder, for example 2 hours before ``anchor_at``) with a grace period after
-which it is skipped as past due; and an optional ``only_if``.
+Each sending step has its timing: a delay after the previous step (or after enrollment), or an offset from
+the enrollment's anchor time (a reminder, for example 2 hours before ``anchor_at``) with a grace period
+after which it is skipped as past due; and an optional ``only_if``.
+
+The steps are a graph kept as a list: an enrollment goes from a step to the next one in the list unless the
+step names where it goes (a sending step's ``next``, a branch's paths, a wait's reply and timeout paths, a
+split's variants), by a later step's ``id`` or ``end``. Every target lies after its step, so a path never
+loops and each step runs at most once per enrollment (its step run's key). Paths end (``end``) or rejoin
+(two paths naming the same later step). :mod:`~libs.common.followups.graph` walks it.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -29,6 +35,7 @@ from libs.common.core import decoding, validation
 from libs.common.core.errors import InvalidInput, Refusals
 from libs.common.followups.send_window import SendWindow, validate_window
 from libs.common.followups.templates import SEGMENT_PATTERN, MissingValue, TemplateError, parse_template
+from libs.common.platform.conditions import Event, check_event_fields, parse_conditions, parse_segment
 
 #: Most steps one sequence may have.
 MAX_STEPS = 50
@@ -116,7 +123,30 @@ class WhatsAppTemplate(_Def, kw_only=True):
     )
 
 
-class _Step(_Def, kw_only=True):
+#: Where a step's path goes: ``end``, or this id (a later step's).
+END: Final = "end"
+_ID = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+decoding.PATTERNS |= {_ID: "must be lowercase letters, digits, _ and -, starting with a letter or digit"}
+#: A step's id, a path's, variant's, experiment's, goal's or exit's name: ``follow_up-2``.
+Name = Annotated[str, msgspec.Meta(max_length=64, pattern=_ID)]
+#: Most paths of a branch, variants of a split, goals and exits of a sequence.
+MAX_PATHS = 10
+MAX_VARIANTS = 10
+MAX_GOALS = 10
+#: Longest conversion window: 90 days.
+MAX_CONVERSION_WINDOW_SECONDS = 90 * 86400
+#: A variant's weight: its share of a split is its weight over the sum (the holdout's included).
+Weight = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+
+
+class _Node(_Def, kw_only=True):
+    #: What a branch, a wait, a split or another step's ``next`` names this step by (``end`` is taken).
+    id: Name | None = None
+
+
+class _Step(_Node, kw_only=True):
+    #: Where the enrollment goes after this step: a later step's id, or ``end``; none: the next step.
+    next: Name | None = None
     delay_seconds: NonNegative = 0
     anchor_offset_seconds: Offset | None = None
     grace_seconds: NonNegative = 3600
@@ -178,6 +208,93 @@ class AiStep(_Step, kw_only=True, tag="ai", tag_field="kind"):
 Step = MessageStep | AiStep
 
 
+class BranchPath(_Def, kw_only=True):
+    """One path of a branch: taken when its conditions hold (the first path that holds wins)."""
+
+    name: Name
+    #: Conditions on the contact, in the rules' syntax without event attributes: its attributes and tags,
+    #: its newest conversation, lead status and deal stage (none: always).
+    when: dict[str, Any] | None = None
+    #: Whether the previous follow-up message was read (true) or not (false); none: either.
+    read: bool | None = None
+    #: Where the path starts: a later step's id, or ``end``.
+    to: Name
+
+
+class BranchStep(_Node, kw_only=True, tag="branch", tag_field="kind"):
+    """Send nothing: route the enrollment down the first path whose conditions hold, else ``otherwise``."""
+
+    #: How long after the previous step the branch is taken (its conditions read then).
+    delay_seconds: NonNegative = 0
+    paths: Annotated[list[BranchPath], msgspec.Meta(min_length=1, max_length=MAX_PATHS)]
+    #: Where an enrollment no path holds for goes: a later step's id, or ``end``; none: the next step.
+    otherwise: Name | None = None
+
+
+class WaitForReplyStep(_Node, kw_only=True, tag="wait_for_reply", tag_field="kind"):
+    """Send nothing: wait up to ``timeout_seconds`` for the contact's reply. A reply takes ``on_reply`` at
+    once (none: the reply stops the enrollment, as a reply always does); no reply by then, ``on_timeout``."""
+
+    timeout_seconds: Annotated[int, msgspec.Meta(ge=1, le=MAX_DELAY_SECONDS)]
+    #: The reply path: a later step's id, or ``end`` (the enrollment completes); none: the reply stops it.
+    on_reply: Name | None = None
+    #: The no-reply path: a later step's id, or ``end``; none: the next step.
+    on_timeout: Name | None = None
+
+
+class Variant(_Def, kw_only=True):
+    """One arm of an experiment."""
+
+    name: Name
+    weight: Weight = 1
+    #: Where the variant's path starts: a later step's id, or ``end``.
+    to: Name
+
+
+class SplitStep(_Node, kw_only=True, tag="split", tag_field="kind"):
+    """Send nothing: an experiment. Each contact is assigned a variant by weight, the same one every time
+    for this sequence's experiment (re-publishing keeps it), recorded on the enrollment; the holdout gets
+    nothing more (its enrollment completes, its conversions still counted)."""
+
+    #: How long after the previous step the split is taken.
+    delay_seconds: NonNegative = 0
+    #: The experiment's name, unique in the sequence: its results and its assignments are kept by it.
+    experiment: Name
+    variants: Annotated[list[Variant], msgspec.Meta(min_length=1, max_length=MAX_VARIANTS)]
+    #: The holdout's weight (0: none): contacts held out are sent nothing from here on.
+    holdout_weight: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 0
+    #: The variant chosen as the winner: everyone reaching the split takes it (none: still an experiment).
+    winner: Name | None = None
+
+
+#: A step that routes the enrollment and sends nothing.
+ControlStep = BranchStep | WaitForReplyStep | SplitStep
+#: Any step of a sequence.
+Node = MessageStep | AiStep | BranchStep | WaitForReplyStep | SplitStep
+
+
+class Goal(_Def, kw_only=True):
+    """What the sequence is for: when ``event`` happens for the contact and ``conditions`` hold, its live
+    enrollment ends ``converted`` at once (mid-delay too), and a finished one inside the conversion window
+    counts a conversion."""
+
+    name: Name
+    event: Event
+    #: In the rules' syntax, over the event (its payload's fields the event carries) and the contact.
+    conditions: dict[str, Any] | None = None
+
+
+class Exit(_Def, kw_only=True):
+    """When to give up: when ``event`` happens for the contact and ``conditions`` hold, its live enrollment
+    ends ``exited`` at once; with ``blocks_entry``, a contact for whom the conditions hold is not enrolled."""
+
+    name: Name
+    event: Event
+    conditions: dict[str, Any] | None = None
+    #: Refuse to enroll a contact for whom ``conditions`` hold (they may then name no event attribute).
+    blocks_entry: bool = False
+
+
 class StopFlags(_Def, kw_only=True):
     """What stops an enrollment; copied onto each enrollment when it is created."""
 
@@ -190,7 +307,7 @@ class StopFlags(_Def, kw_only=True):
 
 class Definition(_Def, kw_only=True):
     #: At least one to be published (a draft may have none yet).
-    steps: Annotated[list[Step], msgspec.Meta(max_length=MAX_STEPS)] = msgspec.field(default_factory=list)
+    steps: Annotated[list[Node], msgspec.Meta(max_length=MAX_STEPS)] = msgspec.field(default_factory=list)
     #: never: a contact enters once; after_finished: again once the previous enrollment finished;
     #: always: a new enrollment replaces the live one.
     reentry: Literal["never", "after_finished", "always"] = "after_finished"
@@ -201,6 +318,12 @@ class Definition(_Def, kw_only=True):
     number_id: uuid.UUID | None = None
     #: What its messages are for (a step's own overrides it): a follow-up is ``marketing`` unless said.
     category: MessageCategory = "marketing"
+    goals: Annotated[list[Goal], msgspec.Meta(max_length=MAX_GOALS)] = msgspec.field(default_factory=list)
+    exits: Annotated[list[Exit], msgspec.Meta(max_length=MAX_GOALS)] = msgspec.field(default_factory=list)
+    #: How long after its last step a finished enrollment still counts a goal met as its conversion.
+    conversion_window_seconds: Annotated[int, msgspec.Meta(ge=0, le=MAX_CONVERSION_WINDOW_SECONDS)] = (
+        7 * 86400
+    )
 
     def category_of(self, step: Step) -> MessageCategory:
         """The category of ``step``'s message: its own, else the sequence's."""
@@ -236,10 +359,107 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
         refusals.add(steps_field, "a sequence needs at least one step")
     if len(definition.steps) > MAX_STEPS:
         refusals.add(steps_field, f"a sequence has at most {MAX_STEPS} steps")
-    for index, step in enumerate(definition.steps):
-        _check_step(step, index, f"{steps_field}.{index}", refusals)
+    for index, node in enumerate(definition.steps):
+        where = f"{steps_field}.{index}"
+        if isinstance(node, MessageStep | AiStep):
+            _check_step(node, index, where, refusals)
+        else:
+            _check_control(node, definition, where, refusals)
+    _check_paths(definition, steps_field, refusals)
+    _check_criteria(definition, field, refusals)
     refusals.raise_any()
     return definition
+
+
+def targets_of(node: Node) -> dict[str, str | None]:
+    """Where a step may send the enrollment, keyed by field (``paths.0.to``, ``on_reply``): a later step's
+    id, ``end``, or None (the next step; for ``on_reply``, a stop)."""
+    if isinstance(node, BranchStep):
+        return {f"paths.{i}.to": p.to for i, p in enumerate(node.paths)} | {"otherwise": node.otherwise}
+    if isinstance(node, WaitForReplyStep):
+        return {"on_reply": node.on_reply, "on_timeout": node.on_timeout}
+    if isinstance(node, SplitStep):
+        return {f"variants.{i}.to": v.to for i, v in enumerate(node.variants)}
+    return {"next": node.next}
+
+
+def _check_paths(definition: Definition, steps_field: str, refusals: Refusals) -> None:
+    """Ids are unique; every path goes forward, to a later step's id or ``end`` (so a path never loops and a
+    step runs at most once per enrollment); experiments are named once."""
+    index_of: dict[str, int] = {}
+    experiments: set[str] = set()
+    for index, node in enumerate(definition.steps):
+        where = f"{steps_field}.{index}"
+        if node.id == END:
+            refusals.add(f"{where}.id", f"{END} names the end of a path: choose another id")
+        elif node.id is not None and node.id in index_of:
+            refusals.add(f"{where}.id", f"id {node.id} is already step {index_of[node.id]}'s")
+        elif node.id is not None:
+            index_of[node.id] = index
+        if isinstance(node, SplitStep):
+            if node.experiment in experiments:
+                refusals.add(f"{where}.experiment", f"experiment {node.experiment} is named twice")
+            experiments.add(node.experiment)
+    for index, node in enumerate(definition.steps):
+        for name, target in targets_of(node).items():
+            if target is None or target == END:
+                continue
+            found = index_of.get(target)
+            if found is None:
+                refusals.add(f"{steps_field}.{index}.{name}", f"no step has the id {target}")
+            elif found <= index:
+                refusals.add(
+                    f"{steps_field}.{index}.{name}",
+                    f"{target} is not after this step: a path goes forward, to a later step or {END}",
+                )
+
+
+def _unique(names: list[str], where: str, what: str, refusals: Refusals) -> None:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            refusals.add(f"{where}.{i}.name", f"{what} {name} is named twice")
+        seen.add(name)
+
+
+def _check_control(node: ControlStep, definition: Definition, where: str, refusals: Refusals) -> None:
+    """A branch's paths (names, conditions), a wait's reply path, a split's variants and winner."""
+    if isinstance(node, BranchStep):
+        _unique([p.name for p in node.paths], f"{where}.paths", "path", refusals)
+        for i, path in enumerate(node.paths):
+            with refusals.check():
+                parse_segment(path.when, f"{where}.paths.{i}.when")
+    elif isinstance(node, WaitForReplyStep):
+        if node.on_reply is None and not definition.stop_on.reply:
+            refusals.add(
+                f"{where}.on_reply",
+                "without on_reply a reply stops the enrollment, and stop_on.reply is off: name the reply"
+                f" path (a later step's id, or {END})",
+            )
+    else:
+        _unique([v.name for v in node.variants], f"{where}.variants", "variant", refusals)
+        if len(node.variants) < 2 and not node.holdout_weight:
+            refusals.add(f"{where}.variants", "a split needs two variants, or one and a holdout")
+        if node.winner is not None and node.winner not in {v.name for v in node.variants}:
+            refusals.add(f"{where}.winner", f"no variant is named {node.winner}")
+
+
+def _check_criteria(definition: Definition, field: str, refusals: Refusals) -> None:
+    """Goals' and exits' names are unique; their conditions are valid for their event; an exit that blocks
+    entry names no event attribute (it is read without one, when a contact is enrolled)."""
+    prefix = f"{field}." if field else ""
+    _unique([g.name for g in definition.goals], f"{prefix}goals", "goal", refusals)
+    _unique([e.name for e in definition.exits], f"{prefix}exits", "exit", refusals)
+    criteria: list[tuple[str, Goal | Exit]] = [
+        *((f"{prefix}goals.{i}.conditions", g) for i, g in enumerate(definition.goals)),
+        *((f"{prefix}exits.{i}.conditions", e) for i, e in enumerate(definition.exits)),
+    ]
+    for where, criterion in criteria:
+        with refusals.check():
+            if isinstance(criterion, Exit) and criterion.blocks_entry:
+                parse_segment(criterion.conditions, where)
+            else:
+                check_event_fields(parse_conditions(criterion.conditions, where), criterion.event, where)
 
 
 def _check_step(step: Step, index: int, where: str, refusals: Refusals) -> None:
@@ -324,6 +544,8 @@ def placeholder_warnings(definition: Definition, field: str = "definition") -> l
     ``anchor.*`` excepted: without an anchor it is skipped anyway). The definition is a valid one."""
     out: list[DefinitionWarning] = []
     for index, step in enumerate(definition.steps):
+        if not isinstance(step, MessageStep | AiStep):
+            continue
         where = f"{_steps_field(field)}.{index}"
         for name, text in step_texts(step, where).items():
             try:
@@ -370,12 +592,15 @@ def storable(definition: Definition, field: str) -> Definition:
     return definition
 
 
-def step_due_at(step: Step, *, now: datetime, anchor_at: datetime | None) -> datetime | None:
-    """When ``step`` is due if the previous step (or the enrollment) happened at ``now``.
+def step_due_at(step: Node, *, now: datetime, anchor_at: datetime | None) -> datetime | None:
+    """When ``step`` is due if the previous step (or the enrollment) happened at ``now`` (a wait for a reply:
+    when it times out).
 
     None for an anchor-timed step of an enrollment without an anchor: it is due now and will be skipped.
     """
-    if step.anchor_offset_seconds is None:
+    if isinstance(step, WaitForReplyStep):
+        return now + timedelta(seconds=step.timeout_seconds)
+    if isinstance(step, BranchStep | SplitStep) or step.anchor_offset_seconds is None:
         return now + timedelta(seconds=step.delay_seconds)
     if anchor_at is None:
         return None
@@ -388,7 +613,7 @@ def check_anchor(definition: Definition, anchor_at: datetime | None, field: str 
     if anchor_at is None:
         return
     for step in definition.steps:
-        if step.anchor_offset_seconds is not None:
+        if isinstance(step, MessageStep | AiStep) and step.anchor_offset_seconds is not None:
             try:
                 (anchor_at + timedelta(seconds=step.anchor_offset_seconds)).astimezone(UTC)
             except OverflowError:

@@ -23,7 +23,16 @@ from libs.common.core.metrics import FOLLOWUP_ENROLLMENTS
 from libs.common.core.reasons import Other, split
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
-from libs.common.followups.definition import Definition, Step, StopFlags, check_anchor, step_due_at
+from libs.common.followups.definition import (
+    AiStep,
+    Definition,
+    MessageStep,
+    Node,
+    Step,
+    StopFlags,
+    check_anchor,
+    step_due_at,
+)
 from libs.common.followups.release_step import StepOutcome, StepRunReason
 from libs.common.followups.sequences import check_one_off, create_one_off_version, version_definition
 from libs.common.followups.stops import Stopped
@@ -413,7 +422,7 @@ def check_request(request: EnrollRequest) -> None:
     refusals = Refusals()
     if request.steps is not None:
         with refusals.check():
-            check_one_off(Definition(steps=request.steps, stop_on=request.stop_on or StopFlags()))
+            check_one_off(Definition(steps=list[Node](request.steps), stop_on=request.stop_on or StopFlags()))
     with refusals.check():
         validation.keyed(request.variables, "variables")
     refusals.raise_any()
@@ -481,7 +490,9 @@ def _pin_version(
             )
         return version_definition(conn, project_id, version_id), version_id
     assert request.steps is not None
-    version = create_one_off_version(conn, project_id, Definition(steps=request.steps, stop_on=stop_on))
+    version = create_one_off_version(
+        conn, project_id, Definition(steps=list[Node](request.steps), stop_on=stop_on)
+    )
     return version_definition(conn, project_id, version.id), version.id
 
 
@@ -692,7 +703,7 @@ def update_enrollment(
         definition = version_definition(conn, project_id, current.version_id)
         check_anchor(definition, anchor_at)
         step = definition.steps[current.step_index]
-        if step.anchor_offset_seconds is not None:
+        if isinstance(step, MessageStep | AiStep) and step.anchor_offset_seconds is not None:
             next_run_at = step_due_at(step, now=now, anchor_at=anchor_at) or now
     variables = current.variables if isinstance(data.variables, msgspec.UnsetType) else data.variables
     updated = transitions.update_schedule(

@@ -41,7 +41,14 @@ from libs.common.core.metrics import FOLLOWUP_PREVIEWS
 from libs.common.core.reasons import Other, split
 from libs.common.core.settings import FollowupSettings
 from libs.common.core.sql import load_queries
-from libs.common.followups.definition import MAX_DELAY_SECONDS, AiStep, Step
+from libs.common.followups.definition import (
+    MAX_DELAY_SECONDS,
+    AiStep,
+    BranchStep,
+    Node,
+    SplitStep,
+    WaitForReplyStep,
+)
 from libs.common.followups.enrollments import (
     AwareDatetime,
     EnrollmentRejected,
@@ -80,7 +87,7 @@ PreviewOutcome = Literal["queued", "skipped", "paused", "stopped", "deferred", "
 #: pause's; the codes the release path records.
 StepEnd = Literal[StepRunReason, EnrollmentReason, WaitingReason]
 #: A step's kind.
-StepKind = Literal["message", "ai"]
+StepKind = Literal["message", "ai", "branch", "wait_for_reply", "split"]
 
 
 class PreviewRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -395,7 +402,13 @@ def _went(
     )
 
 
-def _kind(step: Step) -> StepKind:
+def _kind(step: Node) -> StepKind:
+    if isinstance(step, BranchStep):
+        return "branch"
+    if isinstance(step, WaitForReplyStep):
+        return "wait_for_reply"
+    if isinstance(step, SplitStep):
+        return "split"
     return "ai" if isinstance(step, AiStep) else "message"
 
 

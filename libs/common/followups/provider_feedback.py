@@ -18,6 +18,7 @@ from psycopg.rows import class_row
 from libs.common.core.outbox import write_events
 from libs.common.core.reasons import ProviderAction
 from libs.common.core.sql import load_queries
+from libs.common.followups.graph import sending_step
 from libs.common.followups.release_step import (
     TEMPLATE_REASON,
     StepContent,
@@ -66,7 +67,7 @@ def retry_as_template(
         ).fetchone()
     if failed is None or failed.was_template:
         return "recorded", None
-    step = version_definition(conn, project_id, failed.version_id).steps[failed.step_index]
+    step = sending_step(version_definition(conn, project_id, failed.version_id), failed.step_index)
     keys = {"project_id": project_id, "enrollment_id": failed.enrollment_id, "step_index": failed.step_index}
     context = RenderContext(
         variables=failed.variables,

@@ -47,6 +47,7 @@ from libs.common.followups.definition import (
     WhatsAppTemplate,
     step_due_at,
 )
+from libs.common.followups.graph import sending_step
 from libs.common.followups.held import HeldValues
 from libs.common.followups.project_settings import DEFAULTS
 from libs.common.followups.release_claim import ClaimedEnrollment
@@ -157,7 +158,7 @@ class _Claim:
 
     @property
     def step(self) -> Step:
-        return self.definition.steps[self.row.step_index]
+        return sending_step(self.definition, self.row.step_index)
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ def release_claimed(
     (:func:`release_drafted`, with the ``draft``) re-runs every check and constraint and queues the draft or
     the fallback. Without a model configured, an AI step takes its fallback at once."""
     definition = version_definition(conn, row.project_id, row.version_id)
-    step = definition.steps[row.step_index]
+    step = sending_step(definition, row.step_index)
     params = {
         "project_id": row.project_id,
         "contact_id": row.contact_id,
@@ -566,7 +567,7 @@ def _advance(
     went to becomes the enrollment's when it had none."""
     next_index = claim.row.step_index + 1
     if next_index < len(claim.definition.steps):
-        next_step = claim.definition.steps[next_index]
+        next_step = sending_step(claim.definition, next_index)
         due = step_due_at(next_step, now=claim.now, anchor_at=claim.row.anchor_at) or claim.now
         if message_id is not None:  # the next step keeps the contact's spacing (no deferral needed)
             due = max(due, claim.now + timedelta(seconds=claim.state.min_recipient_gap_seconds))

@@ -58,6 +58,23 @@ def _format(template: str, *args: sql.Composable) -> sql.Composed:
     return sql.Composed(parts)
 
 
+#: The events a condition may be about: what a rule fires on, a sequence's goal or exit is met by.
+Event = Literal[
+    "contact.created",
+    "contact.tag_added",
+    "contact.tag_removed",
+    "contact.updated",
+    "lead.created",
+    "lead.status_changed",
+    "deal.stage_changed",
+    "conversation.created",
+    "conversation.updated",
+    "conversation.opened",
+    "conversation.resolved",
+    "message.created",
+]
+
+
 #: How deep a tree may nest, and how many leaves it may have.
 MAX_DEPTH = 8
 MAX_LEAVES = 100

@@ -28,9 +28,10 @@ from libs.common.core import validation
 from libs.common.core.effects import rolled_back
 from libs.common.core.errors import InvalidInput, NotFound
 from libs.common.platform import contacts, conversations
+from libs.common.platform.conditions import Event
 from libs.common.rules.actions import Action
 from libs.common.rules.executions import due_time, rule_episode
-from libs.common.rules.rules import Event, compile_rule, get_rule
+from libs.common.rules.rules import compile_rule, get_rule
 from libs.common.rules.trace import ConditionResult, DelayedRun, trace
 from libs.common.rules.triggers import insert_trigger
 

@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 import psycopg
@@ -38,6 +38,7 @@ from libs.common.core.invalidation import on_invalidation
 from libs.common.core.sql import load_queries
 from libs.common.followups.project_settings import get_settings
 from libs.common.platform.conditions import (
+    Event,
     Node,
     check_event_fields,
     compile_conditions,
@@ -50,21 +51,6 @@ log = logging.getLogger(__name__)
 
 QUERIES = load_queries("libs.common.rules", "rules.sql")
 
-#: The events a rule may fire on.
-Event = Literal[
-    "contact.created",
-    "contact.tag_added",
-    "contact.tag_removed",
-    "contact.updated",
-    "lead.created",
-    "lead.status_changed",
-    "deal.stage_changed",
-    "conversation.created",
-    "conversation.updated",
-    "conversation.opened",
-    "conversation.resolved",
-    "message.created",
-]
 #: Longest execution delay: 30 days, in minutes.
 MAX_DELAY_MINUTES = 43_200
 #: How long a process keeps a project's rules without hearing of a change.

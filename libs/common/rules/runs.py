@@ -21,9 +21,10 @@ from psycopg.rows import dict_row
 from libs.common.core.errors import NotFound
 from libs.common.core.reasons import Other, split
 from libs.common.core.sql import load_queries
+from libs.common.platform.conditions import Event
 from libs.common.rules.actions import RuleRefusal
 from libs.common.rules.executions import SKIP_REASONS, ExecutionStatus, SkipReason
-from libs.common.rules.rules import Event, get_rule
+from libs.common.rules.rules import get_rule
 from libs.common.rules.trace import ConditionResult, DelayedRun, Recorded, expand, summary
 
 QUERIES = load_queries("libs.common.rules", "runs.sql")

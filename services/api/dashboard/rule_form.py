@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from libs.common.rules.rules import Event, Rule
+from libs.common.platform.conditions import Event
+from libs.common.rules.rules import Rule
 from services.api.dashboard.action_form import ACTION_TYPES, ActionRow, action_json, action_row, builtins
 from services.api.dashboard.condition_form import (
     Group,

@@ -15,7 +15,7 @@ from litestar.params import FromPath
 from libs.common.core import decoding
 from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
 from libs.common.followups import sequences
-from libs.common.followups.definition import Definition, MessageStep, Step, validate_definition
+from libs.common.followups.definition import AiStep, Definition, MessageStep, Step, validate_definition
 from libs.common.followups.send_window import WEEKDAYS
 from libs.common.followups.sequences import Sequence, SequenceUpdate
 from libs.common.platform import contacts
@@ -59,11 +59,10 @@ class SequenceStepsController(Controller):
         with transaction(runtime_of(request)) as conn:
             sequence = sequences.get_sequence(conn, project_of(request), sequence_id)
         steps = definition_of(sequence).steps
-        if not 0 <= index < len(steps):
+        step = steps[index] if 0 <= index < len(steps) else None
+        if not isinstance(step, MessageStep | AiStep):
             raise NotFound("step not found", field="index")
-        return self._step_page(
-            request, sequence, index, StepForm.of_step(steps[index]), FormErrors(), new=False
-        )
+        return self._step_page(request, sequence, index, StepForm.of_step(step), FormErrors(), new=False)
 
     @post("/{sequence_id:uuid}/steps/new", sync_to_thread=True)
     def add_step(self, request: Request[Any, Any, Any], sequence_id: FromPath[uuid.UUID]) -> Response[str]:

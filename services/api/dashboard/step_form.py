@@ -19,9 +19,13 @@ from libs.common.core.reasons import stored
 from libs.common.followups.definition import (
     FIRST_STEP_REFUSES,
     AiStep,
+    BranchStep,
     MessageStep,
+    Node,
+    SplitStep,
     Step,
     TemplateFallback,
+    WaitForReplyStep,
 )
 from libs.common.followups.send_window import WEEKDAYS
 from libs.common.followups.templates import RenderContext, TemplateError, render_message
@@ -261,9 +265,23 @@ class StepForm:
         return out
 
 
-def describe(step: Step) -> dict[str, Any]:
+def describe(step: Node) -> dict[str, Any]:
     """A step as the builder lists it."""
     timing: tuple[str, int, int | None]
+    if not isinstance(step, MessageStep | AiStep):
+        delay = step.timeout_seconds if isinstance(step, WaitForReplyStep) else step.delay_seconds
+        kind = (
+            "branch" if isinstance(step, BranchStep) else "split" if isinstance(step, SplitStep) else "wait"
+        )
+        return {
+            "kind": kind,
+            "text": "",
+            "fallback": None,
+            "timing": ("wait", delay, None),
+            "only_if": [],
+            "window": None,
+            "template": None,
+        }
     if step.anchor_offset_seconds is not None:
         offset = step.anchor_offset_seconds
         timing = ("before" if offset < 0 else "after", abs(offset), step.grace_seconds)

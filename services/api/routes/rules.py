@@ -11,11 +11,12 @@ from litestar import Controller, Request, delete, get, patch, post
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from libs.common.platform import webhook_secrets
+from libs.common.platform.conditions import Event
 from libs.common.platform.webhook_secrets import RotateWebhookSecret, WebhookSecret
 from libs.common.rules import dry_run, executions, rules, runs, webhooks
 from libs.common.rules.dry_run import DryRun, DryRunRequest
 from libs.common.rules.executions import Execution, ExecutionStatus
-from libs.common.rules.rules import Event, Rule, RuleCreate, RuleUpdate
+from libs.common.rules.rules import Rule, RuleCreate, RuleUpdate
 from libs.common.rules.runs import RuleRun, RuleRunDetail
 from libs.common.rules.webhooks import Delivery
 from services.api.deps import PageLimit, ProjectId, page, runtime_of, transaction
