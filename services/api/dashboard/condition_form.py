@@ -2,7 +2,8 @@
 (an attribute, an operator, a typed value), read from a posted form into the API's JSON and back, and a
 rule's conditions in one line.
 
-A group's children are ``<group>.<kind>.<i>`` (the root group is ``conditions``), a leaf's inputs
+A group's children are ``<group>.<kind>.<i>`` (the root group is ``conditions`` in the rule form; a form with
+several trees names each root by its field, such as a branch path's ``paths.0.when``), a leaf's inputs
 ``<leaf>.attribute``, ``<leaf>.operator`` and ``<leaf>.value``. A group's kind is an input of its own
 (``<group>.kind``): the names a form was drawn with may hold an old kind, so a posted form is read by the
 positions in the names (:func:`group_from_form`), and drawn again with the kinds chosen.
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libs.common.contracts.labels import label
-from libs.common.platform.conditions import ATTRIBUTES, CUSTOM_PREFIX
+from libs.common.platform.conditions import ATTRIBUTES, CUSTOM_PREFIX, EVENT_ATTRIBUTES
 from services.api.dashboard.forms import Form, FormErrors, comma_list
 
 #: The attribute select of a leaf: the catalogue, then a custom attribute (its key typed beside it).
@@ -41,6 +42,9 @@ OPERATOR_CHOICES = [
         "attribute_changed",
     )
 ]
+#: The attributes a segment's conditions may name (a branch path's: there is no event).
+SEGMENT_ATTRIBUTE_CHOICES = [choice for choice in ATTRIBUTE_CHOICES if choice[0] not in EVENT_ATTRIBUTES]
+SEGMENT_OPERATOR_CHOICES = [choice for choice in OPERATOR_CHOICES if choice[0] != "attribute_changed"]
 VALUE_TYPES = [("text", "text"), ("number", "number"), ("boolean", "true / false")]
 
 
@@ -60,13 +64,13 @@ class Group:
     children: list[Leaf | Group] = field(default_factory=list)
 
 
-def path_of(name: str) -> tuple[int, ...] | None:
-    """The child indexes a node's name walks (``conditions.all.1.any.0`` -> ``(1, 0)``)."""
-    parts = name.split(".")
-    if not parts or parts[0] != "conditions":
+def path_of(name: str, root: str = "conditions") -> tuple[int, ...] | None:
+    """The child indexes a node's name walks from the tree's ``root`` (``conditions.all.1.any.0`` ->
+    ``(1, 0)``)."""
+    if name != root and not name.startswith(root + "."):
         return None
     path: list[int] = []
-    rest = parts[1:]
+    rest = name[len(root) :].lstrip(".").split(".") if name != root else []
     while len(rest) >= 2 and rest[0] in ("all", "any") and rest[1].isdigit():
         path.append(int(rest[1]))
         rest = rest[2:]
@@ -82,13 +86,15 @@ def node_at(root: Group, path: tuple[int, ...]) -> Leaf | Group | None:
     return node
 
 
-def group_from_form(form: Form) -> tuple[Group, dict[tuple[int, ...], tuple[int, ...]]]:
-    """The tree a posted form describes (by the positions in the names; see the module), and where each
-    posted node went in it (a gap in the posted positions closes up)."""
+def group_from_form(
+    form: Form, root: str = "conditions"
+) -> tuple[Group, dict[tuple[int, ...], tuple[int, ...]]]:
+    """The tree a posted form describes under ``root`` (by the positions in the names; see the module), and
+    where each posted node went in it (a gap in the posted positions closes up)."""
     fields: dict[tuple[int, ...], dict[str, str]] = {}
-    for name, value in form.items("conditions").items():
+    for name, value in form.items(root + ".").items():
         head, _, last = name.rpartition(".")
-        path = path_of(head)
+        path = path_of(head, root)
         if path is not None:
             fields.setdefault(path, {})[last] = value
     root = Group(kind=fields.get((), {}).get("kind", "all"))
@@ -160,6 +166,29 @@ def _leaf_json(leaf: Leaf, where: str, errors: FormErrors) -> dict[str, Any]:
     else:
         out["value"] = _typed(leaf.value, leaf.value_type, f"{where}.value", errors)
     return out
+
+
+def edit_group(
+    root_group: Group,
+    posted: dict[tuple[int, ...], tuple[int, ...]],
+    verb: str,
+    target: str,
+    root: str = "conditions",
+) -> None:
+    """A condition builder's button: ``add_leaf``, ``add_group`` or ``remove`` on the node named ``target``
+    as posted (anything else changes nothing)."""
+    path = path_of(target, root)
+    if path is None or path not in posted:
+        return
+    path = posted[path]
+    if verb == "remove":
+        parent = node_at(root_group, path[:-1]) if path else None
+        if isinstance(parent, Group) and path[-1] < len(parent.children):
+            del parent.children[path[-1]]
+        return
+    group = node_at(root_group, path)
+    if isinstance(group, Group) and verb in ("add_leaf", "add_group"):
+        group.children.append(Leaf() if verb == "add_leaf" else Group("any", [Leaf()]))
 
 
 def group_json(group: Group, where: str, errors: FormErrors) -> dict[str, Any]:

@@ -18,15 +18,7 @@ from typing import Any, get_args
 from libs.common.platform.conditions import Event
 from libs.common.rules.rules import Rule
 from services.api.dashboard.action_form import ACTION_TYPES, ActionRow, action_json, action_row, builtins
-from services.api.dashboard.condition_form import (
-    Group,
-    Leaf,
-    group_from_form,
-    group_json,
-    group_of,
-    node_at,
-    path_of,
-)
+from services.api.dashboard.condition_form import Group, edit_group, group_from_form, group_json, group_of
 from services.api.dashboard.forms import MINUTE_UNITS, Form, FormErrors, join_delay, split_delay
 
 #: The events a rule can be triggered by.
@@ -104,19 +96,8 @@ class RuleForm:
             self.actions.append(ActionRow(self.new_action_type))
         elif verb == "remove_action" and target.isdigit() and int(target) < len(self.actions):
             del self.actions[int(target)]
-        elif verb in ("add_leaf", "add_group", "remove"):
-            path = path_of(target)
-            if path is None or path not in self.posted:
-                return
-            path = self.posted[path]
-            if verb == "remove":
-                parent = node_at(self.conditions, path[:-1]) if path else None
-                if isinstance(parent, Group) and path[-1] < len(parent.children):
-                    del parent.children[path[-1]]
-                return
-            group = node_at(self.conditions, path)
-            if isinstance(group, Group):
-                group.children.append(Leaf() if verb == "add_leaf" else Group("any", [Leaf()]))
+        else:
+            edit_group(self.conditions, self.posted, verb, target)
 
     def payload(self, errors: FormErrors) -> dict[str, Any]:
         """The rule as the API's JSON body (``RuleCreate``); what cannot be read is added to ``errors``."""
