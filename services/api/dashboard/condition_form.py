@@ -97,10 +97,10 @@ def group_from_form(
         path = path_of(head, root)
         if path is not None:
             fields.setdefault(path, {})[last] = value
-    root = Group(kind=fields.get((), {}).get("kind", "all"))
-    if root.kind not in ("all", "any"):
-        root.kind = "all"
-    nodes: dict[tuple[int, ...], Leaf | Group] = {(): root}
+    top = Group(kind=fields.get((), {}).get("kind", "all"))
+    if top.kind not in ("all", "any"):
+        top.kind = "all"
+    nodes: dict[tuple[int, ...], Leaf | Group] = {(): top}
     moved: dict[tuple[int, ...], tuple[int, ...]] = {(): ()}
     for path in sorted(fields, key=lambda p: (len(p), p)):
         if not path:
@@ -124,7 +124,7 @@ def group_from_form(
             )
         parent.children.append(node)
         nodes[path] = node
-    return root, moved
+    return top, moved
 
 
 def _typed(raw: str, value_type: str, where: str, errors: FormErrors) -> Any:

@@ -24,6 +24,8 @@ from libs.common.platform import numbers
 from services.api.dashboard.base import paged, project_of, query_uuid, see_other
 from services.api.dashboard.forms import Form, FormErrors, error_of, validation_error
 from services.api.dashboard.render import page
+from services.api.dashboard.control_form import control_summary, end_text, lane_title
+from services.api.dashboard.sequence_tree import tree
 from services.api.dashboard.step_form import describe
 from services.api.deps import runtime_of, transaction
 from services.api.problems import status_of
@@ -36,6 +38,15 @@ REENTRY = [
     ("never", "never: a contact enters once"),
     ("always", "always: a new enrollment replaces the live one"),
 ]
+#: A step's kind as the builder heads it (``describe``'s kinds).
+KIND_NAMES = {
+    "message": "Message",
+    "ai": "AI-written message",
+    "reminder": "Reminder",
+    "branch": "Branch",
+    "wait": "Wait for a reply",
+    "split": "Split",
+}
 #: What stops an enrollment, as the builder words it.
 STOP_ON = [
     ("reply", "the contact replies"),
@@ -69,8 +80,8 @@ def builder_page(
     options: dict[str, Any] | None = None,
     name: str | None = None,
 ) -> Response[str]:
-    """The builder of a sequence: its steps (each with its errors and its warnings: a placeholder
-    without a fallback), its options, its counts."""
+    """The builder of a sequence: its steps as a tree (:mod:`.sequence_tree`; each step with its errors and
+    its warnings: a placeholder without a fallback), its options, its counts."""
     project_id = project_of(request)
     with transaction(runtime_of(request)) as conn:
         sequence = sequences.get_sequence(conn, project_id, sequence_id)
@@ -94,6 +105,11 @@ def builder_page(
             )
             for i, step in enumerate(definition.steps)
         ],
+        tree=tree(definition),
+        lane_title=lane_title,
+        end_text=end_text,
+        control_summary=control_summary,
+        kind_names=KIND_NAMES,
         definition=definition,
         options=options or _options_of(definition),
         name=sequence.name if name is None else name,

@@ -90,6 +90,9 @@ VARIABLES = (
 @dataclass
 class StepForm:
     kind: str = "message"
+    #: The step's id ("": none) and where it goes after ("": the next step in the list).
+    id: str = ""
+    next: str = ""
     text: str = ""
     media_url: str = ""
     media_kind: str = ""
@@ -132,7 +135,7 @@ class StepForm:
 
     @classmethod
     def of_step(cls, step: Step) -> StepForm:
-        out = cls()
+        out = cls(id=step.id or "", next=step.next or "")
         if isinstance(step, MessageStep):
             out.kind, out.text = "message", step.text
             out.media_url, out.media_kind = step.media_url or "", step.media_kind or ""
@@ -174,6 +177,8 @@ class StepForm:
         kind = form.get("kind") or "message"
         return cls(
             kind=kind,
+            id=form.get("id"),
+            next=form.get("next"),
             text=form.get("text"),
             media_url=form.get("media_url"),
             media_kind=form.get("media_kind"),
@@ -207,6 +212,8 @@ class StepForm:
     def payload(self, errors: FormErrors) -> dict[str, Any]:
         """The step as the API's JSON (a definition's ``steps`` item)."""
         out: dict[str, Any] = {"kind": "ai" if self.kind == "ai" else "message"}
+        out["id"] = self.id.strip() or None
+        out["next"] = self.next or None
         if self.kind == "ai":
             out["instructions"] = self.instructions
             out["goal"] = self.goal.strip() or None
@@ -275,6 +282,8 @@ def describe(step: Node) -> dict[str, Any]:
         )
         return {
             "kind": kind,
+            "id": step.id,
+            "next": None,
             "text": "",
             "fallback": None,
             "timing": ("wait", delay, None),
@@ -289,6 +298,8 @@ def describe(step: Node) -> dict[str, Any]:
         timing = ("wait", step.delay_seconds, None)
     return {
         "kind": "ai" if isinstance(step, AiStep) else ("reminder" if timing[0] != "wait" else "message"),
+        "id": step.id,
+        "next": step.next,
         "text": step.text if isinstance(step, MessageStep) else step.instructions,
         "fallback": (
             step.fallback.text
