@@ -156,11 +156,11 @@ def test_paths_that_all_end_end_the_section_in_them() -> None:
     assert section(unreached) == ([1], "end") and unreached.reached_from == []
 
 
-def test_one_continuing_path_goes_on_below_its_step() -> None:
+def test_one_continuing_path_beside_one_that_ends_nests_its_steps() -> None:
     built = tree(
         definition({"kind": "branch", "paths": [{"name": "a", "to": "a"}], "otherwise": "end"}, msg(id="a"))
     )
-    assert section(built.main) == ([(0, {"path:a": ([], "rejoin 1"), "otherwise": ([], "end")}, 1), 1], "end")
+    assert section(built.main) == ([(0, {"path:a": ([1], "end"), "otherwise": ([], "end")}, None)], "paths")
 
 
 def test_a_wait_has_its_reply_and_timeout_paths() -> None:
@@ -271,8 +271,5 @@ def test_a_drafts_missing_target_and_an_unreached_step_are_still_drawn() -> None
     )
     assert section(built.main) == ([0], "missing")
     (first,) = built.detached
-    assert section(first) == (
-        [1, (2, {"path:p": ([], "missing"), "otherwise": ([], "rejoin 3")}, 3), 3],
-        "end",
-    )
+    assert section(first) == ([1, (2, {"path:p": ([], "missing"), "otherwise": ([3], "end")}, None)], "paths")
     assert first.reached_from == []

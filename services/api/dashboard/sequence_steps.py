@@ -368,6 +368,11 @@ def _checked_in_place(
     """``errors`` and those of the definition's checks about ``node`` in its place in the draft (the other
     steps' errors are theirs; an error already named by ``errors`` is not repeated)."""
     steps = _placed(definition.steps, position, new, node)
+    for index, other in enumerate(steps):
+        if node.id is not None and index != position and other.id == node.id:
+            # validation names the later of the two: here it is this step's id that is taken
+            errors = FormErrors([*errors.items, ("id", f"id {node.id} is already step {index + 1}'s")])
+            break
     try:
         validate_definition(msgspec.structs.replace(definition, steps=steps))
     except InvalidInput as exc:

@@ -4,7 +4,9 @@ function, :func:`tree`).
 The list is a graph whose paths go forward (:mod:`libs.common.followups.graph` resolves them): a branch, a
 wait for a reply and a split each open paths (:class:`Lane`), and the steps down a path are nested under it
 until the path ends, rejoins the others (the first step every continuing path of the step reaches: the
-tree goes on there, after the step) or goes to a step drawn elsewhere. Each step is drawn once; a step no
+tree goes on there, after the step) or goes to a step drawn elsewhere. A step with one continuing path goes
+on below it when its other paths only stop (a reply) or hold out; beside paths that end, the continuing
+path's steps are nested under it. Each step is drawn once; a step no
 path of the tree reaches from the first is drawn after it, in a :class:`Section` that says which steps go
 to it (none: no path reaches it). A draft need not be valid: a target no later step has is drawn as a lane
 that goes nowhere (``missing``), which publishing refuses.
@@ -215,7 +217,11 @@ class _Walk:
                 at = _target(self.definition, at, node.next)
                 continue
             targets = _lane_targets(self.definition, at)
-            joined = self.join([t for _, t in targets if t >= 0])
+            continuing = [t for _, t in targets if t >= 0]
+            # one path goes on: below the step when the others only stop (a reply) or hold out, else under
+            # its own head beside the paths that end
+            quiet = all(t >= 0 or t == STOP or lane.kind == "holdout" for lane, t in targets)
+            joined = self.join(continuing) if len(continuing) > 1 or quiet else None
             inner = stops if joined is None else (*stops, joined)
             lanes = []
             for lane, target in targets:
