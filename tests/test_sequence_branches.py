@@ -14,9 +14,9 @@ from litestar.testing import TestClient
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
+from libs.common.core.runtime import Runtime
 from libs.common.followups import graph
 from libs.common.followups.definition import decode_definition
-from services.api.app import Runtime
 from tests.helpers import rows
 from tests.platform_event_helpers import post_event
 from tests.test_api_sequences import assert_problem, enroll, message_step, new_contact, published, release
