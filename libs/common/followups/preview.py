@@ -11,10 +11,18 @@ The preview does not predict the release path: it runs it. In a savepoint it alw
    constraints and rendering, so the same reason codes), again and again until the enrollment finishes,
    pauses, or one step was deferred :data:`MAX_DEFERRALS` times;
 3. reads what each release did: the step's time, its deferrals (until when, and why), the message it
-   queued (its text, or its approved template with the parameters filled in) or why it was skipped.
+   queued (its text, or its approved template with the parameters filled in) or why it was skipped; for a
+   branch, a wait for a reply or a split, the path it took (its ``branched`` run's reason: ``path`` and
+   the path's name, ``otherwise``, ``no_reply``, ``variant`` and the variant's name, ``holdout``).
+
+The steps it answers are the ones the contact would take, in the order it would take them (the enrollment's
+step after each release: down a branch's path, a wait's timeout path, its variant of a split), then the
+steps it would not reach.
 
 What it assumes of the future: the contact does not write, read, opt out or change; each message is sent
 as soon as it is queued (so it holds no in-flight or backlog slot); nothing else of the project changes.
+A wait for a reply times out (its timeout path) unless the request says ``assume_reply``: then the contact
+replies as each wait begins, and the reply's own stop path runs (the reply path, or the enrollment stops).
 An AI step is released as the release path would with a model configured (leased, then released with a
 draft) but the model is not called: the step says it would be written by the model. Without a model
 configured, the step takes its fallback, as it would.
@@ -41,6 +49,7 @@ from libs.common.core.metrics import FOLLOWUP_PREVIEWS
 from libs.common.core.reasons import Other, split
 from libs.common.core.settings import FollowupSettings
 from libs.common.core.sql import load_queries
+from libs.common.followups import stops
 from libs.common.followups.definition import (
     MAX_DELAY_SECONDS,
     AiStep,
@@ -80,9 +89,10 @@ MAX_DEFERRALS: Final = 8
 #: The draft an AI step is released with in the preview (never shown: the step says the model writes it).
 _MODEL_DRAFT: Final = AiDraft(text="(written by the model)")
 
-#: What a step comes to: its message queued, the step skipped, the enrollment paused or stopped at it,
-#: still deferred when the preview stopped following it, or not reached (the enrollment ended before).
-PreviewOutcome = Literal["queued", "skipped", "paused", "stopped", "deferred", "not_reached"]
+#: What a step comes to: its message queued, the step skipped, a path taken (a branch, a wait for a reply,
+#: a split), the enrollment paused or stopped at it, still deferred when the preview stopped following it,
+#: or not reached (the enrollment's path does not go through it, or it ended before).
+PreviewOutcome = Literal["queued", "skipped", "branched", "paused", "stopped", "deferred", "not_reached"]
 #: Why a step ended as it did: a skip's reason, a queued step's (not sent as written), a stop's or a
 #: pause's; the codes the release path records.
 StepEnd = Literal[StepRunReason, EnrollmentReason, WaitingReason]
@@ -102,6 +112,8 @@ class PreviewRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     variables: Variables = msgspec.field(default_factory=dict)
     #: When the contact would be enrolled: now (absent) or later, at most a year ahead.
     enrolled_at: AwareDatetime | None = None
+    #: The contact replies as each wait for a reply begins (false: no reply, each wait times out).
+    assume_reply: bool = False
 
 
 class PreviewTemplate(msgspec.Struct, kw_only=True, frozen=True):
@@ -122,7 +134,7 @@ class Deferral(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class PreviewStep(msgspec.Struct, kw_only=True, frozen=True):
-    """What one step would do, and when."""
+    """What one step would do, and when (the steps in the order the contact would take them)."""
 
     step_index: int
     kind: StepKind
@@ -134,7 +146,9 @@ class PreviewStep(msgspec.Struct, kw_only=True, frozen=True):
     #: ``at`` on the contact's wall clock (its zone, else the project's), with its offset.
     local_at: str | None = None
     #: Why: a skip's reason, a queued step's reason when not sent as written (``service_window_template``,
-    #: ``ai_fallback``), the stop's or the pause's; the same codes as the release path records.
+    #: ``ai_fallback``), the path taken (``path``, ``otherwise``, ``replied``, ``no_reply``, ``variant``,
+    #: ``holdout``; the path's or variant's name in ``reason_detail``), the stop's or the pause's; the same
+    #: codes as the release path records.
     reason: Literal[StepEnd, Other] | None = None
     reason_detail: str | None = None
     deferrals: list[Deferral] = msgspec.field(default_factory=list)
@@ -203,7 +217,15 @@ def preview(
             enrollment, _ = create_enrollment(conn, project_id, enroll, now=enrolled_at, source="preview")
             version = version_number(conn, project_id, enrollment.version_id)
             steps, complete = _follow(
-                conn, project_id, enrollment.id, enrollment.version_id, enrolled_at, settings, tz, ai_lease
+                conn,
+                project_id,
+                enrollment.id,
+                enrollment.version_id,
+                enrolled_at,
+                settings,
+                tz,
+                ai_lease,
+                assume_reply=request.assume_reply,
             )
     except OverflowError as exc:  # a step's time (its anchor, a grace or a wait after it) past the calendar
         raise InvalidInput(
@@ -296,19 +318,27 @@ def _follow(
     settings: FollowupSettings,
     tz: tzinfo,
     ai_lease: timedelta | None,
+    *,
+    assume_reply: bool,
 ) -> tuple[list[PreviewStep], bool]:
     """Release the enrollment at each of its due times (in the caller's savepoint) until it is no longer
-    active: each step's outcome, and whether the enrollment was followed to its end."""
-    kinds = [_kind(step) for step in version_definition(conn, project_id, version_id).steps]
+    active: each step's outcome in the order taken, and whether the enrollment was followed to its end."""
+    definition = version_definition(conn, project_id, version_id)
+    kinds = [_kind(step) for step in definition.steps]
     steps: list[PreviewStep] = []
     deferrals: list[Deferral] = []
     complete = True
     clock = enrolled_at  # the preview's clock: it only moves forward, to each due time
     row = enrollment_to_release(conn, project_id, enrollment_id)
     while row is not None:
+        kind = kinds[row.step_index]
+        if assume_reply and kind == "wait_for_reply":
+            # the contact replies as the wait begins (the clock: the previous step's release)
+            steps.append(_replied(conn, row, kind, clock, tz))
+            row = enrollment_to_release(conn, project_id, enrollment_id)
+            continue
         # a step due before the clock (an anchor's offset already past) is released now, as it would be
         at = clock = max(row.next_run_at, clock)
-        kind = kinds[row.step_index]
         released, by_model = _release(conn, row, settings, at, ai_lease)
         following = enrollment_to_release(conn, project_id, enrollment_id)
         if released.action == "defer":
@@ -337,11 +367,32 @@ def _follow(
                 )
             deferrals = []
         row = following
-    # the steps the enrollment would not reach (it ended before them, or the preview stopped)
+    # the steps the enrollment would not reach (off its path, it ended before them, or the preview stopped)
+    taken = {step.step_index for step in steps}
     steps += [
-        PreviewStep(step_index=i, kind=kinds[i], outcome="not_reached") for i in range(len(steps), len(kinds))
+        PreviewStep(step_index=i, kind=kind, outcome="not_reached")
+        for i, kind in enumerate(kinds)
+        if i not in taken
     ]
     return steps, complete
+
+
+def _replied(
+    conn: Connection[Any], row: ClaimedEnrollment, kind: StepKind, at: datetime, tz: tzinfo
+) -> PreviewStep:
+    """A wait for a reply the contact replies to at ``at``: the reply's stop path runs (the enrollment
+    takes the wait's reply path, or stops)."""
+    stopped = stops.stop_followups_for_contact(conn, row.project_id, row.contact_id, "reply", now=at)
+    outcome: PreviewOutcome = "stopped" if row.id in stopped.enrollment_ids else "branched"
+    return PreviewStep(
+        step_index=row.step_index,
+        kind=kind,
+        outcome=outcome,
+        due_at=at,
+        at=at,
+        local_at=at.astimezone(tz).isoformat(),
+        reason="replied",
+    )
 
 
 def _release(
@@ -419,6 +470,7 @@ REASONS: Final[frozenset[StepEnd]] = frozenset(get_args(StepEnd))
 _OUTCOMES: Final[dict[str, PreviewOutcome]] = {
     "queue": "queued",
     "skip": "skipped",
+    "branch": "branched",
     "pause": "paused",
     "stop": "stopped",
 }

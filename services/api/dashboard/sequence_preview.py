@@ -1,7 +1,9 @@
 """A sequence's time-travel preview page: a contact (picked from the project's, or typed as its phone or id),
-an anchor, variables and when it would be enrolled, read into the preview's request
-(:mod:`libs.common.followups.preview`); its answer drawn as a timeline: each step's time on the contact's
-wall clock, its deferrals and their reasons, the text it would send or why it would be skipped."""
+an anchor, variables, when it would be enrolled and whether the contact replies at each wait for a reply,
+read into the preview's request (:mod:`libs.common.followups.preview`); its answer drawn as a timeline of
+the steps in the order the contact would take them: each step's time on the contact's wall clock, its
+deferrals and their reasons, the text it would send or why it would be skipped, the path a branch, a wait or
+a split would take; then the steps it would not reach."""
 
 from __future__ import annotations
 
@@ -29,10 +31,19 @@ from services.api.deps import runtime_of, transaction
 FIELDS = {"contact_id": "contact", "phone": "contact"}
 #: The contacts the picker offers (the project's first, in id order; any other is typed as its phone or id).
 PICKER_CONTACTS = 200
+#: A step's kind as the timeline heads it.
+KINDS = {
+    "message": "Message",
+    "ai": "AI-written message",
+    "branch": "Branch",
+    "wait_for_reply": "Wait for a reply",
+    "split": "Split",
+}
 #: How a step's outcome is drawn: the timeline's state (its dot) and its words.
 OUTCOMES = {
     "queued": ("done", "sent"),
     "skipped": ("skipped", "skipped"),
+    "branched": ("done", "takes a path"),
     "paused": ("stopped", "the enrollment pauses"),
     "stopped": ("stopped", "the enrollment stops"),
     "deferred": ("waiting", "still held back: the preview stops here"),
@@ -48,10 +59,12 @@ class PreviewForm:
     anchor_at: str = ""
     enrolled_at: str = ""
     variables: str = ""
+    assume_reply: bool = False
 
     @classmethod
     def of_form(cls, form: Form) -> PreviewForm:
-        return cls(*(form.get(name) for name in ("contact", "anchor_at", "enrolled_at", "variables")))
+        typed = (form.get(name) for name in ("contact", "anchor_at", "enrolled_at", "variables"))
+        return cls(*typed, assume_reply=form.checked("assume_reply"))
 
     def request(
         self, conn: Connection[Any], project_id: uuid.UUID, errors: FormErrors
@@ -69,6 +82,7 @@ class PreviewForm:
             "anchor_at": anchor.isoformat() if anchor else None,
             "enrolled_at": enrolled.isoformat() if enrolled else None,
             "variables": variables,
+            "assume_reply": self.assume_reply,
         }
         return msgspec.convert(body, PreviewRequest)
 
@@ -101,7 +115,7 @@ def shown(step: PreviewStep) -> ShownStep:
     ]
     return ShownStep(
         state=state,
-        title=f"Step {step.step_index + 1} · {'AI-written message' if step.kind == 'ai' else 'Message'}",
+        title=f"Step {step.step_index + 1} · {KINDS[step.kind]}",
         outcome=outcome,
         at=step.at,
         local_at=_local(step.local_at),
