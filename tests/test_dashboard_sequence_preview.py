@@ -133,3 +133,71 @@ def test_a_bad_preview_input_is_shown_next_to_its_field(
     assert page.status_code in (404, 422), page.text
     assert message in field_error(page.text, name)
     assert "Preview of s" in page.text  # the form kept
+
+
+def test_the_timeline_follows_the_contacts_path_through_a_branch_a_wait_and_a_split(
+    signed_in, project, runtime
+) -> None:
+    client, token = signed_in
+    phone = "+14155550125"
+    api(client, project, "POST", "/v1/contacts", json={"phone": phone, "name": "Ada"})
+    steps = [
+        {
+            "kind": "branch",
+            "paths": [
+                {
+                    "name": "ada",
+                    "when": {"all": [{"attribute": "contact.name", "operator": "equal_to", "value": "Ada"}]},
+                    "to": "ask",
+                }
+            ],
+        },
+        {"kind": "message", "text": "Not Ada", "next": "end"},
+        {"kind": "wait_for_reply", "id": "ask", "timeout_seconds": 3600, "on_reply": "exp"},
+        {"kind": "message", "text": "Nudge", "next": "end"},
+        {
+            "kind": "split",
+            "id": "exp",
+            "experiment": "tone",
+            "variants": [{"name": "only", "to": "last"}, {"name": "other", "to": "end"}],
+            "winner": "only",
+        },
+        {"kind": "message", "id": "last", "text": "Thanks, Ada"},
+    ]
+    sequence = api(
+        client, project, "POST", "/v1/sequences", json={"name": "p", "definition": {"steps": steps}}
+    )
+    api(client, project, "POST", f"/v1/sequences/{sequence['id']}/publish")
+
+    silent = timeline(
+        client.post(f"/app/sequences/{sequence['id']}/preview", data={"_csrf": token, "contact": phone}).text
+    )
+    replying = client.post(
+        f"/app/sequences/{sequence['id']}/preview",
+        data={"_csrf": token, "contact": phone, "assume_reply": "on"},
+    )
+
+    assert [outcome for outcome, _ in silent] == [
+        "branched",
+        "branched",
+        "queued",
+        "not_reached",
+        "not_reached",
+        "not_reached",
+    ]
+    assert silent[0][1].startswith("Step 1 · Branch · takes a path")
+    assert silent[0][1].endswith("Took the path: ada")
+    assert silent[1][1].startswith("Step 3 · Wait for a reply · takes a path")
+    assert silent[1][1].endswith("No reply by the deadline")
+    assert silent[2][1].startswith("Step 4 · Message · sent") and silent[2][1].endswith("Nudge")
+    assert 'name="assume_reply" checked' in replying.text
+    followed = timeline(replying.text)
+    assert [text.split(" · ")[0] for _, text in followed] == [
+        "Step 1",
+        "Step 3",
+        "Step 5",
+        "Step 6",
+        "Step 2",
+        "Step 4",
+    ]
+    assert followed[2][1].endswith("Assigned the variant: only") and followed[3][1].endswith("Thanks, Ada")
