@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from tests.dashboard_helpers import add_step, draft_of_steps, errors_on, field_error, make_sequence_via_form
+from tests.helpers import rows
 
 
 def text_of(page: str) -> str:
@@ -222,3 +223,83 @@ def test_a_sending_steps_id_and_next_are_saved_and_checked(signed_in, runtime) -
     assert bad.status_code == 422 and "lowercase" in field_error(bad.text, "id")
     builder = text_of(client.get(f"/app/sequences/{sequence_id}").text)
     assert "No path reaches these steps" in builder  # step 1 ends, so step 2 is reached by no path
+
+
+def criteria(token: str, **fields: str) -> dict[str, str]:
+    """The goals and exits form: a goal ``won`` (a lead's status changed to won), an exit ``revoked`` (the
+    contact's consent revoked) that blocks entry, a 3-day window."""
+    return {
+        "_csrf": token,
+        "_op": "save",
+        "definition.goals.0.name": "won",
+        "definition.goals.0.event": "lead.status_changed",
+        "definition.goals.0.conditions.kind": "all",
+        "definition.goals.0.conditions.all.0.attribute": "lead.status",
+        "definition.goals.0.conditions.all.0.operator": "equal_to",
+        "definition.goals.0.conditions.all.0.value": "won",
+        "definition.goals.0.conditions.all.0.type": "text",
+        "definition.exits.0.name": "revoked",
+        "definition.exits.0.event": "contact.updated",
+        "definition.exits.0.conditions.kind": "all",
+        "definition.exits.0.conditions.all.0.attribute": "contact.consent",
+        "definition.exits.0.conditions.all.0.operator": "equal_to",
+        "definition.exits.0.conditions.all.0.value": "revoked",
+        "definition.exits.0.conditions.all.0.type": "text",
+        "definition.exits.0.blocks_entry": "on",
+        "window_value": "3",
+        "window_unit": "days",
+        **fields,
+    }
+
+
+def test_goals_exits_and_the_conversion_window_are_edited_on_the_sequence_page(signed_in, runtime) -> None:
+    client, token = signed_in
+    sequence_id = make_sequence_via_form(client, token, "S")
+    add_step(client, token, sequence_id, text="Hi")
+    url = f"/app/sequences/{sequence_id}/criteria"
+    added = client.post(url, data=criteria(token, _op="add_goal"))
+    assert added.status_code == 200 and 'name="definition.goals.1.name"' in added.text
+
+    saved = client.post(url, data=criteria(token), follow_redirects=False)
+
+    assert saved.status_code == 303, errors_on(saved.text)
+    draft = rows_of_draft(runtime, sequence_id)
+    assert draft["goals"] == [
+        {
+            "name": "won",
+            "event": "lead.status_changed",
+            "conditions": {"all": [{"attribute": "lead.status", "operator": "equal_to", "value": "won"}]},
+        }
+    ]
+    assert draft["exits"][0]["blocks_entry"] is True and draft["exits"][0]["event"] == "contact.updated"
+    assert draft["conversion_window_seconds"] == 3 * 86400
+    page = client.get(f"/app/sequences/{sequence_id}").text
+    assert 'name="definition.goals.0.conditions.all.0.value" value="won"' in page
+    assert 'name="definition.exits.0.blocks_entry" checked' in page
+    # an exit that blocks entry names no event attribute; goals' names are unique; the window is bounded
+    bad = criteria(
+        token,
+        **{
+            "definition.exits.0.conditions.all.0.attribute": "message.type",
+            "definition.goals.1.name": "won",
+            "definition.goals.1.event": "contact.updated",
+            "window_value": "100",
+        },
+    )
+    refused = client.post(url, data=bad)
+    assert refused.status_code == 422
+    assert "a segment has no event" in field_error(
+        refused.text, "definition.exits.0.conditions.all.0.attribute"
+    )
+    assert field_error(refused.text, "definition.goals.1.name") == "goal won is named twice"
+    assert "7776000" in field_error(refused.text, "definition.conversion_window_seconds")
+    assert rows_of_draft(runtime, sequence_id)["conversion_window_seconds"] == 3 * 86400  # nothing saved
+    removed = client.post(url, data=criteria(token, _op="remove:definition.exits.0"))
+    assert 'name="definition.exits.0.name"' not in removed.text
+
+
+def rows_of_draft(runtime: Any, sequence_id: str) -> dict[str, Any]:
+    draft: dict[str, Any] = rows(
+        runtime.pool, "SELECT draft FROM followup_sequences WHERE id = %s", sequence_id
+    )[0][0]
+    return draft

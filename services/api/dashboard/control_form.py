@@ -153,8 +153,9 @@ class ControlForm:
         return out
 
     def apply(self, op: str) -> None:
-        """A form button: ``refresh`` (the kind changed), ``add_path``, ``remove_path:<i>``, ``add_variant``, ``remove_variant:<i>``, or a
-        path's condition button (``add_leaf:paths.0.when``; see :func:`edit_group`)."""
+        """A form button: ``refresh`` (the kind changed), ``add_path``, ``remove_path:<i>``,
+        ``add_variant``, ``remove_variant:<i>``, or a path's condition button (``add_leaf:paths.0.when``;
+        see :func:`edit_group`)."""
         verb, _, target = op.partition(":")
         if verb == "refresh":  # the kind changed: a split needs its variants, a branch a path
             if self.kind == "split" and not self.variants:

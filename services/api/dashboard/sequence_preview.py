@@ -63,8 +63,13 @@ class PreviewForm:
 
     @classmethod
     def of_form(cls, form: Form) -> PreviewForm:
-        typed = (form.get(name) for name in ("contact", "anchor_at", "enrolled_at", "variables"))
-        return cls(*typed, assume_reply=form.checked("assume_reply"))
+        return cls(
+            contact=form.get("contact"),
+            anchor_at=form.get("anchor_at"),
+            enrolled_at=form.get("enrolled_at"),
+            variables=form.get("variables"),
+            assume_reply=form.checked("assume_reply"),
+        )
 
     def request(
         self, conn: Connection[Any], project_id: uuid.UUID, errors: FormErrors

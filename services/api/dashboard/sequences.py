@@ -3,7 +3,9 @@ pause / resume / archive. A sequence's steps are :mod:`.sequence_steps`, its ver
 :mod:`.sequence_history`.
 
 The builder edits the draft with ``update_sequence`` like ``PATCH /v1/sequences/{id}``; publishing is
-``publish_sequence``, whose errors name ``definition.steps.<i>.<field>`` and are shown on that step.
+``publish_sequence``, whose errors name ``definition.steps.<i>.<field>`` and are shown on that step. The
+sequence's goals, exits and conversion window are a form of their own (:mod:`.criteria_form`), checked as
+publishing checks them.
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
 
-from libs.common.core.errors import FollowupsError, NotFound
+from libs.common.core import decoding
+from libs.common.core.errors import FollowupsError, InvalidInput, NotFound
 from libs.common.followups import sequences, statistics
-from libs.common.followups.definition import Definition, placeholder_warnings
+from libs.common.followups.definition import Definition, placeholder_warnings, validate_definition
 from libs.common.followups.send_window import WEEKDAYS, SendWindow, validate_window
 from libs.common.followups.sequences import Sequence, SequenceCreate, SequenceUpdate
 from libs.common.platform import numbers
 from services.api.dashboard.base import paged, project_of, query_uuid, see_other
-from services.api.dashboard.forms import Form, FormErrors, error_of, validation_error
-from services.api.dashboard.render import page
+from services.api.dashboard.condition_form import ATTRIBUTE_CHOICES, OPERATOR_CHOICES, VALUE_TYPES
 from services.api.dashboard.control_form import control_summary, end_text, lane_title
+from services.api.dashboard.criteria_form import EVENTS, CriteriaForm
+from services.api.dashboard.forms import SECOND_UNITS, Form, FormErrors, error_of, validation_error
+from services.api.dashboard.render import page
 from services.api.dashboard.sequence_tree import tree
 from services.api.dashboard.step_form import describe
 from services.api.deps import runtime_of, transaction
@@ -79,6 +84,7 @@ def builder_page(
     status: int = 200,
     options: dict[str, Any] | None = None,
     name: str | None = None,
+    criteria: CriteriaForm | None = None,
 ) -> Response[str]:
     """The builder of a sequence: its steps as a tree (:mod:`.sequence_tree`; each step with its errors and
     its warnings: a placeholder without a fallback), its options, its counts."""
@@ -110,6 +116,12 @@ def builder_page(
         end_text=end_text,
         control_summary=control_summary,
         kind_names=KIND_NAMES,
+        criteria=criteria or CriteriaForm.of_definition(definition),
+        events=[(event, event) for event in EVENTS],
+        attributes=ATTRIBUTE_CHOICES,
+        operators=OPERATOR_CHOICES,
+        value_types=VALUE_TYPES,
+        window_units=[(unit, unit) for unit in SECOND_UNITS],
         definition=definition,
         options=options or _options_of(definition),
         name=sequence.name if name is None else name,
@@ -241,6 +253,42 @@ class SequencesController(Controller):
             )
         return see_other(f"/app/sequences/{sequence_id}", notice="saved")
 
+    @post("/{sequence_id:uuid}/criteria", sync_to_thread=True)
+    def criteria(self, request: Request[Any, Any, Any], sequence_id: FromPath[uuid.UUID]) -> Response[str]:
+        """The goals, exits and conversion window: a button of the form (drawn again, nothing saved), or
+        saved once they pass publishing's checks."""
+        form = Form.of(request)
+        criteria = CriteriaForm.of_form(form)
+        op = form.get("_op") or "save"
+        if op != "save":
+            criteria.apply(op)
+            return builder_page(request, sequence_id, criteria=criteria)
+        project_id = project_of(request)
+        errors = FormErrors()
+        changes = criteria.payload(errors)
+        try:
+            with transaction(runtime_of(request)) as conn:
+                current = definition_of(sequences.get_sequence(conn, project_id, sequence_id))
+                raw = msgspec.to_builtins(current) | changes
+                updated, refused = decoding.salvage(raw, Definition, "definition")
+                errors = FormErrors(errors.items + refused)
+                if updated is not None:
+                    errors = FormErrors(errors.items + _criteria_errors(updated, errors))
+                if errors or updated is None:
+                    raise _Refused(errors)
+                sequences.update_sequence(conn, project_id, sequence_id, SequenceUpdate(definition=updated))
+        except _Refused as refused_form:
+            return builder_page(
+                request, sequence_id, errors=refused_form.errors, status=422, criteria=criteria
+            )
+        except FollowupsError as exc:
+            if isinstance(exc, NotFound) and exc.field == "sequence_id":
+                raise
+            return builder_page(
+                request, sequence_id, errors=error_of(exc), status=status_of(exc), criteria=criteria
+            )
+        return see_other(f"/app/sequences/{sequence_id}", notice="saved")
+
     @post("/{sequence_id:uuid}/publish", sync_to_thread=True)
     def publish(self, request: Request[Any, Any, Any], sequence_id: FromPath[uuid.UUID]) -> Response[str]:
         try:
@@ -286,6 +334,22 @@ class _Refused(Exception):
     def __init__(self, errors: FormErrors) -> None:
         super().__init__("refused")
         self.errors = errors
+
+
+def _criteria_errors(definition: Definition, errors: FormErrors) -> list[tuple[str, str]]:
+    """Publishing's errors about the definition's goals, exits and conversion window (not one ``errors``
+    names already; the steps' are the steps' own)."""
+    try:
+        validate_definition(definition)
+    except InvalidInput as exc:
+        named = {where for where, _ in errors.items}
+        ours = ("definition.goals", "definition.exits", "definition.conversion_window_seconds")
+        return [
+            (where, message)
+            for where, message in error_of(exc).items
+            if where.startswith(ours) and where not in named
+        ]
+    return []
 
 
 def _options_of(definition: Definition) -> dict[str, Any]:
