@@ -75,7 +75,8 @@ def test_a_branch_is_added_before_its_targets_and_drawn_as_a_tree(signed_in, run
     ]
     builder = text_of(client.get(f"/app/sequences/{sequence_id}").text)
     assert "Step 2 · Branch · route" in builder
-    ada = 'Path ada: when Contact\'s name equal to "Ada"; the previous follow-up was not read Step 3 · Message · vip'
+    ada = 'Path ada: when Contact\'s name equal to "Ada"; the previous follow-up was not read'
+    ada += " Step 3 · Message · vip"
     assert ada in builder
     assert (
         "VIP offer Ends: the enrollment completes. Otherwise (no path holds) Step 4 · Message · rest"
