@@ -232,7 +232,7 @@ def test_a_jump_past_the_join_goes_to_a_step_drawn_after() -> None:
         )
     )
     # the outer paths rejoin at b; the inner path "far" jumps past it, to a step b does not go to
-    inner = (1, {"path:far": ([], "goto 3"), "otherwise": ([], "rejoin 2")}, None)
+    inner: Any = (1, {"path:far": ([], "goto 3"), "otherwise": ([], "rejoin 2")}, None)
     assert section(built.main) == (
         [(0, {"path:a": ([inner], "paths"), "otherwise": ([], "rejoin 2")}, 2), 2],
         "end",
