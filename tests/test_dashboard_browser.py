@@ -379,6 +379,63 @@ def test_preview_a_sequence_for_a_contact_and_see_its_timeline(
     assert rows(runtime.pool, "SELECT count(*) FROM followup_enrollments") == [(0,)]
 
 
+def test_a_branch_a_wait_and_a_split_are_drawn_as_a_tree_and_a_path_is_added_through_the_form(
+    page: Page, project: Project
+) -> None:
+    steps = [
+        {"kind": "message", "text": 'Hi {{contact.name | "there"}}, welcome!'},
+        {
+            "kind": "branch",
+            "paths": [
+                {
+                    "name": "customers",
+                    "when": {
+                        "all": [{"attribute": "contact.tags", "operator": "contains", "value": "customer"}]
+                    },
+                    "to": "ask",
+                }
+            ],
+            "otherwise": "trial",
+        },
+        {"kind": "message", "id": "trial", "text": "How is the trial going?", "next": "end"},
+        {"kind": "wait_for_reply", "id": "ask", "timeout_seconds": 172800, "on_reply": "thanks"},
+        {
+            "kind": "split",
+            "experiment": "nudge-tone",
+            "variants": [{"name": "warm", "weight": 2, "to": "warm"}, {"name": "short", "to": "short"}],
+            "holdout_weight": 1,
+        },
+        {"kind": "message", "id": "warm", "text": "We would love to hear from you!", "next": "end"},
+        {"kind": "message", "id": "short", "text": "Any news?", "next": "end"},
+        {"kind": "message", "id": "thanks", "text": "Thanks for your answer!"},
+    ]
+    created = page.request.post(
+        "/v1/sequences", headers=project.headers, data={"name": "Paths", "definition": {"steps": steps}}
+    )
+    assert created.status == 201, created.text()
+    sign_in(page, project)
+    page.get_by_role("link", name="Paths", exact=True).click()
+    customers = page.locator(".path-head", has_text="Path customers")
+    expect(customers).to_contain_text('when Contact\'s tags contains "customer"')
+    expect(page.locator(".path-head", has_text="Holdout")).to_contain_text("25 %")
+    expect(page.locator(".path-head", has_text="Variant warm")).to_contain_text("50 %")
+    screenshot(page, "sequence-tree")
+    # a second path added to the branch through its form
+    page.get_by_role("link", name="Edit step 2").click()
+    page.get_by_role("button", name="Add path").click()
+    page.locator("#f-paths-1-name").fill("unread")
+    page.locator("#f-paths-1-to").select_option("trial")
+    page.locator("#f-paths-1-read").select_option("false")
+    page.get_by_role("button", name="Save step").click()
+    expect(page.locator(".error-summary")).to_have_count(0)
+    expect(page.locator(".path-head", has_text="Path unread")).to_contain_text("was not read")
+    # at 390 x 844 the tree and the branch's form are no wider than the screen
+    page.set_viewport_size(PHONE)
+    for path in (page.url, page.url.split("?")[0] + "/steps/1"):
+        page.goto(path)
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"], path
+
+
 def test_see_why_a_rule_ran_and_why_its_delayed_run_was_skipped_when_due(
     page: Page, project: Project, runtime: Runtime, clock: ManualClock
 ) -> None:
