@@ -22,7 +22,8 @@ steps it would not reach.
 What it assumes of the future: the contact does not write, read, opt out or change; each message is sent
 as soon as it is queued (so it holds no in-flight or backlog slot); nothing else of the project changes.
 A wait for a reply times out (its timeout path) unless the request says ``assume_reply``: then the contact
-replies as each wait begins, and the reply's own stop path runs (the reply path, or the enrollment stops).
+replies as each wait begins, and the reply's own stop path runs (the reply path, or the enrollment stops);
+like a reply, it locks the contact's live enrollments until the preview's transaction ends (rolled back).
 An AI step is released as the release path would with a model configured (leased, then released with a
 draft) but the model is not called: the step says it would be written by the model. Without a model
 configured, the step takes its fallback, as it would.
@@ -247,6 +248,7 @@ def preview(
             "result": result,
             "version": version,
             "steps": len(steps),
+            "assume_reply": request.assume_reply,
         },
     )
     return Preview(
