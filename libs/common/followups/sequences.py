@@ -189,7 +189,7 @@ def update_sequence(
     conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, data: SequenceUpdate
 ) -> Sequence:
     """Edit the draft (name, definition); running enrollments keep the version they pinned."""
-    status, _ = _lock(conn, project_id, sequence_id)
+    status, _ = lock_sequence(conn, project_id, sequence_id)
     if status == "archived":
         raise Conflict("an archived sequence cannot be edited", field="sequence_id")
     check_draft(data)
@@ -240,7 +240,10 @@ def list_sequences(
         return cur.execute(QUERIES["list_sequences"], params).fetchall()
 
 
-def _lock(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) -> tuple[str, dict[str, Any]]:
+def lock_sequence(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID
+) -> tuple[str, dict[str, Any]]:
+    """Lock a sequence (404 naming ``sequence_id``): its status and its draft as stored."""
     row = conn.execute(QUERIES["lock_sequence"], {"project_id": project_id, "id": sequence_id}).fetchone()
     if row is None:
         raise NotFound("sequence not found", field="sequence_id")
@@ -253,7 +256,7 @@ def publish_sequence(
     """Freeze the draft as the next immutable version and make it the one new enrollments pin; returns it
     and whether it is new. A draft identical to the latest version (compared as JSON) returns that version
     and makes no new one."""
-    status, draft = _lock(conn, project_id, sequence_id)
+    status, draft = lock_sequence(conn, project_id, sequence_id)
     if status == "archived":
         raise Conflict("an archived sequence cannot be published", field="sequence_id")
     definition = _own_number(conn, project_id, validate_definition(decode_definition(draft)))
@@ -262,10 +265,26 @@ def publish_sequence(
         same = cur.execute(QUERIES["latest_version_if_same"], params).fetchone()
     if same is not None:
         return same, False
+    return publish_definition(conn, project_id, sequence_id, definition), True
+
+
+def publish_definition(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, definition: Definition
+) -> Version:
+    """Freeze a definition that passed the checks as the sequence's next version and make it the one new
+    enrollments pin (the caller holds the sequence's lock: :func:`lock_sequence`)."""
     version = _insert_version(conn, project_id, sequence_id, definition)
     params = {"project_id": project_id, "id": sequence_id, "version_id": version.id}
     conn.execute(QUERIES["set_current_version"], params)
-    return version, True
+    return version
+
+
+def set_draft(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, draft: Definition
+) -> None:
+    """Replace the draft (a change made for the user, such as a winner chosen; the caller holds the lock)."""
+    params = {"project_id": project_id, "id": sequence_id, "name": None, "draft": _encode(draft)}
+    conn.execute(QUERIES["update_sequence"], params)
 
 
 def create_one_off_version(conn: Connection[Any], project_id: uuid.UUID, definition: Definition) -> Version:
@@ -347,7 +366,7 @@ def change_sequence_status(
     afterwards: they would stay live forever, blocking re-entry and counting against the plan limit).
     """
     allowed, target = TRANSITIONS[action]
-    status, _ = _lock(conn, project_id, sequence_id)
+    status, _ = lock_sequence(conn, project_id, sequence_id)
     if status not in allowed:
         raise Conflict(f"a {status} sequence cannot be {target}", field="sequence_id")
     conn.execute(
