@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
 from libs.common.followups.statistics import wilson_interval
-from tests.conftest import Project
+from tests.conftest import Project, sign_in
 from tests.release_helpers import sample
 from tests.test_api_sequences import assert_problem, enroll, message_step, new_contact, published
 from tests.test_sequence_statistics import statistics
@@ -324,3 +325,45 @@ def test_an_archived_sequence_is_409(client: TestClient[Any]) -> None:
     sequence_id = published(client, *STEPS)
     assert client.post(f"/v1/sequences/{sequence_id}/archive").status_code == 200
     assert_problem(winner_of(client, sequence_id, "offer", "a"), 409)
+
+
+# --- the dashboard's results page -------------------------------------------------------------------------
+
+
+def test_the_results_page_shows_each_path_and_variant_and_chooses_a_winner(
+    client: TestClient[Any], pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    sequence_id = populated(client, pool, clock)
+    browser, token = client, sign_in(client, project)  # the same client signed in to the dashboard
+    page = browser.get(f"/app/sequences/{sequence_id}/results").text
+    # the funnel per path: its chart (described in words) and its table
+    assert "Step 3 split: variant a: 5 entered, 4 sent a follow-up, 2 replied, 2 converted" in page
+    row = re.search(r'<tr data-step="5" data-path="replied">.*?</tr>', page, re.S)
+    assert row and 'data-count="entered">1<' in row.group(0) and 'data-count="sent">1<' in row.group(0)
+    # the variants: counts, rate, interval, and a button for each variant (not the holdout)
+    variants = dict(re.findall(r'<tr data-variant="(\w+)">(.*?)</tr>', page, re.S))
+    assert list(variants) == ["a", "b", "holdout"]
+    assert 'data-count="rate">40.0 %<' in variants["a"] and "11.8 % to 76.9 %" in variants["a"]
+    assert 'data-count="assigned">3<' in variants["b"] and "6.1 % to 79.2 %" in variants["b"]
+    assert "Choose winner" in variants["a"] and "Choose winner" in variants["b"]
+    assert "Choose winner" not in variants["holdout"]
+    assert '<tr data-goal="won"><td>won</td><td class="num">3</td></tr>' in page
+    # choosing b: the domain function the API calls, a new version, the page names the winner
+    chose = browser.post(
+        f"/app/sequences/{sequence_id}/experiments/offer/winner",
+        data={"_csrf": token, "variant": "b"},
+        follow_redirects=False,
+    )
+    assert chose.status_code == 303, chose.text
+    assert chose.headers["location"] == f"/app/sequences/{sequence_id}/results?notice=winner_chosen"
+    page = browser.get(chose.headers["location"]).text
+    assert "Winner chosen" in page and "Winner: <strong>b</strong>" in page
+    variants = dict(re.findall(r'<tr data-variant="(\w+)">(.*?)</tr>', page, re.S))
+    assert "winner</span>" in variants["b"] and "Choose winner" not in variants["b"]
+    assert client.get(f"/v1/sequences/{sequence_id}").json()["current_version"] == 2
+    # a variant the split does not have is refused on the page, naming it
+    refused = browser.post(
+        f"/app/sequences/{sequence_id}/experiments/offer/winner", data={"_csrf": token, "variant": "zzz"}
+    )
+    assert refused.status_code == 422 and "offer has no variant named zzz" in refused.text
+    assert client.get(f"/v1/sequences/{sequence_id}").json()["current_version"] == 2
