@@ -4,56 +4,54 @@ funnel per path, the variants with their intervals, and choosing a winner with i
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from playwright.sync_api import Page, expect
 
+from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
 from tests.conftest import Project
 
 # the browser tests' fixtures (skipped as they are without Chromium)
 from tests.test_dashboard_browser import browser, page, screenshot, server, sign_in  # noqa: F401
-from tests.test_sequence_results import GOALS, STEPS, finish, run
+from tests.test_sequence_results import GOALS, STEPS, finish, settle
 
 
-def test_see_each_variant_and_choose_the_winner(page: Page, project: Project, runtime: Runtime) -> None:  # noqa: F811
+def test_see_each_variant_and_choose_the_winner(
+    page: Page,  # noqa: F811 (the fixture imported above)
+    project: Project,
+    runtime: Runtime,
+    clock: ManualClock,
+) -> None:
     api = page.request
+    definition = {"steps": list(STEPS), "goals": GOALS}
     created = api.post(
-        "/v1/sequences",
-        headers=project.headers,
-        data={"name": "Spring offer", "definition": {"steps": list(STEPS), "goals": GOALS}},
+        "/v1/sequences", headers=project.headers, data={"name": "Spring offer", "definition": definition}
     )
     assert created.status == 201, created.text()
     sequence_id = created.json()["id"]
     assert api.post(f"/v1/sequences/{sequence_id}/publish", headers=project.headers).status == 201
-    now = runtime.clock.now()
-    # four contacts down the experiment's arms (step runs and columns as the release writes them)
-    for n, (variant, converted) in enumerate((("a", True), ("a", False), ("b", False), ("holdout", False))):
-        contact = api.post("/v1/contacts", headers=project.headers, data={"phone": f"+1415555077{n}"}).json()
-        enrollment = api.post(
-            "/v1/enrollments",
-            headers=project.headers,
-            data={"sequence_id": sequence_id, "contact_id": contact["id"]},
-        ).json()["id"]
-        run(runtime.pool, enrollment, 0, "queued", None)
-        run(runtime.pool, enrollment, 1, "branched", "otherwise")
-        run(
-            runtime.pool,
-            enrollment,
-            2,
-            "branched",
-            "holdout" if variant == "holdout" else f"variant:{variant}",
-        )
-        if variant != "holdout":
-            run(runtime.pool, enrollment, 3 if variant == "a" else 4, "queued", None)
-        finish(
-            runtime.pool,
-            enrollment,
-            status="completed",
-            finished_at=now,
-            goal="won" if converted else None,
-            converted_at=now if converted else None,
-            converted_step=3 if converted else None,
-            assignments={"offer": variant},
-        )
+    # nine contacts taken down the branch, the split and the wait by the release; one of them converts
+    enrollments = []
+    for n in range(9):
+        contact = {"phone": f"+1415555077{n}", "tags": ["vip"] if n < 3 else []}
+        contact_id = api.post("/v1/contacts", headers=project.headers, data=contact).json()["id"]
+        body = {"sequence_id": sequence_id, "contact_id": contact_id}
+        enrollments.append(api.post("/v1/enrollments", headers=project.headers, data=body).json()["id"])
+    settle(runtime, clock)
+    clock.advance(timedelta(hours=2))
+    settle(runtime, clock)
+    finish(runtime.pool, enrollments[0], goal="won", converted_at=clock.now(), converted_step=0)
+    stats = api.get(f"/v1/sequences/{sequence_id}/statistics", headers=project.headers).json()
+    [offer] = stats["experiments"]
+    # each enrollment counted once in its variant, as in the split's paths
+    assert (
+        sum(v["assigned"] for v in offer["variants"])
+        == 9
+        == sum(p["entered"] for p in stats["paths"] if p["kind"] == "split")
+    )
+    assert sum(v["converted"] for v in offer["variants"]) == 1
+
     sign_in(page, project)
     page.goto(f"/app/sequences/{sequence_id}/results")
     expect(page.get_by_role("heading", name="Paths")).to_be_visible()
@@ -61,11 +59,20 @@ def test_see_each_variant_and_choose_the_winner(page: Page, project: Project, ru
         page.get_by_role("img", name="Each path's enrollments, follow-ups, replies and conversions")
     ).to_be_visible()
     variants = page.get_by_role("table", name="The variants of offer")
-    row_a = variants.locator('tr[data-variant="a"]')
-    expect(row_a.locator('[data-count="rate"]')).to_have_text("50.0 %")
-    expect(row_a.locator('[data-count="interval"]')).to_have_text("9.5 % to 90.5 %")
+    for variant in offer["variants"]:
+        row = variants.locator(f'tr[data-variant="{variant["variant"]}"]')
+        expect(row.locator('[data-count="assigned"]')).to_have_text(str(variant["assigned"]))
+        if variant["conversion_interval"]:
+            low, high = variant["conversion_interval"]
+            expect(row.locator('[data-count="rate"]')).to_have_text(
+                f"{variant['conversion_rate'] * 100:.1f} %"
+            )
+            expect(row.locator('[data-count="interval"]')).to_have_text(
+                f"{low * 100:.1f} % to {high * 100:.1f} %"
+            )
     expect(variants.locator('tr[data-variant="holdout"]').get_by_role("button")).to_have_count(0)
     screenshot(page, "sequence-experiment")
+    row_a = variants.locator('tr[data-variant="a"]')
     row_a.get_by_role("button", name="Choose winner").click()
     expect(page.get_by_text("Winner chosen")).to_be_visible()
     expect(row_a.get_by_text("winner", exact=True)).to_be_visible()

@@ -16,10 +16,13 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
+from libs.common.core.runtime import Runtime
 from libs.common.followups.statistics import wilson_interval
 from tests.conftest import Project, sign_in
+from tests.helpers import rows
 from tests.release_helpers import sample
-from tests.test_api_sequences import assert_problem, enroll, message_step, new_contact, published
+from tests.rule_helpers import post_event
+from tests.test_api_sequences import assert_problem, enroll, message_step, new_contact, published, release
 from tests.test_sequence_statistics import statistics
 
 WINNERS = "followups_experiment_winners_total"
@@ -73,8 +76,8 @@ def run(pool: ConnectionPool, enrollment_id: str, step_index: int, outcome: str,
 
 def finish(pool: ConnectionPool, enrollment_id: str, **columns: Any) -> None:
     """Set an enrollment's columns as the release, a stop or a goal would (a fixture for the read)."""
-    assignments = columns.pop("assignments", None)
-    columns["assignments"] = Jsonb(assignments) if assignments is not None else None
+    if "assignments" in columns:
+        columns["assignments"] = Jsonb(columns["assignments"])
     names = ", ".join(f"{name} = %s" for name in columns)
     with pool.connection() as conn:
         conn.execute(
@@ -234,6 +237,78 @@ def test_another_project_neither_reads_the_results_nor_chooses_a_winner(
     assert client.get(f"/v1/sequences/{sequence_id}").json()["current_version"] == 1
 
 
+def test_the_results_of_enrollments_taken_down_the_paths_by_the_release(
+    client: TestClient[Any], pool: ConnectionPool, runtime: Runtime, clock: ManualClock
+) -> None:
+    """End to end: enrollments through the API, the real release down the branch, the split and the wait,
+    a reply through ``POST /v1/events``; the statistics agree with where each enrollment went."""
+    sequence_id = published(client, *STEPS)
+    contacts = [new_contact(client, tags=["vip"] if n < 3 else []) for n in range(12)]
+    enrollments = [enroll(client, sequence_id, contact)["id"] for contact in contacts]
+    settle(runtime, clock)  # each at the wait (a variant) or completed (the holdout)
+    variants = {
+        e: v for e, v in rows(pool, "SELECT id::text, assignments ->> 'offer' FROM followup_enrollments")
+    }
+    assert set(variants) == set(enrollments)
+    # the first contact in a variant replies during the wait: its reply path ("thanks")
+    replier = next(i for i, e in enumerate(enrollments) if variants[e] != "holdout")
+    post_event(
+        client,
+        {
+            "type": "message.inbound",
+            "contact_id": contacts[replier],
+            "provider_message_id": str(uuid.uuid4()),
+        },
+    )
+    settle(runtime, clock)
+    clock.advance(timedelta(hours=2))  # the others' waits time out: the timeout path ends them
+    settle(runtime, clock)
+    assert rows(pool, "SELECT DISTINCT status FROM followup_enrollments") == [("completed",)]
+
+    stats = statistics(client, sequence_id)
+    arms = [variants[e] for e in enrollments]
+    waiting = len([v for v in arms if v != "holdout"])
+    by_path = {(p["step_index"], p["path"]): p for p in stats["paths"]}
+    assert {k: (p["entered"], p["sent"]) for k, p in by_path.items() if k[0] == 1} == {
+        (1, "path:vip"): (3, 3 - arms[:3].count("holdout")),
+        (1, "otherwise"): (9, 9 - arms[3:].count("holdout")),
+    }
+    assert (by_path[(5, "replied")]["entered"], by_path[(5, "replied")]["sent"]) == (1, 1)
+    assert by_path[(5, "replied")]["replied"] == 1  # the reply path taken
+    assert (by_path[(5, "no_reply")]["entered"], by_path[(5, "no_reply")]["sent"]) == (waiting - 1, 0)
+    [offer] = stats["experiments"]
+    counted = {v["variant"]: (v["assigned"], v["sent"], v["replied"]) for v in offer["variants"]}
+    expected = {
+        name: (arms.count(name), 0 if name == "holdout" else arms.count(name), int(arms[replier] == name))
+        for name in ("a", "b", "holdout")
+    }
+    assert counted == expected
+    split = {p: by_path.get((2, p), {"entered": 0})["entered"] for p in ("variant:a", "variant:b", "holdout")}
+    assert split == {
+        "variant:a": arms.count("a"),
+        "variant:b": arms.count("b"),
+        "holdout": arms.count("holdout"),
+    }
+    # the messages the control steps sent are none; the variants' and the thanks are their steps'
+    assert [s["messages"]["total"] for s in stats["steps"]] == [
+        12,
+        0,
+        0,
+        arms.count("a"),
+        arms.count("b"),
+        0,
+        1,
+    ]
+    assert stats["skipped"] == 0 and stats["conversions"]["converted"] == 0
+
+
+def settle(runtime: Runtime, clock: ManualClock) -> None:
+    """Release until nothing is due, a minute at a time (each contact's spacing between two follow-ups)."""
+    for _ in range(30):
+        release(runtime)
+        clock.advance(timedelta(minutes=1))
+
+
 # --- choosing a winner ------------------------------------------------------------------------------------
 
 
@@ -325,6 +400,28 @@ def test_an_archived_sequence_is_409(client: TestClient[Any]) -> None:
     sequence_id = published(client, *STEPS)
     assert client.post(f"/v1/sequences/{sequence_id}/archive").status_code == 200
     assert_problem(winner_of(client, sequence_id, "offer", "a"), 409)
+
+
+def test_a_winner_chosen_through_the_api_routes_enrollments_on_the_older_version_too(
+    client: TestClient[Any], pool: ConnectionPool, runtime: Runtime, clock: ManualClock
+) -> None:
+    steps = list(STEPS)
+    steps[2] = {**STEPS[2], "delay_seconds": 3600}  # the split an hour after the branch
+    sequence_id = published(client, *steps)
+    older = [enroll(client, sequence_id, new_contact(client))["id"] for _ in range(6)]
+    settle(runtime, clock)  # "Welcome" and the branch for each: the split due in an hour, on version 1
+    chose = winner_of(client, sequence_id, "offer", "b")
+    assert chose.status_code == 201, chose.text
+    newer = enroll(client, sequence_id, new_contact(client))
+    assert newer["version_id"] == chose.json()["version_id"]
+    for _ in range(2):  # the older ones' split, then the newer one's
+        clock.advance(timedelta(hours=1))
+        settle(runtime, clock)
+    assigned = rows(pool, "SELECT id::text, assignments FROM followup_enrollments")
+    assert {e: a for e, a in assigned} == {e: {"offer": "b"} for e in [*older, newer["id"]]}
+    [offer] = statistics(client, sequence_id)["experiments"]
+    assert offer["winner"] == "b"
+    assert [(v["variant"], v["assigned"]) for v in offer["variants"]] == [("a", 0), ("b", 7), ("holdout", 0)]
 
 
 # --- the dashboard's results page -------------------------------------------------------------------------
