@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from datetime import timedelta
@@ -319,8 +320,13 @@ def winner_of(client: TestClient[Any], sequence_id: str, experiment: str, varian
 
 
 def test_choosing_a_winner_publishes_a_new_version_and_records_it(
-    client: TestClient[Any], pool: ConnectionPool, clock: ManualClock, project: Project
+    client: TestClient[Any],
+    pool: ConnectionPool,
+    clock: ManualClock,
+    project: Project,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO)
     sequence_id = published(client, *STEPS, goals=GOALS)
     chosen = sample(WINNERS, result="chosen")
     response = winner_of(client, sequence_id, "offer", "b")
@@ -333,6 +339,17 @@ def test_choosing_a_winner_publishes_a_new_version_and_records_it(
         2,
     )
     assert sample(WINNERS, result="chosen") == chosen + 1
+    [record] = [r for r in caplog.records if r.getMessage() == "experiment winner chosen"]
+    logged = {
+        k: record.__dict__[k] for k in ("project_id", "sequence_id", "experiment", "variant", "version")
+    }
+    assert logged == {
+        "project_id": str(project.id),
+        "sequence_id": sequence_id,
+        "experiment": "offer",
+        "variant": "b",
+        "version": 2,
+    }
     # the new version is the current one: the previous definition, with the split's winner
     sequence = client.get(f"/v1/sequences/{sequence_id}").json()
     assert (sequence["current_version"], sequence["current_version_id"]) == (2, winner["version_id"])

@@ -74,11 +74,12 @@ def choose_winner(
     current = sequences.version_definition(conn, project_id, sequence.current_version_id)
     split = next((s for s in current.steps if isinstance(s, SplitStep) and s.experiment == experiment), None)
     if split is None:
-        raise InvalidInput(f"the current version has no split named {experiment}", field="experiment")
+        raise InvalidInput(f"the current version has no split named {experiment[:64]}", field="experiment")
     if choice.variant not in {v.name for v in split.variants}:
         names = ", ".join(v.name for v in split.variants)
         raise InvalidInput(
-            f"{experiment} has no variant named {choice.variant} (its variants: {names})", field="variant"
+            f"{experiment} has no variant named {choice.variant[:64]} (its variants: {names})",
+            field="variant",
         )
     version_id, number = sequence.current_version_id, sequence.current_version or 0
     new = split.winner != choice.variant
