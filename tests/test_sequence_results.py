@@ -394,6 +394,33 @@ def test_choosing_the_same_winner_again_changes_nothing(client: TestClient[Any],
     )
 
 
+def test_a_published_winner_is_recorded_and_clearing_it_runs_the_experiment_again(
+    client: TestClient[Any], pool: ConnectionPool, clock: ManualClock
+) -> None:
+    def winners() -> list[tuple[str, str]]:
+        return rows(
+            pool,
+            "SELECT experiment, variant FROM followup_experiment_winners WHERE sequence_id = %s",
+            sequence_id,
+        )
+
+    steps = list(STEPS)
+    steps[2] = {**STEPS[2], "winner": "a"}
+    sequence_id = published(client, *steps)  # a winner written in the definition, published
+    assert winners() == [("offer", "a")]
+    # choosing the same one through the API is nothing new
+    again = winner_of(client, sequence_id, "offer", "a")
+    assert again.status_code == 200 and again.json()["version"] == 1
+    # a version whose split names no winner: the experiment runs again, on every version
+    steps[2] = STEPS[2]
+    assert (
+        client.patch(f"/v1/sequences/{sequence_id}", json={"definition": {"steps": steps}}).status_code == 200
+    )
+    assert client.post(f"/v1/sequences/{sequence_id}/publish").status_code == 201
+    assert winners() == []
+    assert statistics(client, sequence_id)["experiments"][0]["winner"] is None
+
+
 def test_an_unknown_experiment_or_variant_is_422_naming_it(client: TestClient[Any]) -> None:
     sequence_id = published(client, *STEPS)
     assert_problem(winner_of(client, sequence_id, "pricing", "a"), 422, "experiment")

@@ -15,11 +15,9 @@ from psycopg import Connection
 
 from libs.common.core.errors import Conflict, InvalidInput
 from libs.common.core.metrics import FOLLOWUP_EXPERIMENT_WINNERS
-from libs.common.core.sql import load_queries
 from libs.common.followups import sequences
 from libs.common.followups.definition import Definition, SplitStep, decode_definition
 
-QUERIES = load_queries("libs.common.followups", "experiments.sql")
 log = logging.getLogger(__name__)
 
 
@@ -86,28 +84,21 @@ def choose_winner(
     if new:
         won = _with_winner(current, experiment, choice.variant)
         assert won is not None
-        version = sequences.publish_definition(conn, project_id, sequence_id, won)
+        version = sequences.publish_definition(conn, project_id, sequence_id, won, now=now)
         version_id, number = version.id, version.version
         draft = _with_winner(decode_definition(raw_draft), experiment, choice.variant)
         if draft is not None:  # a draft that dropped the split keeps its edit
             sequences.set_draft(conn, project_id, sequence_id, draft)
-    params = {
-        "project_id": project_id,
-        "sequence_id": sequence_id,
-        "experiment": experiment,
-        "variant": choice.variant,
-        "version_id": version_id,
-        "now": now,
-    }
-    row = conn.execute(QUERIES["upsert_winner"], params).fetchone()
-    assert row is not None
+    else:  # the current version names it already: recorded (again), its time kept
+        won = current
+    recorded = sequences.record_winners(conn, project_id, sequence_id, version_id, won, now=now)[experiment]
     winner = Winner(
         sequence_id=sequence_id,
         experiment=experiment,
-        variant=row[0],
-        version_id=row[1],
+        variant=recorded.variant,
+        version_id=recorded.version_id,
         version=number,
-        chosen_at=row[2],
+        chosen_at=recorded.chosen_at,
     )
     FOLLOWUP_EXPERIMENT_WINNERS.labels("chosen" if new else "unchanged").inc()
     log.info(

@@ -25,6 +25,7 @@ from libs.common.followups import transitions
 from libs.common.followups.definition import (
     Definition,
     DefinitionWarning,
+    SplitStep,
     decode_definition,
     placeholder_warnings,
     storable,
@@ -251,11 +252,12 @@ def lock_sequence(
 
 
 def publish_sequence(
-    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, *, now: datetime | None = None
 ) -> tuple[Version, bool]:
     """Freeze the draft as the next immutable version and make it the one new enrollments pin; returns it
     and whether it is new. A draft identical to the latest version (compared as JSON) returns that version
-    and makes no new one."""
+    and makes no new one. The winners its splits name are recorded (:func:`record_winners`, chosen
+    ``now``)."""
     status, draft = lock_sequence(conn, project_id, sequence_id)
     if status == "archived":
         raise Conflict("an archived sequence cannot be published", field="sequence_id")
@@ -265,18 +267,67 @@ def publish_sequence(
         same = cur.execute(QUERIES["latest_version_if_same"], params).fetchone()
     if same is not None:
         return same, False
-    return publish_definition(conn, project_id, sequence_id, definition), True
+    return publish_definition(conn, project_id, sequence_id, definition, now=now), True
 
 
 def publish_definition(
-    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, definition: Definition
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    sequence_id: uuid.UUID,
+    definition: Definition,
+    *,
+    now: datetime | None = None,
 ) -> Version:
-    """Freeze a definition that passed the checks as the sequence's next version and make it the one new
-    enrollments pin (the caller holds the sequence's lock: :func:`lock_sequence`)."""
+    """Freeze a definition that passed the checks as the sequence's next version, make it the one new
+    enrollments pin, and record the winners its splits name (the caller holds the sequence's lock:
+    :func:`lock_sequence`)."""
     version = _insert_version(conn, project_id, sequence_id, definition)
     params = {"project_id": project_id, "id": sequence_id, "version_id": version.id}
     conn.execute(QUERIES["set_current_version"], params)
+    record_winners(conn, project_id, sequence_id, version.id, definition, now=now)
     return version
+
+
+class RecordedWinner(msgspec.Struct, kw_only=True, frozen=True):
+    variant: str
+    #: The newest version naming it.
+    version_id: uuid.UUID
+    chosen_at: datetime
+
+
+def record_winners(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    sequence_id: uuid.UUID,
+    version_id: uuid.UUID,
+    definition: Definition,
+    *,
+    now: datetime | None,
+) -> dict[str, RecordedWinner]:
+    """Record what the published ``definition``'s splits say of their experiments' winners, for the
+    release to read on every version: a split's ``winner`` is upserted (the same variant keeps when it was
+    chosen; ``now``, else the database's clock), a split without one clears a winner chosen before (the
+    experiment runs again). Returns the winners recorded, by experiment."""
+    splits = [node for node in definition.steps if isinstance(node, SplitStep)]
+    won = [split for split in splits if split.winner is not None]
+    params: dict[str, Any] = {"project_id": project_id, "sequence_id": sequence_id}
+    cleared = [split.experiment for split in splits if split.winner is None]
+    if cleared:
+        conn.execute(QUERIES["clear_winners"], params | {"experiments": cleared})
+    if not won:
+        return {}
+    params |= {
+        "version_id": version_id,
+        "experiments": [split.experiment for split in won],
+        "variants": [split.winner for split in won],
+        "now": now,
+    }
+    return {
+        experiment: RecordedWinner(variant=variant, version_id=recorded_version, chosen_at=chosen_at)
+        for experiment, variant, recorded_version, chosen_at in conn.execute(
+            QUERIES["record_winners"], params
+        )
+    }
 
 
 def set_draft(

@@ -90,8 +90,9 @@ class SequencesController(Controller):
         """Freeze the draft as a new immutable version (201); new enrollments pin it. A draft identical to
         the latest version returns that version (200) and makes no new one. ``warnings`` names each
         placeholder without a fallback (the step is skipped for an enrollment that lacks its value)."""
-        with transaction(runtime_of(request)) as conn:
-            version, new = sequences.publish_sequence(conn, project_id, sequence_id)
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            version, new = sequences.publish_sequence(conn, project_id, sequence_id, now=runtime.clock.now())
         return Response(sequences.with_warnings(version), status_code=201 if new else 200)
 
     @get("/{sequence_id:uuid}/versions", sync_to_thread=True)
