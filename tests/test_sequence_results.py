@@ -489,6 +489,8 @@ def test_the_results_page_shows_each_path_and_variant_and_chooses_a_winner(
     assert "Choose winner" in variants["a"] and "Choose winner" in variants["b"]
     assert "Choose winner" not in variants["holdout"]
     assert '<tr data-goal="won"><td>won</td><td class="num">3</td></tr>' in page
+    # a step that sends nothing says so in the per-step table
+    assert '<tr data-step="2"><td>Step 3 <span class="muted">(split: its runs are in Paths)</span>' in page
     # choosing b: the domain function the API calls, a new version, the page names the winner
     chose = browser.post(
         f"/app/sequences/{sequence_id}/experiments/offer/winner",

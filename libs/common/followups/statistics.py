@@ -14,7 +14,7 @@ import msgspec
 from psycopg import Connection
 
 from libs.common.core.sql import load_queries
-from libs.common.followups.definition import Definition, SplitStep
+from libs.common.followups.definition import BranchStep, ControlStep, Definition, SplitStep, WaitForReplyStep
 from libs.common.followups.graph import HOLDOUT
 from libs.common.followups.project_settings import get_settings
 from libs.common.followups.sequences import get_sequence, version_definition
@@ -99,6 +99,13 @@ def control_kind(path: str) -> ControlKind:
     if path == HOLDOUT or path.startswith("variant:"):
         return "split"
     return "branch"  # path:<name>, otherwise
+
+
+def control_kind_of(node: ControlStep) -> ControlKind:
+    """A control step's kind."""
+    if isinstance(node, BranchStep):
+        return "branch"
+    return "wait_for_reply" if isinstance(node, WaitForReplyStep) else "split"
 
 
 class PathStatistics(msgspec.Struct, kw_only=True):

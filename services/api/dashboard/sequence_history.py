@@ -15,8 +15,9 @@ from litestar.params import FromPath
 
 from libs.common.core.errors import FollowupsError, NotFound
 from libs.common.followups import experiments, sequences, statistics
-from libs.common.followups.definition import SplitStep
+from libs.common.followups.definition import AiStep, MessageStep, SplitStep
 from libs.common.followups.experiments import WinnerChoice
+from libs.common.followups.statistics import control_kind_of
 from services.api.dashboard import charts, diff
 from services.api.dashboard.base import project_of, see_other
 from services.api.dashboard.forms import Form, FormErrors, error_of
@@ -113,6 +114,12 @@ def results_page(
             if sequence.current_version_id is not None
             else None
         )
+    # the current version's steps that send nothing: their runs are paths, not messages
+    routing = {
+        index: charts.KIND_LABELS[control_kind_of(node)]
+        for index, node in enumerate(current.steps if current else [])
+        if not isinstance(node, MessageStep | AiStep)
+    }
     choosable = {
         node.experiment: {v.name for v in node.variants}
         for node in (current.steps if current and sequence.status != "archived" else [])
@@ -131,6 +138,7 @@ def results_page(
         paths=[(path, charts.path_label(path)) for path in stats.paths],
         path_funnel=charts.path_funnel(stats.paths),
         experiments=[(e, charts.intervals(e), choosable.get(e.experiment, set())) for e in stats.experiments],
+        routing=routing,
         errors=errors or FormErrors(),
     )
 
