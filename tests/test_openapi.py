@@ -116,6 +116,7 @@ def test_the_statuses_follow_what_an_operation_takes(document: dict[str, Any]) -
         ("PATCH", "/v1/sequences/{sequence_id}", {"200", "409"}),
         ("POST", "/v1/sequences/{sequence_id}/publish", {"201", "409", "422"}),
         ("POST", "/v1/sequences/{sequence_id}/archive", {"200", "409"}),
+        ("POST", "/v1/sequences/{sequence_id}/experiments/{experiment}/winner", {"200", "201", "409", "422"}),
         ("POST", "/v1/events", {"200", "201", "404", "409"}),
         ("POST", "/v1/conversations/{conversation_id}/follow-up", {"200", "201", "409"}),
         ("POST", "/v1/bulk-enrollments", {"200", "202", "404", "409"}),
@@ -282,7 +283,7 @@ def test_names_enums_and_typed_answers_a_generator_can_use(document: dict[str, A
     assert schemas["Sequence"]["properties"]["draft"] == {"$ref": "#/components/schemas/Definition"}
     assert schemas["Version"]["properties"]["definition"] == {"$ref": "#/components/schemas/Definition"}
     assert set(schemas["Enrollment"]["properties"]["status"]["enum"]) >= {"active", "stopped", "completed"}
-    assert schemas["StepRun"]["properties"]["outcome"]["enum"] == ["queued", "skipped"]
+    assert schemas["StepRun"]["properties"]["outcome"]["enum"] == ["queued", "skipped", "branched"]
     # the closed sets of codes an answer holds: every stop, failure and pause reason the code writes
     assert _enum(schemas["Enrollment"]["properties"]["reason"]) == set(get_args(EnrollmentReason))
     assert _enum(schemas["Enrollment"]["properties"]["waiting_reason"]) == set(get_args(WaitingReason))
