@@ -11,8 +11,11 @@ from typing import Any
 from litestar.testing import TestClient
 
 from libs.common.core.runtime import Runtime
+from services.release.release import release_one
+from tests.test_sequence_branches import inbound
 from tests.test_sequence_preview import (
     FRIDAY_EVENING,
+    SETTINGS,
     manual,
     new_contact,
     new_sequence,
@@ -157,3 +160,34 @@ def test_a_wait_times_out_unless_the_request_assumes_a_reply(
         (1, "stopped", "replied"),
         (2, "not_reached", None),
     ]
+
+
+def test_a_reply_assumed_is_the_path_a_real_reply_then_takes(
+    client: TestClient[Any], runtime: Runtime
+) -> None:
+    clock = manual(runtime)
+    clock.set(FRIDAY_EVENING)
+    # the service window enforced: the contact never wrote, so the first step is skipped; the reply opens
+    # the window, so the reply path's message goes as written
+    ok(client.put("/v1/settings", json={"service_window": "enforced"}))
+    sequence = new_sequence(client, *WAIT)
+    contact = new_contact(client)
+    answer = previewed(client, sequence, contact_id=contact, assume_reply=True)
+
+    # the contact enrolled for real replies as the wait begins (its first step's release)
+    enrollment = ok(
+        client.post("/v1/enrollments", json={"sequence_id": sequence, "contact_id": contact}), 201
+    )["id"]
+    first = release_one(runtime.pool, clock, SETTINGS)
+    assert first is not None and first.action == "skip"
+    inbound(client, contact)
+    real = [(0, "skip", first.reason, clock.now()), *released_for_real(runtime, enrollment)]
+
+    # the preview's releases are the real ones; its wait's path is the one the reply's own stop path took
+    assert real == [step for step in as_released(answer) if step[0] != 1]
+    assert taken(answer)[:3] == [
+        (0, "skipped", "outside_service_window"),
+        (1, "branched", "replied"),
+        (3, "queued", None),
+    ]
+    assert answer["steps"][2]["text"] == "Thanks!"

@@ -22,8 +22,9 @@ steps it would not reach.
 What it assumes of the future: the contact does not write, read, opt out or change; each message is sent
 as soon as it is queued (so it holds no in-flight or backlog slot); nothing else of the project changes.
 A wait for a reply times out (its timeout path) unless the request says ``assume_reply``: then the contact
-replies as each wait begins, and the reply's own stop path runs (the reply path, or the enrollment stops);
-like a reply, it locks the contact's live enrollments until the preview's transaction ends (rolled back).
+replies as each wait begins: its message is recorded as the platform records one, and the reply's own stop
+path runs (the reply path, or the enrollment stops); like a reply, it locks the contact's live enrollments
+until the preview's transaction ends (rolled back).
 An AI step is released as the release path would with a model configured (leased, then released with a
 draft) but the model is not called: the step says it would be written by the model. Without a model
 configured, the step takes its fallback, as it would.
@@ -72,9 +73,9 @@ from libs.common.followups.release_step import AiDraft, Released, StepRunReason,
 from libs.common.followups.send_window import zone
 from libs.common.followups.sequences import version_definition, version_number
 from libs.common.followups.transitions import EnrollmentReason, WaitingReason
-from libs.common.platform import contacts, projects
+from libs.common.platform import contacts, conversations, projects
 from libs.common.platform.contacts import Contact
-from libs.common.platform.messages import get_message
+from libs.common.platform.messages import get_message, record_inbound_message
 from libs.common.platform.send_lane import report_sent
 
 log = logging.getLogger(__name__)
@@ -382,9 +383,25 @@ def _follow(
 def _replied(
     conn: Connection[Any], row: ClaimedEnrollment, kind: StepKind, at: datetime, tz: tzinfo
 ) -> PreviewStep:
-    """A wait for a reply the contact replies to at ``at``: the reply's stop path runs (the enrollment
-    takes the wait's reply path, or stops)."""
-    stopped = stops.stop_followups_for_contact(conn, row.project_id, row.contact_id, "reply", now=at)
+    """A wait for a reply the contact replies to at ``at``: its message recorded as the platform records
+    one (its last inbound time, so the service window opens; its conversation waits for an answer), then the
+    reply's stop path (the enrollment takes the wait's reply path, or stops)."""
+    project_id, contact_id = row.project_id, row.contact_id
+    conversation_id = conversations.open_conversation_id(conn, project_id, contact_id)
+    if conversation_id is None:
+        conversation_id = conversations.create_conversation(conn, project_id, contact_id, now=at)[0].id
+    record_inbound_message(
+        conn,
+        project_id,
+        contact_id,
+        conversation_id,
+        provider_message_id=f"preview-reply-{row.id}-{row.step_index}",
+        body=None,
+        media_url=None,
+        media_kind=None,
+        now=at,
+    )
+    stopped = stops.stop_followups_for_contact(conn, project_id, contact_id, "reply", now=at)
     outcome: PreviewOutcome = "stopped" if row.id in stopped.enrollment_ids else "branched"
     return PreviewStep(
         step_index=row.step_index,
