@@ -15,10 +15,17 @@ timeout; whether it reads each message before the next step is taken). The model
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
-from hypothesis import example, given, settings
+import msgspec
+import pytest
+from hypothesis import Phase, example, given, note, settings
 from hypothesis import strategies as st
+from psycopg_pool import ConnectionPool
 
+from libs.common.contracts.platform_events import InboundMessage, MessageStatus
+from libs.common.core.clock import ManualClock
+from libs.common.core.runtime import Runtime
 from libs.common.followups import graph
 from libs.common.followups.definition import (
     BranchPath,
@@ -31,8 +38,16 @@ from libs.common.followups.definition import (
     WaitForReplyStep,
     validate_definition,
 )
+from libs.common.followups.enrollments import stop_enrollment
+from libs.common.followups.release import release_one
+from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
+from libs.common.ingress import handle_event
+from libs.common.platform.projects import create_project
 from tests.branch_helpers import History, Run, Walk, definitions, histories, holds, model, split_arm
-from tests.condition_helpers import QUICK
+from tests.condition_helpers import POOL_THREADS_USE_RANDOM, QUICK
+from tests.factories import make_contact, make_enrollment
+from tests.helpers import rows
+from tests.release_helpers import SETTINGS, state, step_runs
 
 # --- the product's graph functions, walking the same graph --------------------------------------------
 
@@ -77,10 +92,10 @@ def walk(definition: Definition, history: History, sequence_id: uuid.UUID, conta
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[Definition, History, uuid.UUID, uuid.UUID]:
-    definition = draw(definitions())
-    history = draw(histories(len(definition.steps)))
-    return definition, history, draw(st.uuids()), draw(st.uuids())
+def cases(draw: st.DrawFn, max_steps: int = 7) -> tuple[Definition, History]:
+    """A definition and a contact's history through it."""
+    definition = draw(definitions(max_steps))
+    return definition, draw(histories(len(definition.steps)))
 
 
 # Examples spelled out: a reply taken and then a wait without one; a read message down the read path; a
@@ -92,6 +107,14 @@ REPLY_THEN_WAIT = Definition(
         WaitForReplyStep(id="w1", timeout_seconds=3600, on_reply="b", on_timeout="end"),
         MessageStep(id="b", text="b"),
         WaitForReplyStep(id="w2", timeout_seconds=3600, on_reply="end"),
+        MessageStep(id="c", text="c"),
+    ]
+)
+WAIT_TO_WAIT = Definition(
+    steps=[
+        MessageStep(id="a", text="a"),
+        WaitForReplyStep(id="w1", timeout_seconds=3600, on_reply="w2", on_timeout="end"),
+        WaitForReplyStep(id="w2", timeout_seconds=3600, on_reply="c", on_timeout="end"),
         MessageStep(id="c", text="c"),
     ]
 )
@@ -188,15 +211,144 @@ def test_the_model_reads_the_examples_as_documented() -> None:
 
 
 @settings(QUICK, max_examples=600)
-@given(case=cases())
-@example(case=(REPLY_THEN_WAIT, _history(5, replies=(1,)), SEQUENCE, CONTACT))
-@example(case=(READ_PATH, _history(4, tags=("t1",), reads=(0,)), SEQUENCE, CONTACT))
-@example(case=(_split("y", 5), _history(2), SEQUENCE, CONTACT))
+@given(case=cases(), sequence_id=st.uuids(), contact_id=st.uuids())
+@example(case=(REPLY_THEN_WAIT, _history(5, replies=(1,))), sequence_id=SEQUENCE, contact_id=CONTACT)
+@example(case=(READ_PATH, _history(4, tags=("t1",), reads=(0,))), sequence_id=SEQUENCE, contact_id=CONTACT)
+@example(case=(_split("y", 5), _history(2)), sequence_id=SEQUENCE, contact_id=CONTACT)
 def test_graph_walks_the_generated_graphs_as_the_model(
-    case: tuple[Definition, History, uuid.UUID, uuid.UUID],
+    case: tuple[Definition, History], sequence_id: uuid.UUID, contact_id: uuid.UUID
 ) -> None:
-    definition, history, sequence_id, contact_id = case
+    definition, history = case
     validate_definition(definition)  # every generated graph is publishable
     assert walk(definition, history, sequence_id, contact_id) == model(
         definition, history, sequence_id, contact_id
+    )
+
+
+# --- the real release on PostgreSQL ----------------------------------------------------------------------
+
+
+def publish(pool: ConnectionPool, project_id: uuid.UUID, definition: Definition) -> uuid.UUID:
+    with pool.connection() as conn:
+        created = create_sequence(
+            conn, project_id, SequenceCreate(name=f"graph {uuid.uuid4().hex[:6]}", definition=definition)
+        )
+        publish_sequence(conn, project_id, created.id)
+    return created.id
+
+
+def reply(runtime: Runtime, project_id: uuid.UUID, contact_id: uuid.UUID) -> None:
+    """The contact writes in, through the real inbound-message path (its stop path, or the reply path)."""
+    event = InboundMessage(contact_id=contact_id, provider_message_id=f"reply-{uuid.uuid4()}", body="yes")
+    handle_event(runtime, project_id, event, now=runtime.clock.now())
+
+
+def read(runtime: Runtime, project_id: uuid.UUID, message_id: uuid.UUID) -> None:
+    """The provider reports the message read."""
+    event = MessageStatus(message_id=message_id, status="READ")
+    handle_event(runtime, project_id, event, now=runtime.clock.now())
+
+
+def release_for_real(
+    runtime: Runtime, clock: ManualClock, definition: Definition, history: History
+) -> tuple[Walk, uuid.UUID, uuid.UUID]:
+    """Publish the definition in a project of its own, enroll a contact with the history's tags, and
+    release it step after step on the clock (set to each due time): the contact reads each message the
+    history says it reads at once, and replies a minute into each wait the history says it replies at.
+    Returns the step runs and how the enrollment finished, the sequence's and the contact's ids."""
+    pool = runtime.pool
+    with pool.connection() as conn:
+        project_id = create_project(conn, f"branches {uuid.uuid4().hex[:6]}").project_id
+    sequence_id = publish(pool, project_id, definition)
+    contact_id = make_contact(pool, project_id, tags=sorted(history.tags))
+    enrollment = make_enrollment(pool, clock, project_id, sequence_id, contact_id)
+    waited: set[int] = set()  # the waits replied at
+    try:
+        for _ in range(4 * len(definition.steps) + 4):
+            status, _, index, due = state(pool, enrollment.id)
+            if status != "active":
+                break
+            node = definition.steps[index]
+            if isinstance(node, WaitForReplyStep) and history.replies[index] and index not in waited:
+                waited.add(index)
+                clock.advance(timedelta(minutes=1))
+                reply(runtime, project_id, contact_id)
+                if node.on_reply is not None:  # a reply takes the reply path at once, not at the timeout
+                    moved = state(pool, enrollment.id)
+                    assert moved[0] != "active" or moved[2] != index, ("the reply left it waiting", index)
+                continue
+            clock.set(max(clock.now(), due))
+            released = release_one(pool, clock, SETTINGS, project_id=project_id)
+            assert released is not None, ("nothing was due", index, due)
+            assert released.action not in ("retry", "fail"), released
+            if released.action == "defer":  # the contact's spacing after a message: the same step later
+                assert released.reason == "recipient_gap", released
+                continue
+            if isinstance(node, MessageStep) and history.reads[index]:
+                assert released.message_id is not None, released
+                read(runtime, project_id, released.message_id)
+        else:
+            raise AssertionError("the enrollment did not finish")
+        status, reason, _, _ = state(pool, enrollment.id)
+        return Walk(tuple(step_runs(pool, enrollment.id)), status, reason), sequence_id, contact_id
+    finally:
+        if state(pool, enrollment.id)[0] in ("active", "paused"):  # a failed example leaves nothing due
+            with pool.connection() as conn:
+                stop_enrollment(conn, project_id, enrollment.id, note=None, now=clock.now())
+
+
+def assignments(definition: Definition, walk: Walk) -> dict[str, str]:
+    """The arms the walk's splits recorded, by experiment (as the enrollment keeps them)."""
+    found = {}
+    for index, _, reason in walk.runs:
+        node = definition.steps[index]
+        if isinstance(node, SplitStep):
+            assert reason is not None
+            found[node.experiment] = reason.removeprefix("variant:")
+    return found
+
+
+def recorded_assignments(runtime: Runtime, sequence_id: uuid.UUID) -> dict[str, str]:
+    found = rows(
+        runtime.pool, "SELECT assignments FROM followup_enrollments WHERE sequence_id = %s", sequence_id
+    )
+    assert len(found) == 1
+    return found[0][0] or {}
+
+
+@pytest.mark.timeout(900)
+@POOL_THREADS_USE_RANDOM
+@settings(QUICK, max_examples=120, phases=[Phase.explicit, Phase.generate])
+@given(case=cases(max_steps=6))
+@example(case=(REPLY_THEN_WAIT, _history(5, replies=(1,)))).via("a reply taken, then a wait without one")
+@example(case=(WAIT_TO_WAIT, _history(4, replies=(1, 2)))).via("a reply path into another wait")
+@example(case=(READ_PATH, _history(4, tags=("t1",), reads=(0,)))).via("a read message down the read path")
+@example(case=(READ_PATH, _history(4, tags=("t1",)))).via("a tag's path")
+@example(case=(_split("y", 5), _history(2))).via("a split's winner")
+@example(case=(_split(None, 50), _history(2))).via("a split held out (most likely)")
+def test_the_release_walks_the_generated_graphs_as_the_model(
+    runtime: Runtime, clock: ManualClock, case: tuple[Definition, History]
+) -> None:
+    definition, history = case
+    note(f"definition: {msgspec.json.encode(definition).decode()}")
+    note(f"history: {history}")
+    found, sequence_id, contact_id = release_for_real(runtime, clock, definition, history)
+    expected = model(definition, history, sequence_id, contact_id)
+    assert found == expected
+    assert recorded_assignments(runtime, sequence_id) == assignments(definition, expected)
+
+
+@pytest.mark.parametrize("stop_on_reply", [True, False])
+def test_a_reply_path_into_another_wait_takes_that_waits_reply_path_too(
+    runtime: Runtime, clock: ManualClock, stop_on_reply: bool
+) -> None:
+    """A reply at the first wait moves the enrollment to a second wait (its reply path); a second reply
+    takes the second wait's reply path at once: neither stopped (stop on reply) nor left waiting for the
+    timeout (stop on reply off)."""
+    definition = msgspec.structs.replace(WAIT_TO_WAIT, stop_on=StopFlags(reply=stop_on_reply))
+    found, _, _ = release_for_real(runtime, clock, definition, _history(4, replies=(1, 2)))
+    assert found == Walk(
+        ((0, "queued", None), (1, "branched", "replied"), (2, "branched", "replied"), (3, "queued", None)),
+        "completed",
+        None,
     )
