@@ -10,6 +10,8 @@ docstrings, docs/api.md), not from graph.py, which it is held against:
 - a branch takes its first path whose ``when`` holds for the contact and whose ``read`` (when given) is
   whether the last follow-up message queued was read; else ``otherwise`` (step run ``branched``, reason
   ``path:<name>`` or ``otherwise``);
+- a reply while the enrollment is not at a wait stops it when the sequence stops on a reply (``stopped``,
+  ``replied``), and changes nothing else (a later wait began after it: no reply there);
 - a wait for a reply: a reply before the timeout takes ``on_reply`` (reason ``replied``), or, without
   one, stops the enrollment as a reply always does (``stopped``/``replied``, no step run: the stop path
   writes none); no reply by the timeout takes ``on_timeout`` (reason ``no_reply``);
@@ -56,11 +58,13 @@ Status = Literal["completed", "stopped"]
 class History:
     """What happens to the contact: its tags (what the branches' conditions read), whether it replies
     while waiting at each step (read at waits only), whether the message queued at each step is read
-    before the next step is taken (read at message steps only)."""
+    before the next step is taken, and whether the contact writes in after it (read at message steps
+    only; a message the enrollment leaves for a wait is replied to at the wait, if at all)."""
 
     tags: frozenset[str]
     replies: tuple[bool, ...]
     reads: tuple[bool, ...]
+    writes: tuple[bool, ...]
 
 
 @dataclass(frozen=True)
@@ -127,8 +131,11 @@ def model(definition: Definition, history: History, sequence_id: uuid.UUID, cont
         node = steps[index]
         if isinstance(node, MessageStep):
             runs.append((index, "queued", None))
-            last_read = history.reads[index]
+            last_read, writes = history.reads[index], history.writes[index]
             index = to(index, node.next)
+            at_wait = index < len(steps) and isinstance(steps[index], WaitForReplyStep)
+            if writes and index < len(steps) and not at_wait and definition.stop_on.reply:
+                return Walk(tuple(runs), "stopped", "replied")
         elif isinstance(node, BranchStep):
             taken = next(
                 (
@@ -261,4 +268,4 @@ def histories(draw: st.DrawFn, steps: int) -> History:
     """A contact's tags, and at each step whether it replies (at a wait) or reads the message (at a
     message step)."""
     flags = st.lists(st.booleans(), min_size=steps, max_size=steps).map(tuple)
-    return History(frozenset(draw(st.sets(st.sampled_from(TAGS)))), draw(flags), draw(flags))
+    return History(frozenset(draw(st.sets(st.sampled_from(TAGS)))), draw(flags), draw(flags), draw(flags))

@@ -62,7 +62,11 @@ def walk(definition: Definition, history: History, sequence_id: uuid.UUID, conta
         if isinstance(node, MessageStep):
             runs.append((index, "queued", None))
             last_status = "READ" if history.reads[index] else "QUEUED"
-            index = graph.following(definition, index)
+            writes, index = history.writes[index], graph.following(definition, index)
+            # writing in while not at a wait: the stop path's (stop on reply), not the graph's
+            at_wait = index != graph.END and isinstance(definition.steps[index], WaitForReplyStep)
+            if writes and index != graph.END and not at_wait and definition.stop_on.reply:
+                return Walk(tuple(runs), "stopped", "replied")
         elif isinstance(node, BranchStep):
             held = [graph.path_holds(p.read, holds(p.when, history.tags), last_status) for p in node.paths]
             name, index_after = graph.branch_target(definition, index, held)
@@ -118,6 +122,16 @@ WAIT_TO_WAIT = Definition(
         MessageStep(id="c", text="c"),
     ]
 )
+#: The contact writes in between two messages, then does not reply at the wait (stop on reply off).
+WRITES_BEFORE_WAIT = Definition(
+    steps=[
+        MessageStep(id="a", text="a"),
+        MessageStep(id="b", text="b", delay_seconds=3600),
+        WaitForReplyStep(id="w", timeout_seconds=3600, on_reply="end"),
+        MessageStep(id="c", text="c"),
+    ],
+    stop_on=StopFlags(reply=False),
+)
 READ_PATH = Definition(
     steps=[
         MessageStep(id="a", text="a"),
@@ -156,10 +170,15 @@ def _split(winner: str | None, holdout: int) -> Definition:
 
 
 def _history(
-    steps: int, tags: tuple[str, ...] = (), replies: tuple[int, ...] = (), reads: tuple[int, ...] = ()
+    steps: int,
+    tags: tuple[str, ...] = (),
+    replies: tuple[int, ...] = (),
+    reads: tuple[int, ...] = (),
+    writes: tuple[int, ...] = (),
 ) -> History:
     return History(
-        frozenset(tags), tuple(i in replies for i in range(steps)), tuple(i in reads for i in range(steps))
+        frozenset(tags),
+        *(tuple(i in chosen for i in range(steps)) for chosen in (replies, reads, writes)),
     )
 
 
@@ -183,6 +202,16 @@ def test_the_model_reads_the_examples_as_documented() -> None:
     )
     assert model(REPLY_THEN_WAIT, _history(5), SEQUENCE, CONTACT) == Walk(
         ((0, "queued", None), (1, "branched", "no_reply")), "completed", None
+    )
+    # writing in before the wait is no reply at the wait; with stop on reply, it stops the enrollment
+    assert model(WRITES_BEFORE_WAIT, _history(4, writes=(0,)), SEQUENCE, CONTACT) == Walk(
+        ((0, "queued", None), (1, "queued", None), (2, "branched", "no_reply"), (3, "queued", None)),
+        "completed",
+        None,
+    )
+    stopping = msgspec.structs.replace(WRITES_BEFORE_WAIT, stop_on=StopFlags())
+    assert model(stopping, _history(4, writes=(0,)), SEQUENCE, CONTACT) == Walk(
+        ((0, "queued", None),), "stopped", "replied"
     )
     # the vip path wants the message unread: read, the read path holds; unread and not vip, otherwise
     assert model(READ_PATH, _history(4, tags=("t1",), reads=(0,)), SEQUENCE, CONTACT).runs == (
@@ -254,7 +283,9 @@ def release_for_real(
 ) -> tuple[Walk, uuid.UUID, uuid.UUID]:
     """Publish the definition in a project of its own, enroll a contact with the history's tags, and
     release it step after step on the clock (set to each due time): the contact reads each message the
-    history says it reads at once, and replies a minute into each wait the history says it replies at.
+    history says it reads at once, writes in a minute after each message the history says it writes
+    after (unless the enrollment then waits for a reply), and replies a minute into each wait the history
+    says it replies at.
     Returns the step runs and how the enrollment finished, the sequence's and the contact's ids."""
     pool = runtime.pool
     with pool.connection() as conn:
@@ -287,6 +318,11 @@ def release_for_real(
             if isinstance(node, MessageStep) and history.reads[index]:
                 assert released.message_id is not None, released
                 read(runtime, project_id, released.message_id)
+            if isinstance(node, MessageStep) and history.writes[index]:
+                status, _, moved_to, _ = state(pool, enrollment.id)
+                if status == "active" and not isinstance(definition.steps[moved_to], WaitForReplyStep):
+                    clock.advance(timedelta(minutes=1))
+                    reply(runtime, project_id, contact_id)
         else:
             raise AssertionError("the enrollment did not finish")
         status, reason, _, _ = state(pool, enrollment.id)
@@ -324,6 +360,7 @@ def recorded_assignments(runtime: Runtime, sequence_id: uuid.UUID) -> dict[str, 
 @example(case=(WAIT_TO_WAIT, _history(4, replies=(1, 2)))).via("a reply path into another wait")
 @example(case=(READ_PATH, _history(4, tags=("t1",), reads=(0,)))).via("a read message down the read path")
 @example(case=(READ_PATH, _history(4, tags=("t1",)))).via("a tag's path")
+@example(case=(WRITES_BEFORE_WAIT, _history(4, writes=(0,)))).via("writing in is no reply at a later wait")
 @example(case=(_split("y", 5), _history(2))).via("a split's winner")
 @example(case=(_split(None, 50), _history(2))).via("a split held out (most likely)")
 def test_the_release_walks_the_generated_graphs_as_the_model(
