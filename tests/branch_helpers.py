@@ -59,12 +59,15 @@ class History:
     """What happens to the contact: its tags (what the branches' conditions read), whether it replies
     while waiting at each step (read at waits only), whether the message queued at each step is read
     before the next step is taken, and whether the contact writes in after it (read at message steps
-    only; a message the enrollment leaves for a wait is replied to at the wait, if at all)."""
+    only; a message the enrollment leaves for a wait is replied to at the wait, if at all). ``late``: the
+    contact had the other tags when it was enrolled, and got these just after (a branch reads the tags the
+    contact has when it is taken)."""
 
     tags: frozenset[str]
     replies: tuple[bool, ...]
     reads: tuple[bool, ...]
     writes: tuple[bool, ...]
+    late: bool = False
 
 
 @dataclass(frozen=True)
@@ -268,4 +271,5 @@ def histories(draw: st.DrawFn, steps: int) -> History:
     """A contact's tags, and at each step whether it replies (at a wait) or reads the message (at a
     message step)."""
     flags = st.lists(st.booleans(), min_size=steps, max_size=steps).map(tuple)
-    return History(frozenset(draw(st.sets(st.sampled_from(TAGS)))), draw(flags), draw(flags), draw(flags))
+    tags = frozenset(draw(st.sets(st.sampled_from(TAGS))))
+    return History(tags, draw(flags), draw(flags), draw(flags), draw(st.booleans()))

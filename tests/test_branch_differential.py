@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts.platform_events import InboundMessage, MessageStatus
+from libs.common.core import effects
 from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
 from libs.common.followups import graph
@@ -41,9 +42,9 @@ from libs.common.followups.definition import (
 from libs.common.followups.enrollments import stop_enrollment
 from libs.common.followups.release import release_one
 from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
-from libs.common.ingress import handle_event
+from libs.common.ingress import contact_changes, handle_event
 from libs.common.platform.projects import create_project
-from tests.branch_helpers import History, Run, Walk, definitions, histories, holds, model, split_arm
+from tests.branch_helpers import TAGS, History, Run, Walk, definitions, histories, holds, model, split_arm
 from tests.condition_helpers import POOL_THREADS_USE_RANDOM, QUICK
 from tests.factories import make_contact, make_enrollment
 from tests.helpers import rows
@@ -176,10 +177,8 @@ def _history(
     reads: tuple[int, ...] = (),
     writes: tuple[int, ...] = (),
 ) -> History:
-    return History(
-        frozenset(tags),
-        *(tuple(i in chosen for i in range(steps)) for chosen in (replies, reads, writes)),
-    )
+    replied, read, wrote = (tuple(i in chosen for i in range(steps)) for chosen in (replies, reads, writes))
+    return History(frozenset(tags), replied, read, wrote)
 
 
 def test_the_model_reads_the_examples_as_documented() -> None:
@@ -281,18 +280,23 @@ def read(runtime: Runtime, project_id: uuid.UUID, message_id: uuid.UUID) -> None
 def release_for_real(
     runtime: Runtime, clock: ManualClock, definition: Definition, history: History
 ) -> tuple[Walk, uuid.UUID, uuid.UUID]:
-    """Publish the definition in a project of its own, enroll a contact with the history's tags, and
-    release it step after step on the clock (set to each due time): the contact reads each message the
-    history says it reads at once, writes in a minute after each message the history says it writes
-    after (unless the enrollment then waits for a reply), and replies a minute into each wait the history
-    says it replies at.
-    Returns the step runs and how the enrollment finished, the sequence's and the contact's ids."""
+    """Publish the definition in a project of its own, enroll a contact with the history's tags (or,
+    ``late``, with the others, changed to the history's once enrolled), and release it step after step on
+    the clock (set to each due time): the contact reads each message the history says it reads at once,
+    writes in a minute after each message the history says it writes after (unless the enrollment then
+    waits for a reply), and replies a minute into each wait the history says it replies at. Returns the
+    step runs and how the enrollment finished, the sequence's and the contact's ids."""
     pool = runtime.pool
     with pool.connection() as conn:
         project_id = create_project(conn, f"branches {uuid.uuid4().hex[:6]}").project_id
     sequence_id = publish(pool, project_id, definition)
-    contact_id = make_contact(pool, project_id, tags=sorted(history.tags))
+    other = sorted(set(TAGS) - history.tags)
+    contact_id = make_contact(pool, project_id, tags=other if history.late else sorted(history.tags))
     enrollment = make_enrollment(pool, clock, project_id, sequence_id, contact_id)
+    if history.late:  # the contact's tags change once enrolled, through the tags' own path
+        with effects.transaction(runtime) as conn:
+            add, now = sorted(history.tags), clock.now()
+            contact_changes.change_tags(conn, project_id, contact_id, add=add, remove=other, now=now)
     waited: set[int] = set()  # the waits replied at
     try:
         for _ in range(4 * len(definition.steps) + 4):
