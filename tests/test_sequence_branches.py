@@ -14,9 +14,9 @@ from litestar.testing import TestClient
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
+from libs.common.core.runtime import Runtime
 from libs.common.followups import graph
 from libs.common.followups.definition import decode_definition
-from services.api.app import Runtime
 from tests.helpers import rows
 from tests.platform_event_helpers import post_event
 from tests.test_api_sequences import assert_problem, enroll, message_step, new_contact, published, release
@@ -349,3 +349,31 @@ def test_a_wait_that_stops_on_a_reply_needs_stop_on_reply(client: TestClient[Any
     publish = client.post(f"/v1/sequences/{response.json()['id']}/publish")
     body = assert_problem(publish, 422)
     assert "definition.steps.1.on_reply" in {error["field"] for error in body["errors"]}
+
+
+def test_a_reply_path_that_waits_again_takes_the_next_reply_path_too(
+    client: TestClient[Any], pool: ConnectionPool, runtime: Runtime, clock: ManualClock
+) -> None:
+    sequence_id = published(
+        client,
+        message_step("ask"),
+        {"kind": "wait_for_reply", "timeout_seconds": 86400, "on_reply": "second", "on_timeout": "end"},
+        {"kind": "wait_for_reply", "id": "second", "timeout_seconds": 86400, "on_reply": "thanks"},
+        message_step("still there?", next="end"),
+        message_step("thanks", id="thanks"),
+    )
+    contact_id = tagged(client)
+    enrollment = enroll(client, sequence_id, contact_id)["id"]
+    release(runtime)
+    inbound(client, contact_id)
+    assert status(pool, enrollment)[3] == 4  # waiting again, its own reply path kept
+    clock.advance(HOUR)
+    inbound(client, contact_id)
+    drain(runtime, clock, hours=2)
+    assert sent(pool, enrollment) == ["ask", "thanks"]
+    assert [r[:3] for r in runs(pool, enrollment)] == [
+        (0, "queued", None),
+        (1, "branched", "replied"),
+        (2, "branched", "replied"),
+        (4, "queued", None),
+    ]

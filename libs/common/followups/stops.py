@@ -31,7 +31,7 @@ from libs.common.core.effects import Observe, after_commit
 from libs.common.core.metrics import FOLLOWUP_FINISHED
 from libs.common.core.sql import load_queries
 from libs.common.followups.definition import step_due_at
-from libs.common.followups.graph import END
+from libs.common.followups.graph import END, reply_step
 from libs.common.followups.sequences import version_definition
 from libs.common.followups.transitions import EnrollmentReason, EnrollmentRef, finish, take_reply_path
 from libs.common.platform.messages import cancel_queued_messages
@@ -153,7 +153,8 @@ def _take_reply_paths(
             continue
         step = definition.steps[enrollment.reply_step]
         due = step_due_at(step, now=now, anchor_at=enrollment.anchor_at) or now
-        take_reply_path(conn, project_id, enrollment.id, enrollment.reply_step, due, now=now)
+        then = reply_step(definition, enrollment.reply_step)  # the reply path may wait for a reply again
+        take_reply_path(conn, project_id, enrollment.id, enrollment.reply_step, due, now=now, reply_step=then)
         log.info(
             "reply path taken",
             extra={

@@ -153,14 +153,17 @@ def take_reply_path(
     next_run_at: datetime,
     *,
     now: datetime,
+    reply_step: int | None = None,
 ) -> None:
     """A reply moves an enrollment waiting for it to its reply path's step ``step_index``, due at
-    ``next_run_at``; replies before ``now`` no longer stop it."""
+    ``next_run_at``; replies before ``now`` no longer stop it. ``reply_step``: that step's own reply path,
+    when it is a wait for a reply too."""
     params = {
         "project_id": project_id,
         "id": enrollment_id,
         "step_index": step_index,
         "next_run_at": next_run_at,
+        "reply_step": reply_step,
         "now": now,
     }
     conn.execute(QUERIES["take_reply_path"], params)

@@ -18,7 +18,7 @@ WHERE project_id = %(project_id)s AND id = %(id)s
 -- path's first step (due at next_run_at), and replies before now no longer stop it.
 UPDATE followup_enrollments
 SET step_index = %(step_index)s, next_run_at = %(next_run_at)s, step_due_at = %(next_run_at)s,
-    waiting_reason = NULL, waiting_values = NULL, unavailable_since = NULL, reply_step = NULL,
+    waiting_reason = NULL, waiting_values = NULL, unavailable_since = NULL, reply_step = %(reply_step)s,
     reply_taken_at = %(now)s, last_step_at = %(now)s, locked_until = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s
 
