@@ -15,7 +15,8 @@ docstrings, docs/api.md), not from graph.py, which it is held against:
 - a wait for a reply: a reply before the timeout takes ``on_reply`` (reason ``replied``), or, without
   one, stops the enrollment as a reply always does (``stopped``/``replied``, no step run: the stop path
   writes none); no reply by the timeout takes ``on_timeout`` (reason ``no_reply``);
-- a split takes its winner when it has one, else the variant whose share of [0, 1) holds the contact's
+- a split takes the winner chosen for its experiment (when it names one of its variants), else its own
+  winner when it has one, else the variant whose share of [0, 1) holds the contact's
   point (blake2b, 8 bytes, big-endian, of ``"<sequence id>/<experiment>/<contact id>"`` over 2**64),
   variants in order, the holdout's share last (reason ``variant:<name>``, or ``holdout``: the enrollment
   completes and gets nothing more).
@@ -61,13 +62,15 @@ class History:
     before the next step is taken, and whether the contact writes in after it (read at message steps
     only; a message the enrollment leaves for a wait is replied to at the wait, if at all). ``late``: the
     contact had the other tags when it was enrolled, and got these just after (a branch reads the tags the
-    contact has when it is taken)."""
+    contact has when it is taken). ``chosen``: at a split, the winner chosen for its experiment (a
+    variant's name, or one no variant of this version has), if one was."""
 
     tags: frozenset[str]
     replies: tuple[bool, ...]
     reads: tuple[bool, ...]
     writes: tuple[bool, ...]
     late: bool = False
+    chosen: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,15 @@ def split_point(sequence_id: uuid.UUID, experiment: str, contact_id: uuid.UUID) 
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
 
 
-def split_arm(split: SplitStep, sequence_id: uuid.UUID, contact_id: uuid.UUID) -> str | None:
-    """The variant's name a contact gets at ``split`` (None: the holdout)."""
-    if split.winner is not None:
-        return split.winner
+def split_arm(
+    split: SplitStep, sequence_id: uuid.UUID, contact_id: uuid.UUID, chosen: str | None = None
+) -> str | None:
+    """The variant's name a contact gets at ``split`` (None: the holdout), ``chosen`` the winner chosen for
+    its experiment, if one was."""
+    names = [v.name for v in split.variants]
+    for winner in (chosen, split.winner):
+        if winner in names:
+            return winner
     weights = [v.weight for v in split.variants]
     at = split_point(sequence_id, split.experiment, contact_id) * (sum(weights) + split.holdout_weight)
     edge = 0
@@ -161,7 +169,7 @@ def model(definition: Definition, history: History, sequence_id: uuid.UUID, cont
                 index = to(index, node.on_reply)
         else:
             assert isinstance(node, SplitStep), node
-            arm = split_arm(node, sequence_id, contact_id)
+            arm = split_arm(node, sequence_id, contact_id, history.chosen[index])
             if arm is None:
                 runs.append((index, "branched", "holdout"))
                 break
@@ -272,4 +280,7 @@ def histories(draw: st.DrawFn, steps: int) -> History:
     message step)."""
     flags = st.lists(st.booleans(), min_size=steps, max_size=steps).map(tuple)
     tags = frozenset(draw(st.sets(st.sampled_from(TAGS))))
-    return History(tags, draw(flags), draw(flags), draw(flags), draw(st.booleans()))
+    chosen = st.lists(
+        st.sampled_from([None, None, None, None, "v0", "v1", "v2", "gone"]), min_size=steps, max_size=steps
+    )
+    return History(tags, draw(flags), draw(flags), draw(flags), draw(st.booleans()), tuple(draw(chosen)))

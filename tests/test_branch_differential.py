@@ -85,7 +85,7 @@ def walk(definition: Definition, history: History, sequence_id: uuid.UUID, conta
         else:
             assert isinstance(node, SplitStep)
             assert graph.is_control(node)
-            arm = graph.assign(definition, index, sequence_id, contact_id)
+            arm = graph.assign(definition, index, sequence_id, contact_id, history.chosen[index])
             assert arm.experiment == node.experiment
             if arm.variant == graph.HOLDOUT:
                 assert arm.target == graph.END
@@ -178,7 +178,7 @@ def _history(
     writes: tuple[int, ...] = (),
 ) -> History:
     replied, read, wrote = (tuple(i in chosen for i in range(steps)) for chosen in (replies, reads, writes))
-    return History(frozenset(tags), replied, read, wrote)
+    return History(frozenset(tags), replied, read, wrote, chosen=(None,) * steps)
 
 
 def test_the_model_reads_the_examples_as_documented() -> None:
@@ -277,6 +277,26 @@ def read(runtime: Runtime, project_id: uuid.UUID, message_id: uuid.UUID) -> None
     handle_event(runtime, project_id, event, now=runtime.clock.now())
 
 
+def choose_winners(
+    pool: ConnectionPool,
+    project_id: uuid.UUID,
+    sequence_id: uuid.UUID,
+    definition: Definition,
+    history: History,
+) -> None:
+    """The winners the history chose for the splits' experiments, recorded as choosing one records them."""
+    for node, chosen in zip(definition.steps, history.chosen, strict=True):
+        if isinstance(node, SplitStep) and chosen is not None:
+            with pool.connection() as conn:
+                conn.execute(
+                    "INSERT INTO followup_experiment_winners"
+                    " (project_id, sequence_id, experiment, variant, version_id, chosen_at)"
+                    " SELECT project_id, id, %s, %s, current_version_id, now() FROM followup_sequences"
+                    " WHERE project_id = %s AND id = %s",
+                    (node.experiment, chosen, project_id, sequence_id),
+                )
+
+
 def release_for_real(
     runtime: Runtime, clock: ManualClock, definition: Definition, history: History
 ) -> tuple[Walk, uuid.UUID, uuid.UUID]:
@@ -290,6 +310,7 @@ def release_for_real(
     with pool.connection() as conn:
         project_id = create_project(conn, f"branches {uuid.uuid4().hex[:6]}").project_id
     sequence_id = publish(pool, project_id, definition)
+    choose_winners(pool, project_id, sequence_id, definition, history)
     other = sorted(set(TAGS) - history.tags)
     contact_id = make_contact(pool, project_id, tags=other if history.late else sorted(history.tags))
     enrollment = make_enrollment(pool, clock, project_id, sequence_id, contact_id)

@@ -111,6 +111,15 @@ def test_a_winner_takes_everyone() -> None:
     assert {graph.assign(definition, 0, None, c, winner="v1").variant for c in contacts(500)} == {"v1"}
 
 
+def test_a_winner_chosen_that_is_no_longer_a_variant_leaves_the_splits_own_winner_or_the_weights() -> None:
+    """A winner chosen on an earlier version (graph.assign's ``winner``) whose variant this version no
+    longer has: the split's own winner, when it has one, else the weights (not nobody's winner)."""
+    own = Definition(steps=[msgspec.structs.replace(split("offer", [1, 1], 0), winner="v1")])
+    assert {graph.assign(own, 0, None, c, winner="gone").variant for c in contacts(200)} == {"v1"}
+    weighed = Definition(steps=[split("offer", [1, 1], 0)])
+    assert {graph.assign(weighed, 0, None, c, winner="gone").variant for c in contacts(200)} == {"v0", "v1"}
+
+
 def _publish(pool: ConnectionPool, project: Project, sequence_id: uuid.UUID, *steps: Node) -> Definition:
     """A new version of the sequence with ``steps``, read back as the release reads it."""
     with pool.connection() as conn:
