@@ -414,3 +414,39 @@ def test_a_reply_path_into_another_wait_takes_that_waits_reply_path_too(
         "completed",
         None,
     )
+
+
+def test_a_reply_after_the_deadline_is_no_reply_even_when_the_release_comes_late(
+    runtime: Runtime, clock: ManualClock
+) -> None:
+    """A wait of an hour, released late (a backlog, an outage): the contact replies five minutes after the
+    deadline, before the timeout is released. No reply came by the deadline: the timeout path, whatever the
+    release's lag (stop on reply off, so the late reply stops nothing either)."""
+    definition = Definition(
+        steps=[
+            MessageStep(id="a", text="a"),
+            WaitForReplyStep(id="w", timeout_seconds=3600, on_reply="replied", on_timeout="timed-out"),
+            MessageStep(id="timed-out", text="no reply", next="end"),
+            MessageStep(id="replied", text="thanks"),
+        ],
+        stop_on=StopFlags(reply=False),
+    )
+    pool = runtime.pool
+    with pool.connection() as conn:
+        project_id = create_project(conn, "late release").project_id
+    contact_id = make_contact(pool, project_id)
+    enrollment = make_enrollment(pool, clock, project_id, publish(pool, project_id, definition), contact_id)
+    assert release_one(pool, clock, SETTINGS, project_id=project_id) is not None
+    deadline = state(pool, enrollment.id)[3]
+
+    clock.set(deadline + timedelta(minutes=5))
+    reply(runtime, project_id, contact_id)
+    while release_one(pool, clock, SETTINGS, project_id=project_id) is not None:
+        pass
+
+    assert step_runs(pool, enrollment.id) == [
+        (0, "queued", None),
+        (1, "branched", "no_reply"),
+        (2, "queued", None),
+    ]
+    assert state(pool, enrollment.id)[:2] == ("completed", None)
