@@ -6,7 +6,10 @@ docstrings, docs/api.md), not from graph.py, which it is held against:
 
 - the steps are a list; a step goes to the next one in the list unless it names a later step's id or
   ``end``; past the last step the enrollment completes;
-- a message step is queued (its step run ``queued``, no reason) and goes to its ``next``;
+- a message step is queued (its step run ``queued``, no reason) and goes to its ``next``; so does an AI
+  step, with no model configured: its template fallback is queued (``ai_fallback:model_unavailable``), or,
+  with a skip fallback, it is skipped (``ai_unavailable``: no message, the last one queued stays the
+  last);
 - a branch takes its first path whose ``when`` holds for the contact and whose ``read`` (when given) is
   whether the last follow-up message queued was read; else ``otherwise`` (step run ``branched``, reason
   ``path:<name>`` or ``otherwise``);
@@ -32,13 +35,16 @@ from typing import Any, Literal
 from hypothesis import strategies as st
 
 from libs.common.followups.definition import (
+    AiStep,
     BranchPath,
     BranchStep,
     Definition,
     MessageStep,
     Node,
+    SkipFallback,
     SplitStep,
     StopFlags,
+    TemplateFallback,
     Variant,
     WaitForReplyStep,
 )
@@ -50,6 +56,8 @@ TIMEOUTS = (3600, 86400)
 #: A step's delay (message, branch, split).
 DELAYS = (0, 0, 600, 3600)
 
+#: An AI step's run with no model configured, its template fallback queued.
+FALLBACK = "ai_fallback:model_unavailable"
 #: A step run as the model predicts it: (step index, outcome, reason).
 Run = tuple[int, str, str | None]
 Status = Literal["completed", "stopped"]
@@ -140,9 +148,14 @@ def model(definition: Definition, history: History, sequence_id: uuid.UUID, cont
     index = 0
     while index < len(steps):
         node = steps[index]
-        if isinstance(node, MessageStep):
-            runs.append((index, "queued", None))
-            last_read, writes = history.reads[index], history.writes[index]
+        if isinstance(node, MessageStep | AiStep):
+            skipped = isinstance(node, AiStep) and isinstance(node.fallback, SkipFallback)
+            if skipped:
+                runs.append((index, "skipped", "ai_unavailable"))
+            else:
+                runs.append((index, "queued", None if isinstance(node, MessageStep) else FALLBACK))
+                last_read = history.reads[index]
+            writes = history.writes[index] and not skipped
             index = to(index, node.next)
             at_wait = index < len(steps) and isinstance(steps[index], WaitForReplyStep)
             if writes and index < len(steps) and not at_wait and definition.stop_on.reply:
@@ -214,8 +227,18 @@ CONDITIONS: st.SearchStrategy[dict[str, Any] | None] = st.one_of(
 @st.composite
 def _node(draw: st.DrawFn, index: int, count: int, stop_on_reply: bool) -> Node:
     # the first step does not wait for a reply (nothing was sent yet: validation refuses it)
-    kind = draw(st.sampled_from(["message", "message", "branch", "split", *(["wait"] if index else [])]))
+    kind = draw(
+        st.sampled_from(["message", "message", "ai", "branch", "split", *(["wait"] if index else [])])
+    )
     own = step_id(index)
+    if kind == "ai":
+        return AiStep(
+            id=own,
+            instructions=f"write step {index}",
+            fallback=SkipFallback() if draw(st.booleans()) else TemplateFallback(text=f"step {index}"),
+            delay_seconds=draw(st.sampled_from(DELAYS)),
+            next=draw(_or_next(index, count)),
+        )
     if kind == "message":
         return MessageStep(
             id=own,

@@ -29,10 +29,12 @@ from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
 from libs.common.followups import graph
 from libs.common.followups.definition import (
+    AiStep,
     BranchPath,
     BranchStep,
     Definition,
     MessageStep,
+    SkipFallback,
     SplitStep,
     StopFlags,
     Variant,
@@ -44,7 +46,18 @@ from libs.common.followups.release import release_one
 from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
 from libs.common.ingress import contact_changes, handle_event
 from libs.common.platform.projects import create_project
-from tests.branch_helpers import TAGS, History, Run, Walk, definitions, histories, holds, model, split_arm
+from tests.branch_helpers import (
+    FALLBACK,
+    TAGS,
+    History,
+    Run,
+    Walk,
+    definitions,
+    histories,
+    holds,
+    model,
+    split_arm,
+)
 from tests.condition_helpers import POOL_THREADS_USE_RANDOM, QUICK
 from tests.factories import make_contact, make_enrollment
 from tests.helpers import rows
@@ -60,10 +73,15 @@ def walk(definition: Definition, history: History, sequence_id: uuid.UUID, conta
     index = 0
     while index != graph.END:
         node = definition.steps[index]
-        if isinstance(node, MessageStep):
-            runs.append((index, "queued", None))
-            last_status = "READ" if history.reads[index] else "QUEUED"
-            writes, index = history.writes[index], graph.following(definition, index)
+        if isinstance(node, MessageStep | AiStep):
+            step = graph.sending_step(definition, index)
+            queued = not (isinstance(step, AiStep) and isinstance(step.fallback, SkipFallback))
+            if queued:
+                runs.append((index, "queued", None if isinstance(step, MessageStep) else FALLBACK))
+                last_status = "READ" if history.reads[index] else "QUEUED"
+            else:
+                runs.append((index, "skipped", "ai_unavailable"))
+            writes, index = history.writes[index] and queued, graph.following(definition, index)
             # writing in while not at a wait: the stop path's (stop on reply), not the graph's
             at_wait = index != graph.END and isinstance(definition.steps[index], WaitForReplyStep)
             if writes and index != graph.END and not at_wait and definition.stop_on.reply:
@@ -340,10 +358,11 @@ def release_for_real(
             if released.action == "defer":  # the contact's spacing after a message: the same step later
                 assert released.reason == "recipient_gap", released
                 continue
-            if isinstance(node, MessageStep) and history.reads[index]:
+            queued = released.action == "queue"
+            if queued and history.reads[index]:
                 assert released.message_id is not None, released
                 read(runtime, project_id, released.message_id)
-            if isinstance(node, MessageStep) and history.writes[index]:
+            if queued and history.writes[index]:
                 status, _, moved_to, _ = state(pool, enrollment.id)
                 if status == "active" and not isinstance(definition.steps[moved_to], WaitForReplyStep):
                     clock.advance(timedelta(minutes=1))
