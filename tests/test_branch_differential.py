@@ -1,15 +1,19 @@
 """Where an enrollment goes through a sequence's graph, held to a plain-Python model
 (:mod:`tests.branch_helpers`) over generated graphs and histories.
 
-Each example draws a publishable definition (message, branch, wait-for-reply and split steps, going
-forward by ``next``, paths, reply and timeout paths and variants, ending and rejoining) and a contact's
-history (its tags, which the branches' conditions read; whether it replies at each wait before the
-timeout; whether it reads each message before the next step is taken). The model predicts the step runs
-(index, outcome, reason) and how the enrollment finishes; the product must agree:
+Each example draws a publishable definition (message, AI, branch, wait-for-reply and split steps, going
+forward by ``next``, paths, reply and timeout paths and variants, ending and rejoining; stop on reply on or
+off) and a contact's history: its tags, which the branches' conditions read (had at enrollment, or given
+just after it); whether it replies at each wait before the timeout; whether it reads each message, and
+writes in after it, before the next step is taken; the winner chosen for each split's experiment, if any.
+The model predicts the step runs (index, outcome, reason) and how the enrollment finishes; the product
+must agree:
 
 - walking the graph with graph.py's functions (``following``, ``branch_target``, ``path_holds``,
   ``wait_target``, ``reply_step``, ``assign``), many examples;
-- releasing it for real on PostgreSQL, fewer examples: see below.
+- releasing it for real on PostgreSQL, fewer examples (:func:`release_for_real`: the release on the
+  controllable clock, the replies and the read receipts through the ingress), the assignments recorded on
+  the enrollment too.
 """
 
 from __future__ import annotations
