@@ -20,10 +20,13 @@ import math
 import random
 import uuid
 from collections import Counter
+from datetime import timedelta
+from typing import Any
 
 import msgspec
 from psycopg_pool import ConnectionPool
 
+from libs.common.core.clock import ManualClock
 from libs.common.followups import graph
 from libs.common.followups.definition import Definition, MessageStep, Node, SplitStep, Variant
 from libs.common.followups.sequences import (
@@ -35,6 +38,9 @@ from libs.common.followups.sequences import (
     version_definition,
 )
 from tests.conftest import Project
+from tests.factories import make_contact, make_enrollment
+from tests.helpers import rows
+from tests.release_helpers import release_all
 
 CONTACTS = 10_000
 #: The smallest p-value a correct assignment is allowed (its false-failure rate).
@@ -195,3 +201,44 @@ def test_two_experiments_assign_independently() -> None:
     assert len(cells) == 4
     for cell, count in cells.items():
         assert abs(count - CONTACTS / 4) <= DEVIATIONS * math.sqrt(CONTACTS * 0.25 * 0.75), (cell, cells)
+
+
+def test_a_contact_enrolled_again_on_a_new_version_gets_the_same_variant_at_release(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    """The release's assignment, end to end: 60 contacts (every arm drawn but once in 10**7) go through
+    version 1's split; version 2 moves the split behind a new first step and rewords the variants'
+    messages; each contact, enrolled again, is recorded with the same arm (the holdout's too)."""
+    three = split("offer", [1, 1, 1], 1, to="x")
+    with pool.connection() as conn:
+        sequence_id = create_sequence(conn, project.id, SequenceCreate(name="experiment")).id
+    _publish(pool, project, sequence_id, three, MessageStep(id="x", text="x"))
+    ids = [make_contact(pool, project.id) for _ in range(60)]
+
+    def enroll_and_release() -> dict[uuid.UUID, Any]:
+        for contact_id in ids:
+            make_enrollment(pool, clock, project.id, sequence_id, contact_id)
+        while release_all(pool, clock):
+            clock.advance(timedelta(minutes=1))
+        clock.advance(timedelta(hours=1))
+        found = rows(
+            pool,
+            "SELECT DISTINCT ON (contact_id) contact_id, status, assignments FROM followup_enrollments"
+            " WHERE project_id = %s AND sequence_id = %s ORDER BY contact_id, enrolled_at DESC",
+            project.id,
+            sequence_id,
+        )
+        assert {status for _, status, _ in found} == {"completed"}
+        return {contact_id: assignments for contact_id, _, assignments in found}
+
+    first = enroll_and_release()
+    assert {a["offer"] for a in first.values()} == {"v0", "v1", "v2", graph.HOLDOUT}
+    _publish(
+        pool,
+        project,
+        sequence_id,
+        MessageStep(id="hello", text="hello"),
+        three,
+        MessageStep(id="x", text="y"),
+    )
+    assert enroll_and_release() == first
