@@ -306,7 +306,8 @@ def choose_winners(
     definition: Definition,
     history: History,
 ) -> None:
-    """The winners the history chose for the splits' experiments, recorded as choosing one records them."""
+    """The winners the history chose for the splits' experiments, recorded as choosing one records them
+    (after publishing, which recorded the splits' own winners: a later choice replaces them)."""
     for node, chosen in zip(definition.steps, history.chosen, strict=True):
         if isinstance(node, SplitStep) and chosen is not None:
             with pool.connection() as conn:
@@ -314,7 +315,8 @@ def choose_winners(
                     "INSERT INTO followup_experiment_winners"
                     " (project_id, sequence_id, experiment, variant, version_id, chosen_at)"
                     " SELECT project_id, id, %s, %s, current_version_id, now() FROM followup_sequences"
-                    " WHERE project_id = %s AND id = %s",
+                    " WHERE project_id = %s AND id = %s ON CONFLICT (project_id, sequence_id, experiment)"
+                    " DO UPDATE SET variant = excluded.variant, chosen_at = excluded.chosen_at",
                     (node.experiment, chosen, project_id, sequence_id),
                 )
 
