@@ -131,7 +131,7 @@ class GoalsMet:
     cancelled_message_ids: list[uuid.UUID] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.converted or self.converted_late or self.exited)
+        return bool(self.converted or self.converted_late or self.exited or self.cancelled_message_ids)
 
 
 def count_met(met: GoalsMet) -> None:
@@ -203,15 +203,14 @@ def meet_goals(
 
 
 def _criteria(definition: Definition, candidate: _Candidate, event: str, now: datetime) -> list[Goal | Exit]:
-    """The enrollment's goals (then exits, for a live one) about ``event``; a finished one's goals only while
-    inside the conversion window after its last step."""
+    """The enrollment's goals, then exits, about ``event``; a finished one's goals only while inside the
+    conversion window after its last step (its exits only cancel the last message it may have queued)."""
     goals: list[Goal | Exit] = [g for g in definition.goals if g.event == event]
-    if candidate.live:
-        return goals + [e for e in definition.exits if e.event == event]
+    exits: list[Goal | Exit] = [e for e in definition.exits if e.event == event]
     window = timedelta(seconds=definition.conversion_window_seconds)
-    if candidate.last_step_at is None or candidate.last_step_at + window < now:
-        return []
-    return goals
+    if candidate.live or (candidate.last_step_at is not None and candidate.last_step_at + window >= now):
+        return goals + exits
+    return exits
 
 
 def _apply(
@@ -226,21 +225,22 @@ def _apply(
     converting: list[Met] = []
     late: list[Met] = []
     exiting: list[Met] = []
+    finished: list[Met] = []  # an exit met by a finished enrollment: only its queued message is cancelled
     for enrollment_id, live, unconverted in locked:
         candidate, criterion = met[enrollment_id]
         found = Met(candidate.id, candidate.sequence_id, candidate.contact_id, criterion.name)
         if isinstance(criterion, Goal):
             if live:
                 converting.append(found)
-            elif unconverted:  # a release finished it meanwhile: inside its window, it converts late
+            elif unconverted:  # finished (a release may have just completed it): it converts late
                 late.append(found)
-        elif live:  # an exit ends a live enrollment only
-            exiting.append(found)
+        else:
+            (exiting if live else finished).append(found)
     converted = transitions.end_by_criterion(conn, project_id, converting, "converted", now=now)
     exited = transitions.end_by_criterion(conn, project_id, exiting, "exited", now=now)
     converted_late = transitions.convert_late(conn, project_id, late, now=now)
     cancelled = cancel_queued_followups(conn, project_id, converted + converted_late, "converted", now=now)
-    cancelled += cancel_queued_followups(conn, project_id, exited, "exited", now=now)
+    cancelled += cancel_queued_followups(conn, project_id, exited + finished, "exited", now=now)
     outcome = GoalsMet(converted, converted_late, exited, cancelled)
     if outcome:
         log.info(
