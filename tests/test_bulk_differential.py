@@ -1,14 +1,14 @@
 """A bulk job enrolls a chunk in a few statements (``enroll_all``); this test holds it to ``enroll()`` one
 contact at a time, each in a savepoint (what the job did before), over generated populations.
 
-Each example builds the same population in two new projects: contacts fresh, opted out, erased, live in
-the sequence, or enrolled in it before (finished), some of them tagged ``unsubscribed``, which an exit of
-the sequence that blocks entry refuses (or no such exit); a list of them with repeats and unknown ids; a re-entry
-policy; a plan limit that the list reaches part-way (or none); a shared anchor for an anchor-timed step
-(or none); a chunk size. One project's list goes through a bulk job (``process_chunk`` until it is done),
-the other's through ``enroll()`` one by one. Both must give each listed contact the same outcome and skip
-reason, leave the same enrollments (by contact: status, reason, source, variables, anchor, due time, step)
-and a live count equal to a ``count(*)``.
+Each example builds the same population in two new projects: contacts fresh, opted out, erased, live in the
+sequence, or enrolled in it before (finished), some of them tagged ``unsubscribed``, which an exit of the
+sequence that blocks entry refuses (or no such exit); a list of them with repeats and unknown ids; a re-entry
+policy; a plan limit that the list reaches part-way (or none); a shared anchor for an anchor-timed step (or
+none); a chunk size. One project's list goes through a bulk job (``process_chunk`` until it is done), the
+other's through ``enroll()`` one by one. Both must give each listed contact the same outcome and skip reason,
+leave the same enrollments (by contact: status, reason, source, variables, anchor, due time, step) and a live
+count equal to a ``count(*)``.
 """
 
 from __future__ import annotations

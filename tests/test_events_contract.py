@@ -24,8 +24,8 @@ from libs.common.core.settings import FollowupSettings
 from libs.common.followups import release_step
 from libs.common.followups.definition import Exit, Goal, MessageStep
 from libs.common.followups.goals import CRITERIA
-from libs.common.ingress.contact_changes import change_tags
 from libs.common.ingress import apply_event
+from libs.common.ingress.contact_changes import change_tags
 from libs.common.platform.send_lane import ClaimRequest, claim_messages
 from libs.common.rules import bulk
 from services.release.release import release_batch

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -65,7 +64,8 @@ def _seed(conn: psycopg.Connection[Any]) -> None:
     conn.execute("INSERT INTO leads (project_id, contact_id) SELECT project_id, id FROM contacts")
     conn.execute("CREATE TABLE race_claims (message_id uuid NOT NULL, claim_started_at timestamptz NOT NULL)")
     conn.execute(
-        "CREATE TABLE race_goals (contact_id uuid NOT NULL, kind text NOT NULL, committed_at timestamptz NOT NULL)"
+        "CREATE TABLE race_goals"
+        " (contact_id uuid NOT NULL, kind text NOT NULL, committed_at timestamptz NOT NULL)"
     )
 
 
@@ -158,7 +158,8 @@ def test_a_goal_or_exit_always_wins_until_the_send_lane_claims(
             one(
                 """
             SELECT count(*) FROM race_goals g JOIN followup_enrollments e ON e.contact_id = g.contact_id
-            WHERE g.kind = 'exit' AND NOT (e.status = 'completed' OR (e.status = 'exited' AND e.exited_by = 'gone'))
+            WHERE g.kind = 'exit'
+              AND NOT (e.status = 'completed' OR (e.status = 'exited' AND e.exited_by = 'gone'))
             """
             )
             == 0
