@@ -53,6 +53,17 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user + system) process ``pid`` has used, in seconds (Linux ``/proc``); None when it is
+    not a process of this machine (a database elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], pct: float) -> float:
     """The ``pct`` percentile (nearest rank) of ``values``."""
     if not values:

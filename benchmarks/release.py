@@ -32,7 +32,8 @@
 Every seed of due enrollments comes with a message history (each contact wrote once and was answered, two
 days before) and is analysed: the tables and their statistics are a running system's, not empty ones.
 
-The last line is `release: steps_per_s=<n> ceiling_tps=<n> ratio=<r> lag_p99_ms=<n> claim_ratio_1m_10k=<r>
+The last line is `release: steps_per_s=<n> ceiling_tps=<n> ratio=<r> lag_p99_ms=<n> worker_cpu_ms_per_step=<ms>
+backend_cpu_ms_per_step=<ms> claim_ratio_1m_10k=<r>
 constrained_steps_per_s=<n> constrained_ratio=<r> paced_steps_per_s=<n> paced_ceiling=<n> paced_ratio=<r>
 lag_p99_ms_steady=<n> steps_per_s_5k=<n> steps_per_s_100k=<n> backlog_ratio_100k_5k=<r>
 small_project_lag_p99_ms=<n> big_project_steps_per_s=<n> fair_drain_ratio=<r>`.
@@ -64,7 +65,7 @@ from urllib.parse import urlsplit
 import msgspec
 import psycopg
 
-from benchmarks.common import bench_database, percentile, rss_mb, start_all
+from benchmarks.common import bench_database, cpu_seconds, percentile, rss_mb, start_all
 from benchmarks.seed import seed_due_enrollments, seed_history, seed_project, with_numbers
 from libs.common.core import outbox
 from libs.common.core.clock import SYSTEM_CLOCK
@@ -116,16 +117,24 @@ def _seed(url: str, count: int, settings: dict[str, Any] | None = None) -> None:
         conn.execute("ANALYZE")
 
 
-def _worker(url: str, ready: Any, go: Any, profile: str | None = None, rss: Any = None) -> None:
+def _worker(
+    url: str, ready: Any, go: Any, profile: str | None = None, rss: Any = None, cpu: Any = None
+) -> None:
     """A release worker draining every due enrollment (and waiting for the paced ones); with ``profile``,
     under cProfile (its stats written to ``profile`` + the process id); with ``rss`` (a shared double), it
-    drains what is due now, then leaves its resident set size (MB) there."""
+    drains what is due now, then leaves its resident set size (MB) there; with ``cpu`` (two shared doubles),
+    it leaves there the CPU seconds it used and its database backend used (-1: the backend is not on this
+    machine) while draining."""
     pool = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=1))
     settings = FollowupSettings()
     turns = RoundRobin()
     profiler = cProfile.Profile() if profile is not None else None
+    with pool.connection() as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()
+    backend_pid = int(backend[0]) if backend is not None else 0
     ready.release()
     go.wait()
+    own_started, backend_started = time.process_time(), cpu_seconds(backend_pid)
     if profiler is not None:
         profiler.enable()
     while True:
@@ -143,19 +152,29 @@ def _worker(url: str, ready: Any, go: Any, profile: str | None = None, rss: Any 
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(f"{profile}.{os.getpid()}")
+    if cpu is not None:
+        backend_ended = cpu_seconds(backend_pid)
+        cpu[0] = time.process_time() - own_started
+        cpu[1] = backend_ended - backend_started if backend_started is not None and backend_ended else -1.0
     pool.close()
+
+
+#: The CPU a release step cost, in ms: the workers' and their database backends' (the last run's).
+LAST_CPU_MS_PER_STEP: list[tuple[float, float | None]] = []
 
 
 def run_release(
     url: str, count: int, workers: int, settings: dict[str, Any] | None = None, *, profile: str | None = None
 ) -> tuple[float, float, float]:
     """Release ``count`` due enrollments with ``workers`` processes; (steps/s, p50 lag ms, p99 lag ms).
-    With ``profile``, the workers run under cProfile (see :func:`_worker`)."""
+    With ``profile``, the workers run under cProfile (see :func:`_worker`). The CPU a step cost (the
+    workers', their backends') is appended to :data:`LAST_CPU_MS_PER_STEP`."""
     _reset(url)
     _seed(url, count, settings)
     context = multiprocessing.get_context("spawn")
     ready, go = context.Semaphore(0), context.Event()
-    processes = [context.Process(target=_worker, args=(url, ready, go, profile)) for _ in range(workers)]
+    cpus = [context.Array("d", 2) for _ in range(workers)]
+    processes = [context.Process(target=_worker, args=(url, ready, go, profile, None, cpu)) for cpu in cpus]
     start_all(processes, ready)
     started = time.perf_counter()
     go.set()
@@ -171,6 +190,9 @@ def run_release(
             )
         ]
     assert released is not None and released[0] == count, f"released {released} of {count}"
+    worker_ms = sum(cpu[0] for cpu in cpus) * 1000 / count
+    backend_ms = sum(cpu[1] for cpu in cpus) * 1000 / count if all(cpu[1] >= 0 for cpu in cpus) else None
+    LAST_CPU_MS_PER_STEP.append((worker_ms, backend_ms))
     return count / elapsed, percentile(lags, 50), percentile(lags, 99)
 
 
@@ -784,6 +806,8 @@ class InTurn:
     plain: list[tuple[float, float, float]] = field(default_factory=list)
     constrained: list[float] = field(default_factory=list)
     ceilings: list[float] = field(default_factory=list)
+    #: The plain runs' CPU per step, in ms: the workers', their backends' (None: not on this machine).
+    cpu: list[tuple[float, float | None]] = field(default_factory=list)
 
 
 def run_in_turn(url: str, args: argparse.Namespace, *, constrained: bool, ceiling: bool = True) -> InTurn:
@@ -792,6 +816,7 @@ def run_in_turn(url: str, args: argparse.Namespace, *, constrained: bool, ceilin
     runs = InTurn()
     for _ in range(args.rounds):
         runs.plain.append(run_release(url, args.enrollments, args.workers))
+        runs.cpu.append(LAST_CPU_MS_PER_STEP[-1])
         if constrained:
             runs.constrained.append(run_release(url, args.enrollments, args.workers, _open_constraints())[0])
         if ceiling:
@@ -827,7 +852,19 @@ def _ratio_keys(runs: InTurn, *, lag: bool = False) -> str:
     ratio = statistics.median(p[0] / c for p, c in zip(runs.plain, runs.ceilings, strict=True))
     ceiling = statistics.median(runs.ceilings)
     keys = f"steps_per_s={steps_per_s:.0f} ceiling_tps={ceiling:.0f} ratio={ratio:.2f}"
-    return keys + (f" lag_p99_ms={lag_p99:.0f}" if lag else "")
+    return keys + (f" lag_p99_ms={lag_p99:.0f}" if lag else "") + _cpu_keys(runs)
+
+
+def _cpu_keys(runs: InTurn) -> str:
+    """The CPU one step cost, the medians of the plain runs: the release workers' and their database
+    backends' (what the machine spends per step whatever else it is doing; the backends' is left out when
+    the database is not on this machine)."""
+    worker = statistics.median(w for w, _ in runs.cpu)
+    keys = f" worker_cpu_ms_per_step={worker:.3f}"
+    backends = [b for _, b in runs.cpu if b is not None]
+    if len(backends) == len(runs.cpu):
+        keys += f" backend_cpu_ms_per_step={statistics.median(backends):.3f}"
+    return keys
 
 
 def _fairness(url: str, args: argparse.Namespace) -> tuple[float, float]:

@@ -133,6 +133,12 @@ REASONS: Final[dict[str, str]] = {
     "contact_undeliverable": "Contact undeliverable, follow-ups stopped",
     "requeued": "Queued again, the number slowed",
     "recorded": "Recorded",
+    # the path a step that sends nothing took (a branched step run; the path's or variant's name follows)
+    "path": "Took the path",
+    "otherwise": "No path held: took otherwise",
+    "no_reply": "No reply by the deadline",
+    "variant": "Assigned the variant",
+    "holdout": "Held out (sent nothing more)",
     "ai_fallback": "AI fallback",
     "ai_unavailable": "model unavailable",
     "ai_budget_exhausted": "AI budget used up",

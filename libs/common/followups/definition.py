@@ -365,6 +365,8 @@ def validate_definition(definition: Definition, field: str = "definition") -> De
             _check_step(node, index, where, refusals)
         else:
             _check_control(node, definition, where, refusals)
+            if index == 0 and isinstance(node, WaitForReplyStep):
+                refusals.add(f"{where}.kind", "the first step cannot wait for a reply: nothing was sent yet")
     _check_paths(definition, steps_field, refusals)
     _check_criteria(definition, field, refusals)
     refusals.raise_any()

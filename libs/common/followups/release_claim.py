@@ -45,6 +45,10 @@ class ClaimedEnrollment(msgspec.Struct, kw_only=True, frozen=True):
     unavailable_since: datetime | None
     #: The campaign that released the enrollment (its messages name it), if one did.
     campaign_id: uuid.UUID | None
+    #: Waiting at a wait_for_reply step with a reply path: the step a reply moves it to (-1: the end).
+    reply_step: int | None = None
+    #: When it took a reply path: replies before this no longer stop it.
+    reply_taken_at: datetime | None = None
 
 
 class LeasedStep(msgspec.Struct, kw_only=True, frozen=True):

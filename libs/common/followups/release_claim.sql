@@ -3,7 +3,7 @@
 -- skipped. One project's rows only (the project-led claim index): a claim routed to one shard.
 SELECT id, project_id, sequence_id, version_id, contact_id, conversation_id, number_id, step_index,
        next_run_at, step_due_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply,
-       waiting_reason, unavailable_since, campaign_id
+       waiting_reason, unavailable_since, campaign_id, reply_step, reply_taken_at
 FROM followup_enrollments
 WHERE project_id = %(project_id)s
   AND status = 'active'
@@ -77,7 +77,7 @@ WHERE project_id = %(project_id)s AND id = %(id)s AND status = 'active' AND step
 -- locked (a release holding it is short).
 SELECT id, project_id, sequence_id, version_id, contact_id, conversation_id, number_id, step_index,
        next_run_at, step_due_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply,
-       waiting_reason, unavailable_since, campaign_id
+       waiting_reason, unavailable_since, campaign_id, reply_step, reply_taken_at
 FROM followup_enrollments
 WHERE project_id = %(project_id)s AND id = %(id)s AND status = 'active' AND step_index = %(step_index)s
   AND attempts = %(fence)s
@@ -88,6 +88,6 @@ FOR UPDATE
 -- releases the enrollment it made in its own savepoint: nobody else sees it, no lock is taken).
 SELECT id, project_id, sequence_id, version_id, contact_id, conversation_id, number_id, step_index,
        next_run_at, step_due_at, anchor_at, variables, enrolled_at, last_step_at, last_message_id, stop_on_reply,
-       waiting_reason, unavailable_since, campaign_id
+       waiting_reason, unavailable_since, campaign_id, reply_step, reply_taken_at
 FROM followup_enrollments
 WHERE project_id = %(project_id)s AND id = %(id)s AND status = 'active'

@@ -7,7 +7,10 @@
     sending   constraints (send window, consent, number, pacing, quotas, caps): see _sending_constraints
     render    missing vars.* / anchor.* -> skip
     queue     queue_contact_message (with its followup_sent activity) -> step run -> followup.step_queued
-              -> advance
+              -> advance (to the step's next: the following one, a later one by id, or the end)
+    route     a branch, a wait for a reply or a split sends nothing: after the checks, its path is decided
+              (:mod:`~libs.common.followups.release_route`), its step run is ``branched``, and the
+              enrollment moves down the path
 
 The release (:mod:`~libs.common.followups.release`) claims (``FOR UPDATE SKIP LOCKED``) and calls
 :func:`release_claimed`; the AI step's second pass (:mod:`~libs.common.followups.release_ai`) calls it too,
@@ -36,12 +39,14 @@ from libs.common.core.outbox import write_events
 from libs.common.core.reasons import stored
 from libs.common.core.settings import FollowupSettings
 from libs.common.core.sql import load_queries
-from libs.common.followups import constraints, held, transitions
+from libs.common.followups import constraints, graph, held, transitions
 from libs.common.followups.constraints import Claimed, ConstraintSkip, ConstraintState, Hold, Sending
 from libs.common.followups.definition import (
     AiStep,
+    BranchStep,
     Definition,
     MessageStep,
+    Node,
     Step,
     TemplateFallback,
     WhatsAppTemplate,
@@ -51,6 +56,7 @@ from libs.common.followups.graph import sending_step
 from libs.common.followups.held import HeldValues
 from libs.common.followups.project_settings import DEFAULTS
 from libs.common.followups.release_claim import ClaimedEnrollment
+from libs.common.followups.release_route import RouteReason, route
 from libs.common.followups.sequences import version_definition, version_number
 from libs.common.followups.templates import RenderContext, TemplateSkip, render, render_message
 from libs.common.followups.transitions import FinalStatus
@@ -67,11 +73,12 @@ log = logging.getLogger(__name__)
 
 QUERIES = load_queries("libs.common.followups", "release_step.sql")
 
-#: What one release transaction did.
-Action = Literal["queue", "skip", "defer", "pause", "stop", "retry", "fail", "lease"]
+#: What one release transaction did (``branch``: a step that sends nothing took a path).
+Action = Literal["queue", "skip", "defer", "pause", "stop", "retry", "fail", "lease", "branch"]
 
-#: What a step's run did: its message queued, or the step skipped (its reason says why).
-StepOutcome = Literal["queued", "skipped"]
+#: What a step's run did: its message queued, the step skipped (its reason says why), or a step that sends
+#: nothing took a path (its reason says which).
+StepOutcome = Literal["queued", "skipped", "branched"]
 #: Why an AI step's draft is not sent (the step takes its fallback): no model (``ai_unavailable``), the
 #: project's monthly token budget used up, the call timed out or failed, an answer that cannot be used, not
 #: confident enough, or breaking the step's output policy (:mod:`libs.common.ai`).
@@ -99,6 +106,7 @@ StepRunReason = Literal[
     AiFallbackReason,
     "service_window_template",
     "ai_fallback",
+    RouteReason,
 ]
 
 
@@ -187,14 +195,15 @@ def release_claimed(
     (:func:`release_drafted`, with the ``draft``) re-runs every check and constraint and queues the draft or
     the fallback. Without a model configured, an AI step takes its fallback at once."""
     definition = version_definition(conn, row.project_id, row.version_id)
-    step = sending_step(definition, row.step_index)
+    node = definition.steps[row.step_index]
     params = {
         "project_id": row.project_id,
         "contact_id": row.contact_id,
         "sequence_id": row.sequence_id,
-        "enrolled_at": row.enrolled_at,
+        # replies before the enrollment took a reply path no longer stop it
+        "enrolled_at": max(row.enrolled_at, row.reply_taken_at or row.enrolled_at),
         # the previous message's status is read only for the step that asks whether it was read
-        "last_message_id": row.last_message_id if "previous_not_read" in step.only_if else None,
+        "last_message_id": row.last_message_id if _reads_previous(node) else None,
         "number_id": row.number_id,
         "fixed_number_id": definition.number_id,
         "conversation_id": row.conversation_id,
@@ -206,6 +215,8 @@ def release_claimed(
     if state is None:  # the contact is locked by a stop path: come back shortly
         return _busy(conn, row, now, settings, "contact")
     claim = _Claim(row, state, definition, now)
+    if graph.is_control(node):
+        return _checks(conn, claim) or _route(conn, claim)
     checked = _checks(conn, claim) or _timing(conn, claim)
     if checked is not None:
         return checked
@@ -233,6 +244,40 @@ def release_claimed(
         return _queue(conn, claim, content, reason, detail, decision)
     except ConversationBusy:  # none was open, and one opened meanwhile is held
         return _busy(conn, row, now, settings, "conversation")
+
+
+def _reads_previous(node: Node) -> bool:
+    """Whether the step asks whether the previous follow-up was read (an ``only_if``, a branch's path)."""
+    if isinstance(node, MessageStep | AiStep):
+        return "previous_not_read" in node.only_if
+    return isinstance(node, BranchStep) and any(path.read is not None for path in node.paths)
+
+
+def _route(conn: Connection[Any], claim: _Claim) -> Released:
+    """A step that sends nothing: its path decided, recorded as its ``branched`` run, and taken."""
+    row, state = claim.row, claim.state
+    taken = route(
+        conn,
+        row,
+        claim.definition,
+        replied_at=state.replied_at,
+        last_message_status=state.last_message_status,
+    )
+    if taken.target is None:  # replied to, at a wait whose reply stops the enrollment
+        return _stop(conn, claim, "replied")
+    _insert_step_run(conn, claim, "branched", taken.reason, taken.detail, None, None)
+    recorded = stored(taken.reason, taken.detail)
+    log.info(
+        "path taken",
+        extra={
+            "project_id": str(row.project_id),
+            "enrollment_id": str(claim.id),
+            "step_index": row.step_index,
+            "path": recorded,
+        },
+    )
+    finished = _advance(conn, claim, None, [], target=taken.target)
+    return Released(claim.id, "branch", recorded, finished=finished)
 
 
 def _constrained(row: ClaimedEnrollment) -> Claimed:
@@ -272,8 +317,9 @@ def _checks(conn: Connection[Any], claim: _Claim) -> Released | None:
         return _stop(conn, claim, "opted_out")
     if state.undeliverable:
         return _stop(conn, claim, "undeliverable")
-    if claim.row.stop_on_reply and state.replied_at is not None:
-        # the backstop: the reply's own stop path normally got here first
+    if claim.row.stop_on_reply and state.replied_at is not None and claim.row.reply_step is None:
+        # the backstop: the reply's own stop path normally got here first (a wait with a reply path takes
+        # it instead: see _route)
         return _stop(conn, claim, "replied")
     return None
 
@@ -561,17 +607,22 @@ def _advance(
     message_id: uuid.UUID | None,
     events: list[Event],
     conversation_id: uuid.UUID | None = None,
+    *,
+    target: int | None = None,
 ) -> FinalStatus | None:
-    """Schedule the next step from now, or complete the enrollment (returns ``completed`` then); the step's
-    ``events`` are written with the completion's, in one statement. The conversation the step's message
-    went to becomes the enrollment's when it had none."""
-    next_index = claim.row.step_index + 1
-    if next_index < len(claim.definition.steps):
-        next_step = sending_step(claim.definition, next_index)
+    """Schedule the next step (the step's ``next``, or ``target``: where a path goes) from now, or complete
+    the enrollment at the end of its path (returns ``completed`` then); the step's ``events`` are written
+    with the completion's, in one statement. The conversation the step's message went to becomes the
+    enrollment's when it had none."""
+    definition = claim.definition
+    next_index = graph.following(definition, claim.row.step_index) if target is None else target
+    if next_index != graph.END:
+        next_step = definition.steps[next_index]
         due = step_due_at(next_step, now=claim.now, anchor_at=claim.row.anchor_at) or claim.now
-        if message_id is not None:  # the next step keeps the contact's spacing (no deferral needed)
-            due = max(due, claim.now + timedelta(seconds=claim.state.min_recipient_gap_seconds))
-        due = constraints.in_window(next_step, claim.definition, claim.state, due)
+        if isinstance(next_step, MessageStep | AiStep):
+            if message_id is not None:  # the next step keeps the contact's spacing (no deferral needed)
+                due = max(due, claim.now + timedelta(seconds=claim.state.min_recipient_gap_seconds))
+            due = constraints.in_window(next_step, definition, claim.state, due)
         transitions.advance(
             conn,
             claim.row.project_id,
@@ -581,8 +632,10 @@ def _advance(
             message_id,
             now=claim.now,
             conversation_id=conversation_id,
+            reply_step=graph.reply_step(definition, next_index),
         )
-        write_events(conn, claim.row.project_id, events, occurred_at=claim.now)
+        if events:
+            write_events(conn, claim.row.project_id, events, occurred_at=claim.now)
         return None
     transitions.finish(
         conn,
@@ -591,7 +644,7 @@ def _advance(
         "completed",
         None,
         now=claim.now,
-        step_index=next_index,
+        step_index=len(definition.steps),
         message_id=message_id,
         conversation_id=conversation_id,
         preceding=events,

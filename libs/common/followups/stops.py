@@ -8,6 +8,9 @@ those enrollments are CANCELLED (with a ``message.failed`` event, reason CANCELL
 lane has already claimed (PROCESSING) is left alone: the reply always wins until the send lane picks the
 message up.
 
+A reply to an enrollment waiting at a wait_for_reply step with a reply path does not stop it: it moves down
+the reply path at once (:func:`_take_reply_paths`), its wait's step run ``branched`` ``replied``.
+
 The release path never waits for a lock (SKIP LOCKED on the contact and conversation), so the two
 cannot deadlock: if the stop commits first, the release finds the enrollment stopped; if the release
 commits first, the stop finds its message still QUEUED and cancels it.
@@ -28,7 +31,10 @@ from psycopg.rows import class_row
 from libs.common.core.effects import Observe, after_commit
 from libs.common.core.metrics import FOLLOWUP_FINISHED
 from libs.common.core.sql import load_queries
-from libs.common.followups.transitions import EnrollmentReason, EnrollmentRef, finish
+from libs.common.followups.definition import step_due_at
+from libs.common.followups.graph import END, reply_step
+from libs.common.followups.sequences import version_definition
+from libs.common.followups.transitions import EnrollmentReason, EnrollmentRef, finish, take_reply_path
 from libs.common.platform.messages import cancel_queued_messages
 
 log = logging.getLogger(__name__)
@@ -58,6 +64,11 @@ class _Stoppable:
     id: uuid.UUID
     sequence_id: uuid.UUID | None
     contact_id: uuid.UUID
+    version_id: uuid.UUID
+    anchor_at: datetime | None
+    step_index: int
+    #: Waiting for a reply with a reply path: where a reply moves it (-1: the end).
+    reply_step: int | None
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,10 @@ def stop_followups_for_contact(
         "enrollment_id": None,
     }
     with conn.cursor(row_factory=class_row(_Stoppable)) as cur:
-        stoppable = cur.execute(QUERIES["lock_stoppable"], params).fetchall()
+        locked = cur.execute(QUERIES["lock_stoppable"], params).fetchall()
+    continuing = [e for e in locked if flag == "reply" and e.reply_step is not None]
+    stoppable = [e for e in locked if e not in continuing]
+    _take_reply_paths(conn, project_id, continuing, now)
     finish(conn, project_id, stoppable, "stopped", reason, now=now)
     cancelled = _cancel_queued(conn, project_id, params, reason, now)
     if stoppable or cancelled:
@@ -114,6 +128,43 @@ def stop_followups_for_contact(
         )
     # a reason only when something was stopped or cancelled (a second reply stops nothing: no reason)
     return Stopped(reason if stoppable or cancelled else None, [e.id for e in stoppable], cancelled)
+
+
+def _take_reply_paths(
+    conn: Connection[Any], project_id: uuid.UUID, waiting: list[_Stoppable], now: datetime
+) -> None:
+    """Move enrollments that waited for this reply down their reply path (due as its first step says, from
+    now), their wait's step run ``branched`` ``replied``; a reply path that ends completes them."""
+    for enrollment in waiting:
+        assert enrollment.reply_step is not None
+        conn.execute(
+            QUERIES["reply_step_run"],
+            {
+                "project_id": project_id,
+                "enrollment_id": enrollment.id,
+                "step_index": enrollment.step_index,
+                "now": now,
+            },
+        )
+        definition = version_definition(conn, project_id, enrollment.version_id)
+        if enrollment.reply_step == END:
+            finish(
+                conn, project_id, [enrollment], "completed", None, now=now, step_index=len(definition.steps)
+            )
+            continue
+        step = definition.steps[enrollment.reply_step]
+        due = step_due_at(step, now=now, anchor_at=enrollment.anchor_at) or now
+        then = reply_step(definition, enrollment.reply_step)  # the reply path may wait for a reply again
+        take_reply_path(conn, project_id, enrollment.id, enrollment.reply_step, due, now=now, reply_step=then)
+        log.info(
+            "reply path taken",
+            extra={
+                "project_id": str(project_id),
+                "enrollment_id": str(enrollment.id),
+                "step_index": enrollment.step_index,
+                "reply_step": enrollment.reply_step,
+            },
+        )
 
 
 def stop_enrollment(

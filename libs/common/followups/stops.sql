@@ -1,7 +1,8 @@
 -- name: lock_stoppable
 -- The contact's live enrollments whose copied stop flag matches, locked (one indexed scan on contact_id).
--- With a conversation (inbox events), only those tied to it or to no conversation.
-SELECT id, sequence_id, contact_id
+-- With a conversation (inbox events), only those tied to it or to no conversation. A reply also takes
+-- those waiting for it at a wait_for_reply step with a reply path (reply_step set), to move them there.
+SELECT id, sequence_id, contact_id, version_id, anchor_at, step_index, reply_step
 FROM followup_enrollments
 WHERE contact_id = %(contact_id)s
   AND status IN ('active', 'paused')
@@ -9,7 +10,7 @@ WHERE contact_id = %(contact_id)s
   AND (%(conversation_id)s::uuid IS NULL OR conversation_id IS NULL
        OR conversation_id = %(conversation_id)s::uuid)
   AND CASE %(flag)s::text
-          WHEN 'reply' THEN stop_on_reply
+          WHEN 'reply' THEN stop_on_reply OR reply_step IS NOT NULL
           WHEN 'human_message' THEN stop_on_human_message
           WHEN 'opt_out' THEN stop_on_opt_out
           WHEN 'lead_closed' THEN stop_on_lead_closed
@@ -42,3 +43,11 @@ WHERE m.contact_id = %(contact_id)s
           ELSE true
       END
 ORDER BY m.id
+
+-- name: reply_step_run
+-- The wait's step run when a reply takes its reply path: branched, replied (its key keeps it once).
+INSERT INTO followup_step_runs (enrollment_id, step_index, project_id, outcome, reason, due_at, ran_at)
+SELECT id, %(step_index)s, project_id, 'branched', 'replied', coalesce(step_due_at, next_run_at), %(now)s
+FROM followup_enrollments
+WHERE project_id = %(project_id)s AND id = %(enrollment_id)s
+ON CONFLICT DO NOTHING

@@ -138,9 +138,11 @@ def advance(
     *,
     now: datetime,
     conversation_id: uuid.UUID | None = None,
+    reply_step: int | None = None,
 ) -> None:
     """Move to step ``step_index``, due at ``next_run_at``; ``conversation_id`` (the one the step's message
-    went to) becomes the enrollment's when it had none."""
+    went to) becomes the enrollment's when it had none; ``reply_step``: a wait_for_reply step's reply path,
+    kept while the enrollment waits there (:func:`take_reply_path`)."""
     params = {
         "project_id": project_id,
         "id": enrollment_id,
@@ -148,9 +150,42 @@ def advance(
         "next_run_at": next_run_at,
         "message_id": message_id,
         "conversation_id": conversation_id,
+        "reply_step": reply_step,
         "now": now,
     }
     conn.execute(QUERIES["advance"], params)
+
+
+def take_reply_path(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    enrollment_id: uuid.UUID,
+    step_index: int,
+    next_run_at: datetime,
+    *,
+    now: datetime,
+    reply_step: int | None = None,
+) -> None:
+    """A reply moves an enrollment waiting for it to its reply path's step ``step_index``, due at
+    ``next_run_at``; replies before ``now`` no longer stop it. ``reply_step``: that step's own reply path,
+    when it is a wait for a reply too."""
+    params = {
+        "project_id": project_id,
+        "id": enrollment_id,
+        "step_index": step_index,
+        "next_run_at": next_run_at,
+        "reply_step": reply_step,
+        "now": now,
+    }
+    conn.execute(QUERIES["take_reply_path"], params)
+
+
+def assign(
+    conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID, experiment: str, variant: str
+) -> None:
+    """Record the enrollment's ``variant`` (or ``holdout``) of ``experiment``."""
+    params = {"project_id": project_id, "id": enrollment_id, "experiment": experiment, "variant": variant}
+    conn.execute(QUERIES["assign"], params)
 
 
 def defer(

@@ -8,10 +8,25 @@
 -- and the conversation it went to when the enrollment had none.
 UPDATE followup_enrollments
 SET step_index = %(step_index)s, next_run_at = %(next_run_at)s, step_due_at = %(next_run_at)s,
-    waiting_reason = NULL, waiting_values = NULL, unavailable_since = NULL,
+    waiting_reason = NULL, waiting_values = NULL, unavailable_since = NULL, reply_step = %(reply_step)s,
     last_message_id = coalesce(%(message_id)s, last_message_id),
     conversation_id = coalesce(conversation_id, %(conversation_id)s::uuid),
     last_step_at = %(now)s, failure_count = 0, locked_until = NULL, updated_at = %(now)s
+WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: take_reply_path
+-- A reply reached an enrollment waiting at a wait_for_reply step with a reply path: it moves to the reply
+-- path's first step (due at next_run_at), and replies before now no longer stop it.
+UPDATE followup_enrollments
+SET step_index = %(step_index)s, next_run_at = %(next_run_at)s, step_due_at = %(next_run_at)s,
+    waiting_reason = NULL, waiting_values = NULL, unavailable_since = NULL, reply_step = %(reply_step)s,
+    reply_taken_at = %(now)s, last_step_at = %(now)s, locked_until = NULL, updated_at = %(now)s
+WHERE project_id = %(project_id)s AND id = %(id)s
+
+-- name: assign
+-- Record the variant of an experiment (a split step) the enrollment was assigned.
+UPDATE followup_enrollments
+SET assignments = coalesce(assignments, '{}'::jsonb) || jsonb_build_object(%(experiment)s::text, %(variant)s::text)
 WHERE project_id = %(project_id)s AND id = %(id)s
 
 -- name: defer

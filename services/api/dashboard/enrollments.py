@@ -78,6 +78,9 @@ def timeline(detail: EnrollmentDetail, steps: list[Any]) -> list[TimelineEntry]:
                 entries.append(
                     TimelineEntry("done", f"{label}: queued", run.ran_at, detail_text, messages.get(index))
                 )
+            elif run.outcome == "branched":  # a branch, a wait or a split: the path it took
+                took = label_of(run.reason or "unknown", "reason", run.reason_detail)
+                entries.append(TimelineEntry("done", f"{label}: {took}", run.ran_at, ""))
             else:
                 held = explain(run.reason, run.reason_values)
                 entries.append(
