@@ -32,8 +32,8 @@
 Every seed of due enrollments comes with a message history (each contact wrote once and was answered, two
 days before) and is analysed: the tables and their statistics are a running system's, not empty ones.
 
-The last line is `release: steps_per_s=<n> ceiling_tps=<n> ratio=<r> lag_p99_ms=<n> worker_cpu_ms_per_step=<ms>
-backend_cpu_ms_per_step=<ms> claim_ratio_1m_10k=<r>
+The last line is `release: steps_per_s=<n> ceiling_tps=<n> ratio=<r> lag_p99_ms=<n>
+worker_cpu_ms_per_step=<ms> backend_cpu_ms_per_step=<ms> claim_ratio_1m_10k=<r>
 constrained_steps_per_s=<n> constrained_ratio=<r> paced_steps_per_s=<n> paced_ceiling=<n> paced_ratio=<r>
 lag_p99_ms_steady=<n> steps_per_s_5k=<n> steps_per_s_100k=<n> backlog_ratio_100k_5k=<r>
 small_project_lag_p99_ms=<n> big_project_steps_per_s=<n> fair_drain_ratio=<r>`.
