@@ -15,9 +15,12 @@ from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
 from libs.common.core.runtime import Runtime
+from libs.common.followups.definition import Exit, Goal, MessageStep
 from libs.common.followups.goals import CRITERIA
+from libs.common.ingress.contact_changes import change_tags
 from tests.bulk_helpers import create, drain, outcomes, read
 from tests.conftest import Project
+from tests.factories import make_contact, make_enrollment, make_sequence
 from tests.helpers import rows
 from tests.platform_event_helpers import outbox, post_event
 from tests.release_helpers import Metrics
@@ -302,3 +305,29 @@ def test_a_project_without_goals_sees_no_change(
     assert enrollment(client, enrolled["id"])["enrollment"]["status"] == "active"
     with runtime.pool.connection() as conn:
         assert not CRITERIA.listens(conn, project.id, "lead.status_changed")
+
+
+def test_the_dashboard_timeline_shows_the_goal_met_and_the_exit(
+    signed_in: tuple[TestClient[Any], str], pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    app, _ = signed_in
+    bought = Goal(name="bought", event="contact.tag_added", conditions=_tagged("customer"))
+    gone = Exit(name="gone", event="contact.tag_added", conditions=_tagged("gone"))
+    sequence_id = make_sequence(pool, project.id, MessageStep(text="Hi"), goals=[bought], exits=[gone])
+    CRITERIA.invalidate(project.id)  # the publication's after-commit effect: make_sequence runs none
+    shown = {}
+    for tag in ("customer", "gone"):
+        contact_id = make_contact(pool, project.id)
+        enrolled = make_enrollment(pool, clock, project.id, sequence_id, contact_id)
+        with pool.connection() as conn:
+            change_tags(conn, project.id, contact_id, add=[tag], now=clock.now())
+        shown[tag] = app.get(f"/app/enrollments/{enrolled.id}/timeline").text
+
+    assert "Goal met: bought" in shown["customer"] and "Converted" in shown["customer"]
+    assert "exit: gone" in shown["gone"] and "Exited" in shown["gone"]
+    statuses = app.get("/app/enrollments").text
+    assert 'value="converted"' in statuses and 'value="exited"' in statuses
+
+
+def _tagged(tag: str) -> dict[str, Any]:
+    return {"attribute": "event.tags_added", "operator": "contains", "value": tag}
