@@ -331,3 +331,33 @@ def test_the_dashboard_timeline_shows_the_goal_met_and_the_exit(
 
 def _tagged(tag: str) -> dict[str, Any]:
     return {"attribute": "event.tags_added", "operator": "contains", "value": tag}
+
+
+def test_a_reply_that_meets_a_goal_converts_the_enrollment_rather_than_stopping_it(
+    client: TestClient[Any], runtime: Runtime, pool: ConnectionPool
+) -> None:
+    yes = {
+        "name": "said_yes",
+        "event": "message.created",
+        "conditions": {
+            "all": [
+                {"attribute": "message.type", "operator": "equal_to", "value": "incoming"},
+                {"attribute": "message.content", "operator": "contains", "value": "yes"},
+            ]
+        },
+    }
+    sequence_id = published(client, *three_steps(), goals=[yes])
+    said_yes, said_no = new_contact(client), new_contact(client)
+    enrolled = {contact: enroll(client, sequence_id, contact)["id"] for contact in (said_yes, said_no)}
+    assert release(runtime) == 2
+
+    for contact, body in ((said_yes, "Yes please!"), (said_no, "No thanks")):
+        reply = {"type": "message.inbound", "contact_id": contact, "provider_message_id": body, "body": body}
+        result = post_event(client, reply)
+        assert result["converted_enrollment_ids"] == ([enrolled[contact]] if contact == said_yes else [])
+
+    converted = enrollment(client, enrolled[said_yes])["enrollment"]
+    assert (converted["status"], converted["goal"], converted["reason"]) == ("converted", "said_yes", None)
+    stopped = enrollment(client, enrolled[said_no])["enrollment"]
+    assert (stopped["status"], stopped["reason"], stopped["goal"]) == ("stopped", "replied", None)
+    assert messages_of(pool, enrolled[said_yes]) == [("first", "CANCELLED")]
