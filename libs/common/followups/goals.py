@@ -60,14 +60,14 @@ QUERIES = load_queries("libs.common.followups", "goals.sql")
 #: How long a project's criteria events are kept without an invalidation (RabbitMQ down).
 CACHE_TTL_SECONDS: Final = 30.0
 
-#: FROM clause of the context a goal's or exit's conditions are evaluated over: the event ``t`` (a row of
-#: parameters: the project, contact, conversation and payload), as a rule's trigger context
-#: (``libs.common.rules.matching.CONTEXT``) has it.
-EVENT_CONTEXT: Final = sql.SQL(
-    """(VALUES (%s::uuid, %s::uuid, %s::uuid, %s::jsonb))
-    AS t (project_id, contact_id, conversation_id, payload)
-JOIN contacts c ON c.project_id = t.project_id AND c.id = t.contact_id AND c.erased_at IS NULL
-LEFT JOIN conversations v ON v.project_id = t.project_id AND v.id = t.conversation_id
+#: The statement evaluating goals' and exits' predicates (``{}``) over an event: the event ``t`` (a row of
+#: parameters: the contact, conversation and payload), its contact ``c`` (of the project given next; none
+#: once erased), conversation ``v``, the contact's lead ``l`` and deal ``d``, as a rule's trigger context
+#: (``libs.common.rules.matching.CONTEXT``) has them.
+EVENT_STATEMENT: Final = """SELECT ARRAY[{}]::boolean[]
+FROM (VALUES (%s::uuid, %s::uuid, %s::jsonb)) AS t (contact_id, conversation_id, payload)
+JOIN contacts c ON c.project_id = %s AND c.id = t.contact_id AND c.erased_at IS NULL
+LEFT JOIN conversations v ON v.project_id = c.project_id AND v.id = t.conversation_id
 LEFT JOIN LATERAL (
     SELECT status FROM leads
     WHERE leads.project_id = c.project_id AND leads.contact_id = c.id
@@ -80,7 +80,6 @@ LEFT JOIN LATERAL (
     ORDER BY deals.id = (t.payload ->> 'deal_id')::uuid DESC NULLS LAST, deals.updated_at DESC, deals.id
     LIMIT 1
 ) d ON true"""
-)
 
 
 class CriteriaEvents:
@@ -292,10 +291,8 @@ def _evaluate(
         predicate, values = _compiled(key)
         predicates.append(predicate)
         params += values
-    params += [project_id, contact_id, conversation_id, Jsonb(payload)]
-    query = sql.SQL("SELECT ARRAY[{}]::boolean[] FROM {}").format(
-        sql.SQL(", ").join(predicates), EVENT_CONTEXT
-    )
+    params += [contact_id, conversation_id, Jsonb(payload), project_id]
+    query = sql.SQL(EVENT_STATEMENT).format(sql.SQL(", ").join(predicates))
     row = conn.execute(query, params).fetchone()
     if row is not None:
         holds |= dict(zip(keys, row[0], strict=True))
