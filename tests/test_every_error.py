@@ -31,13 +31,13 @@ def test_a_definition_with_four_bad_steps_answers_all_four_in_plain_words(client
     problem = assert_problem(response, 422, "definition.steps.0.delay_seconds")
     assert errors_of(problem) == {
         "definition.steps.0.delay_seconds": "delay_seconds must be a whole number from 0 to 31622400",
-        "definition.steps.1.kind": "kind is one of message, ai (not 'sms')",
+        "definition.steps.1.kind": "kind is one of message, ai, branch, wait_for_reply, split (not 'sms')",
         "definition.steps.2.only_if.0": "each item of only_if is one of no_reply_since_previous_step, "
         "no_reply_since_enrollment, previous_not_read (not 'whenever')",
         "definition.steps.3.min_confidence": "min_confidence must be a number from 0 to 1",
         "definition.reentry": "reentry is one of never, after_finished, always (not 'sometimes')",
     }
-    assert "definition.steps.1.kind: kind is one of message, ai" in problem["detail"]
+    assert "definition.steps.1.kind: kind is one of message, ai, branch, wait_for_reply, split" in problem["detail"]
     assert rows(pool, "SELECT id FROM followup_sequences WHERE project_id = %s", project.id) == []
 
 

@@ -282,7 +282,7 @@ def test_names_enums_and_typed_answers_a_generator_can_use(document: dict[str, A
     assert schemas["Sequence"]["properties"]["draft"] == {"$ref": "#/components/schemas/Definition"}
     assert schemas["Version"]["properties"]["definition"] == {"$ref": "#/components/schemas/Definition"}
     assert set(schemas["Enrollment"]["properties"]["status"]["enum"]) >= {"active", "stopped", "completed"}
-    assert schemas["StepRun"]["properties"]["outcome"]["enum"] == ["queued", "skipped"]
+    assert schemas["StepRun"]["properties"]["outcome"]["enum"] == ["queued", "skipped", "branched"]
     # the closed sets of codes an answer holds: every stop, failure and pause reason the code writes
     assert _enum(schemas["Enrollment"]["properties"]["reason"]) == set(get_args(EnrollmentReason))
     assert _enum(schemas["Enrollment"]["properties"]["waiting_reason"]) == set(get_args(WaitingReason))
