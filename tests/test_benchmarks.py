@@ -61,9 +61,11 @@ def test_the_release_benchmarks_ratio_runs_the_release_and_its_pgbench_ceiling_i
         "followups_bench_smoke_ratio",
         *("--ratio-only", "-n", "300", "-w", "1", "--rounds", "2"),
     )
-    assert re.fullmatch(r"release: steps_per_s=\d+ ceiling_tps=\d+ ratio=\d+\.\d\d", last_line(output)), (
-        output
-    )
+    assert re.fullmatch(
+        r"release: steps_per_s=\d+ ceiling_tps=\d+ ratio=\d+\.\d\d"
+        r" worker_cpu_ms_per_step=\d+\.\d{3} backend_cpu_ms_per_step=\d+\.\d{3}",
+        last_line(output),
+    ), output
     assert re.search(r"runs in turn, release/pgbench: \d+/\d+ \d+/\d+\)", output), output
 
 

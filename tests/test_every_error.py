@@ -37,8 +37,8 @@ def test_a_definition_with_four_bad_steps_answers_all_four_in_plain_words(client
         "definition.steps.3.min_confidence": "min_confidence must be a number from 0 to 1",
         "definition.reentry": "reentry is one of never, after_finished, always (not 'sometimes')",
     }
-    kinds = "message, ai, branch, wait_for_reply, split"
-    assert f"definition.steps.1.kind: kind is one of {kinds}" in problem["detail"]
+    kinds = "kind is one of message, ai, branch, wait_for_reply, split"
+    assert f"definition.steps.1.kind: {kinds}" in problem["detail"]
     assert rows(pool, "SELECT id FROM followup_sequences WHERE project_id = %s", project.id) == []
 
 

@@ -116,6 +116,7 @@ def test_the_statuses_follow_what_an_operation_takes(document: dict[str, Any]) -
         ("PATCH", "/v1/sequences/{sequence_id}", {"200", "409"}),
         ("POST", "/v1/sequences/{sequence_id}/publish", {"201", "409", "422"}),
         ("POST", "/v1/sequences/{sequence_id}/archive", {"200", "409"}),
+        ("POST", "/v1/sequences/{sequence_id}/experiments/{experiment}/winner", {"200", "201", "409", "422"}),
         ("POST", "/v1/events", {"200", "201", "404", "409"}),
         ("POST", "/v1/conversations/{conversation_id}/follow-up", {"200", "201", "409"}),
         ("POST", "/v1/bulk-enrollments", {"200", "202", "404", "409"}),

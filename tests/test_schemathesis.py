@@ -87,6 +87,8 @@ BEYOND_SCHEMA = {
     # a preview's contact by id or else by phone (either / or); a time that must be ahead (not past, within
     # a year); an anchor the steps' offsets take off the calendar; variables as enroll refuses them
     "POST /v1/sequences/{sequence_id}/preview": r"contact_id|phone|enrolled_at|anchor_at|variables(\..*)?",
+    # an experiment the sequence's current version runs, and one of its split's variants
+    "POST /v1/sequences/{sequence_id}/experiments/{experiment}/winner": r"experiment|variant",
     # a send window whose start and end are the same time (one that never closes); a time zone its pattern
     # admits that the time zone database does not know
     "PUT /v1/settings": r"send_window|business_hours|timezone",

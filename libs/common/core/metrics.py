@@ -45,6 +45,11 @@ FOLLOWUP_PREVIEWS: Final = Counter(
     "Sequence previews, by result: complete, incomplete (a step still deferred), or the rejection.",
     ["result"],
 )
+FOLLOWUP_EXPERIMENT_WINNERS: Final = Counter(
+    "followups_experiment_winners_total",
+    "Winners chosen for a sequence's experiment, by result: chosen (a new version published) or unchanged.",
+    ["result"],
+)
 FOLLOWUP_TRIGGERS: Final = Counter(
     "whatstig_followup_triggers_total",
     "Rule triggers processed, by type and outcome.",

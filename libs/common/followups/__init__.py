@@ -7,6 +7,8 @@ erasure.
     graph          where an enrollment goes after a step: a step's next, a branch's paths, a wait's reply
                    and timeout paths, a split's variant (assigned per contact and experiment)
     sequences      drafts, versions (and the per-process version cache)
+    experiments    choosing an experiment's winner: a new version naming it, recorded for the release
+    statistics     a sequence's numbers: per status, step, path, experiment's variant and goal
     enrollments    enroll(), reads, pause / resume / stop / reschedule by hand
     transitions    every change to an enrollment after it was created, and its purge (the one writer)
     stops          the stop paths of platform events

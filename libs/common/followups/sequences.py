@@ -26,6 +26,7 @@ from libs.common.followups import transitions
 from libs.common.followups.definition import (
     Definition,
     DefinitionWarning,
+    SplitStep,
     decode_definition,
     placeholder_warnings,
     storable,
@@ -194,7 +195,7 @@ def update_sequence(
     conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, data: SequenceUpdate
 ) -> Sequence:
     """Edit the draft (name, definition); running enrollments keep the version they pinned."""
-    status, _ = _lock(conn, project_id, sequence_id)
+    status, _ = lock_sequence(conn, project_id, sequence_id)
     if status == "archived":
         raise Conflict("an archived sequence cannot be edited", field="sequence_id")
     check_draft(data)
@@ -245,7 +246,10 @@ def list_sequences(
         return cur.execute(QUERIES["list_sequences"], params).fetchall()
 
 
-def _lock(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) -> tuple[str, dict[str, Any]]:
+def lock_sequence(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID
+) -> tuple[str, dict[str, Any]]:
+    """Lock a sequence (404 naming ``sequence_id``): its status and its draft as stored."""
     row = conn.execute(QUERIES["lock_sequence"], {"project_id": project_id, "id": sequence_id}).fetchone()
     if row is None:
         raise NotFound("sequence not found", field="sequence_id")
@@ -253,12 +257,13 @@ def _lock(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) 
 
 
 def publish_sequence(
-    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, *, now: datetime | None = None
 ) -> tuple[Version, bool]:
     """Freeze the draft as the next immutable version and make it the one new enrollments pin; returns it
     and whether it is new. A draft identical to the latest version (compared as JSON) returns that version
-    and makes no new one."""
-    status, draft = _lock(conn, project_id, sequence_id)
+    and makes no new one. The winners its splits name are recorded (:func:`record_winners`, chosen
+    ``now``)."""
+    status, draft = lock_sequence(conn, project_id, sequence_id)
     if status == "archived":
         raise Conflict("an archived sequence cannot be published", field="sequence_id")
     definition = _own_number(conn, project_id, validate_definition(decode_definition(draft)))
@@ -267,12 +272,77 @@ def publish_sequence(
         same = cur.execute(QUERIES["latest_version_if_same"], params).fetchone()
     if same is not None:
         return same, False
+    return publish_definition(conn, project_id, sequence_id, definition, now=now), True
+
+
+def publish_definition(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    sequence_id: uuid.UUID,
+    definition: Definition,
+    *,
+    now: datetime | None = None,
+) -> Version:
+    """Freeze a definition that passed the checks as the sequence's next version, make it the one new
+    enrollments pin, and record the winners its splits name (the caller holds the sequence's lock:
+    :func:`lock_sequence`)."""
     version = _insert_version(conn, project_id, sequence_id, definition)
     params = {"project_id": project_id, "id": sequence_id, "version_id": version.id}
     conn.execute(QUERIES["set_current_version"], params)
+    record_winners(conn, project_id, sequence_id, version.id, definition, now=now)
     if definition.goals or definition.exits:
         after_commit(conn, Invalidate(CRITERIA_INVALIDATION_KIND, project_id))
-    return version, True
+    return version
+
+
+class RecordedWinner(msgspec.Struct, kw_only=True, frozen=True):
+    variant: str
+    #: The newest version naming it.
+    version_id: uuid.UUID
+    chosen_at: datetime
+
+
+def record_winners(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    sequence_id: uuid.UUID,
+    version_id: uuid.UUID,
+    definition: Definition,
+    *,
+    now: datetime | None,
+) -> dict[str, RecordedWinner]:
+    """Record what the published ``definition``'s splits say of their experiments' winners, for the
+    release to read on every version: a split's ``winner`` is upserted (the same variant keeps when it was
+    chosen; ``now``, else the database's clock), a split without one clears a winner chosen before (the
+    experiment runs again). Returns the winners recorded, by experiment."""
+    splits = [node for node in definition.steps if isinstance(node, SplitStep)]
+    won = [split for split in splits if split.winner is not None]
+    params: dict[str, Any] = {"project_id": project_id, "sequence_id": sequence_id}
+    cleared = [split.experiment for split in splits if split.winner is None]
+    if cleared:
+        conn.execute(QUERIES["clear_winners"], params | {"experiments": cleared})
+    if not won:
+        return {}
+    params |= {
+        "version_id": version_id,
+        "experiments": [split.experiment for split in won],
+        "variants": [split.winner for split in won],
+        "now": now,
+    }
+    return {
+        experiment: RecordedWinner(variant=variant, version_id=recorded_version, chosen_at=chosen_at)
+        for experiment, variant, recorded_version, chosen_at in conn.execute(
+            QUERIES["record_winners"], params
+        )
+    }
+
+
+def set_draft(
+    conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID, draft: Definition
+) -> None:
+    """Replace the draft (a change made for the user, such as a winner chosen; the caller holds the lock)."""
+    params = {"project_id": project_id, "id": sequence_id, "name": None, "draft": _encode(draft)}
+    conn.execute(QUERIES["update_sequence"], params)
 
 
 def create_one_off_version(conn: Connection[Any], project_id: uuid.UUID, definition: Definition) -> Version:
@@ -354,7 +424,7 @@ def change_sequence_status(
     afterwards: they would stay live forever, blocking re-entry and counting against the plan limit).
     """
     allowed, target = TRANSITIONS[action]
-    status, _ = _lock(conn, project_id, sequence_id)
+    status, _ = lock_sequence(conn, project_id, sequence_id)
     if status not in allowed:
         raise Conflict(f"a {status} sequence cannot be {target}", field="sequence_id")
     conn.execute(

@@ -114,3 +114,23 @@ SELECT version, definition FROM followup_sequence_versions WHERE project_id = %(
 -- Names of some of the project's sequences (the rows of a list).
 SELECT id, name FROM followup_sequences
 WHERE project_id = %(project_id)s AND id = ANY(%(ids)s::uuid[])
+
+-- name: record_winners
+-- The winners a published version's splits name, recorded (the release reads them: an enrollment on an
+-- older version that reaches the split takes the winner too). The same variant again keeps when it was
+-- chosen, and points at the newest version naming it.
+INSERT INTO followup_experiment_winners AS w (project_id, sequence_id, experiment, variant, version_id, chosen_at)
+SELECT %(project_id)s, %(sequence_id)s, x.experiment, x.variant, %(version_id)s,
+       coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(experiments)s::text[], %(variants)s::text[]) AS x(experiment, variant)
+ON CONFLICT (project_id, sequence_id, experiment) DO UPDATE
+SET variant = EXCLUDED.variant,
+    version_id = EXCLUDED.version_id,
+    chosen_at = CASE WHEN w.variant = EXCLUDED.variant THEN w.chosen_at ELSE EXCLUDED.chosen_at END
+RETURNING experiment, variant, version_id, chosen_at
+
+-- name: clear_winners
+-- The experiments a published version runs without a winner: a winner chosen before no longer holds (the
+-- experiment runs again, on every version).
+DELETE FROM followup_experiment_winners
+WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s AND experiment = ANY(%(experiments)s::text[])

@@ -1,18 +1,23 @@
 """Statistics of a sequence: its enrollments by outcome, and per step its messages by latest status, its
-skips, the replies to it and the enrollments stopped before it (the definitions: ``docs/api.md``)."""
+skips, the replies to it and the enrollments stopped before it; per path of its branches, waits and splits
+a funnel; per experiment and variant the conversion rate with its 95 % interval; its conversions by goal
+and step (the definitions: ``docs/api.md``)."""
 
 from __future__ import annotations
 
+import math
 import uuid
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, Final, Literal
 
 import msgspec
 from psycopg import Connection
 
 from libs.common.core.sql import load_queries
+from libs.common.followups.definition import BranchStep, ControlStep, Definition, SplitStep, WaitForReplyStep
+from libs.common.followups.graph import HOLDOUT
 from libs.common.followups.project_settings import get_settings
-from libs.common.followups.sequences import get_sequence
+from libs.common.followups.sequences import get_sequence, version_definition
 
 QUERIES = load_queries("libs.common.followups", "statistics.sql")
 
@@ -83,6 +88,120 @@ class MonthlySpend(msgspec.Struct, kw_only=True):
     currency: str = "USD"
 
 
+#: A control step's kind, told by the reason of its branched step run.
+ControlKind = Literal["branch", "wait_for_reply", "split"]
+
+
+def control_kind(path: str) -> ControlKind:
+    """The kind of control step a branched step run's reason (the path it took) belongs to."""
+    if path in ("replied", "no_reply"):
+        return "wait_for_reply"
+    if path == HOLDOUT or path.startswith("variant:"):
+        return "split"
+    return "branch"  # path:<name>, otherwise
+
+
+def control_kind_of(node: ControlStep) -> ControlKind:
+    """A control step's kind."""
+    if isinstance(node, BranchStep):
+        return "branch"
+    return "wait_for_reply" if isinstance(node, WaitForReplyStep) else "split"
+
+
+class PathStatistics(msgspec.Struct, kw_only=True):
+    """One path a control step sent enrollments down, as a funnel: the enrollments that took it, and of
+    those the ones sent a follow-up after it, the ones that replied and the ones converted."""
+
+    step_index: int
+    kind: ControlKind
+    #: The path: ``path:<name>`` or ``otherwise`` (a branch), ``replied`` or ``no_reply`` (a wait for a
+    #: reply), ``variant:<name>`` or ``holdout`` (a split).
+    path: str
+    #: Enrollments whose step run at this step took this path.
+    entered: int = 0
+    #: Of those, the ones with a follow-up queued at a later step.
+    sent: int = 0
+    #: Of those, the ones stopped by a reply or that took a reply path.
+    replied: int = 0
+    #: Of those, the ones converted (a goal met while live, or late inside the conversion window).
+    converted: int = 0
+
+
+#: The normal quantile of a two-sided 95 % interval.
+Z_95: Final = 1.959963984540054
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float] | None:
+    """The Wilson score interval of a proportion (95 % by default); None without trials."""
+    if trials <= 0:
+        return None
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z / denominator * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
+    return round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6)
+
+
+class VariantStatistics(msgspec.Struct, kw_only=True):
+    """One arm of an experiment: the enrollments assigned it and, of those, the ones sent a follow-up after
+    the split, that replied, that converted; the conversion rate and its 95 % Wilson score interval."""
+
+    #: The variant's name, or ``holdout``.
+    variant: str
+    assigned: int = 0
+    sent: int = 0
+    replied: int = 0
+    converted: int = 0
+    #: ``converted / assigned`` (None while nobody was assigned).
+    conversion_rate: float | None = None
+    #: ``[low, high]``, the 95 % Wilson score interval of the rate (None while nobody was assigned).
+    conversion_interval: tuple[float, float] | None = None
+
+    def add(self, assigned: int, sent: int, replied: int, converted: int) -> None:
+        self.assigned += assigned
+        self.sent += sent
+        self.replied += replied
+        self.converted += converted
+        self.conversion_rate = round(self.converted / self.assigned, 6) if self.assigned else None
+        self.conversion_interval = wilson_interval(self.converted, self.assigned)
+
+
+class ExperimentStatistics(msgspec.Struct, kw_only=True):
+    """An experiment (a split step) and its variants: the current version's, in order, then the holdout,
+    then any an older version assigned."""
+
+    experiment: str
+    #: The split's step in the current version (None: an older version's experiment).
+    step_index: int | None = None
+    #: The variant chosen as the winner (``POST /v1/sequences/{id}/experiments/{experiment}/winner``, or
+    #: the current version's split), and when it was chosen through the API.
+    winner: str | None = None
+    winner_chosen_at: datetime | None = None
+    variants: list[VariantStatistics] = msgspec.field(default_factory=list)
+
+    def variant(self, name: str) -> VariantStatistics:
+        for found in self.variants:
+            if found.variant == name:
+                return found
+        self.variants.append(VariantStatistics(variant=name))
+        return self.variants[-1]
+
+
+class StepConversions(msgspec.Struct, kw_only=True):
+    #: The step a conversion is attributed to (the last step whose message was sent; None: none was).
+    step_index: int | None
+    converted: int = 0
+
+
+class Conversions(msgspec.Struct, kw_only=True):
+    """The sequence's converted enrollments, a goal met while live (status ``converted``) or late (a finished
+    enrollment inside the conversion window), each counted once."""
+
+    converted: int = 0
+    by_goal: dict[str, int] = msgspec.field(default_factory=dict)
+    by_step: list[StepConversions] = msgspec.field(default_factory=list)
+
+
 class SequenceStatistics(msgspec.Struct, kw_only=True):
     """A sequence's enrollments by status, and its steps' messages, skips, replies and stops (the steps'
     sums at the top); the definitions are those of ``docs/api.md``, the dashboard's results page shows
@@ -96,6 +215,9 @@ class SequenceStatistics(msgspec.Struct, kw_only=True):
     completed: int = 0
     stopped: int = 0
     failed: int = 0
+    #: Ended by a goal met (``converted``) or an exit criterion (``exited``) while live.
+    converted: int = 0
+    exited: int = 0
     stopped_by_reason: dict[str, int] = msgspec.field(default_factory=dict)
     #: Every step's messages, by latest status.
     messages: MessageCounts = msgspec.field(default_factory=MessageCounts)
@@ -107,6 +229,11 @@ class SequenceStatistics(msgspec.Struct, kw_only=True):
     #: Per UTC month, oldest first: its template messages by category and their cost (empty while the
     #: project has no ``message_prices``).
     spend: list[MonthlySpend] = msgspec.field(default_factory=list)
+    #: Per control step and path taken, a funnel; in step order.
+    paths: list[PathStatistics] = msgspec.field(default_factory=list)
+    #: Per experiment, its variants' numbers.
+    experiments: list[ExperimentStatistics] = msgspec.field(default_factory=list)
+    conversions: Conversions = msgspec.field(default_factory=Conversions)
 
 
 def _bump(counts: dict[str, int], key: str | None, count: int) -> None:
@@ -116,7 +243,7 @@ def _bump(counts: dict[str, int], key: str | None, count: int) -> None:
 def sequence_statistics(
     conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID
 ) -> SequenceStatistics:
-    get_sequence(conn, project_id, sequence_id)  # 404 for another project's sequence
+    sequence = get_sequence(conn, project_id, sequence_id)  # 404 for another project's sequence
     params = {"project_id": project_id, "sequence_id": sequence_id}
     stats = SequenceStatistics(sequence_id=sequence_id)
     # every step of the published versions, those nothing has reached yet included (with zeros)
@@ -139,7 +266,7 @@ def sequence_statistics(
         if outcome == "queued":
             at.messages.add(message_status, count)
             stats.messages.add(message_status, count)
-        else:
+        elif outcome == "skipped":  # a control step's run (branched) is one of its paths
             at.skipped += count
             stats.skipped += count
             _bump(at.skipped_by_reason, reason, count)
@@ -149,7 +276,66 @@ def sequence_statistics(
         stats.replied += count
     stats.steps = [steps[i] for i in sorted(steps)]
     stats.spend = monthly_spend(conn, project_id, sequence_id)
+    stats.paths = [
+        PathStatistics(
+            step_index=step_index,
+            kind=control_kind(path),
+            path=path,
+            entered=entered,
+            sent=sent,
+            replied=replied,
+            converted=converted,
+        )
+        for step_index, path, entered, sent, replied, converted in conn.execute(QUERIES["paths"], params)
+        if path is not None
+    ]
+    current = (
+        version_definition(conn, project_id, sequence.current_version_id)
+        if sequence.current_version_id is not None
+        else None
+    )
+    stats.experiments = experiment_statistics(conn, params, current)
+    stats.conversions = conversions(conn, params)
     return stats
+
+
+def experiment_statistics(
+    conn: Connection[Any], params: dict[str, Any], current: Definition | None
+) -> list[ExperimentStatistics]:
+    """Each experiment's variants: the current version's splits first, in step order, each variant listed
+    (zeros included) and the holdout when it has a weight; then what older versions assigned."""
+    experiments: dict[str, ExperimentStatistics] = {}
+    for index, node in enumerate(current.steps if current else []):
+        if isinstance(node, SplitStep):
+            found = experiments[node.experiment] = ExperimentStatistics(
+                experiment=node.experiment, step_index=index, winner=node.winner
+            )
+            for variant in node.variants:
+                found.variant(variant.name)
+            if node.holdout_weight:
+                found.variant(HOLDOUT)
+    for experiment, variant, *counts in conn.execute(QUERIES["experiments"], params):
+        found = experiments.setdefault(experiment, ExperimentStatistics(experiment=experiment))
+        found.variant(variant).add(*counts)
+    for experiment, variant, _version_id, chosen_at in conn.execute(QUERIES["winners"], params):
+        found = experiments.setdefault(experiment, ExperimentStatistics(experiment=experiment))
+        found.winner, found.winner_chosen_at = variant, chosen_at
+    return list(experiments.values())
+
+
+def conversions(conn: Connection[Any], params: dict[str, Any]) -> Conversions:
+    """The sequence's conversions by goal and by attributed step (each converted enrollment once)."""
+    out = Conversions()
+    by_step: dict[int | None, int] = {}
+    for goal, step_index, count in conn.execute(QUERIES["conversions"], params):
+        out.converted += count
+        _bump(out.by_goal, goal, count)
+        by_step[step_index] = by_step.get(step_index, 0) + count
+    out.by_step = [
+        StepConversions(step_index=index, converted=count)
+        for index, count in sorted(by_step.items(), key=lambda item: (item[0] is None, item[0] or 0))
+    ]
+    return out
 
 
 def monthly_spend(conn: Connection[Any], project_id: uuid.UUID, sequence_id: uuid.UUID) -> list[MonthlySpend]:
@@ -176,6 +362,8 @@ class SequenceCounts(msgspec.Struct, kw_only=True):
     completed: int = 0
     stopped: int = 0
     failed: int = 0
+    converted: int = 0
+    exited: int = 0
 
 
 def sequence_counts(

@@ -93,3 +93,66 @@ WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND r.ou
   AND m.template_name IS NOT NULL AND m.status IN ('SENT', 'DELIVERED', 'READ')
 GROUP BY 1, 2
 ORDER BY 1, 2
+
+-- name: paths
+-- Per control step (branch, wait for a reply, split) and path it took (its branched step run's reason): the
+-- enrollments that took it, and of those the ones with a follow-up queued at a later step, the ones that
+-- replied (stopped by a reply, or took a reply path) and the ones converted (live or late).
+SELECT r.step_index, r.reason, count(*)::int AS entered,
+       count(*) FILTER (WHERE EXISTS (
+           SELECT 1 FROM followup_step_runs s
+           WHERE s.project_id = r.project_id AND s.enrollment_id = r.enrollment_id
+             AND s.step_index > r.step_index AND s.outcome = 'queued'))::int AS sent,
+       count(*) FILTER (WHERE (e.status = 'stopped' AND e.reason = 'replied')
+                           OR e.reply_taken_at IS NOT NULL)::int AS replied,
+       count(*) FILTER (WHERE e.converted_at IS NOT NULL)::int AS converted
+FROM followup_step_runs r
+JOIN followup_enrollments e ON e.project_id = r.project_id AND e.id = r.enrollment_id
+WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND r.outcome = 'branched'
+GROUP BY r.step_index, r.reason
+ORDER BY r.step_index, r.reason
+LIMIT 1000
+
+-- name: experiments
+-- Per experiment and variant (or holdout) the enrollments assigned it (followup_enrollments.assignments),
+-- and of those the ones with a follow-up queued after the split (its step in the enrollment's version), the
+-- ones that replied (stopped by a reply, or took a reply path) and the ones converted (live or late).
+WITH splits AS (
+    SELECT v.id AS version_id, s.step ->> 'experiment' AS experiment, (s.position - 1)::int AS step_index
+    FROM followup_sequence_versions v
+    CROSS JOIN LATERAL jsonb_array_elements(v.definition -> 'steps') WITH ORDINALITY AS s(step, position)
+    WHERE v.project_id = %(project_id)s AND v.sequence_id = %(sequence_id)s AND s.step ->> 'kind' = 'split'
+)
+SELECT a.experiment, a.variant, count(*)::int AS assigned,
+       count(*) FILTER (WHERE EXISTS (
+           SELECT 1 FROM followup_step_runs r
+           WHERE r.project_id = e.project_id AND r.enrollment_id = e.id
+             AND r.step_index > sp.step_index AND r.outcome = 'queued'))::int AS sent,
+       count(*) FILTER (WHERE (e.status = 'stopped' AND e.reason = 'replied')
+                           OR e.reply_taken_at IS NOT NULL)::int AS replied,
+       count(*) FILTER (WHERE e.converted_at IS NOT NULL)::int AS converted
+FROM followup_enrollments e
+CROSS JOIN LATERAL jsonb_each_text(e.assignments) AS a(experiment, variant)
+LEFT JOIN splits sp ON sp.version_id = e.version_id AND sp.experiment = a.experiment
+WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s
+  AND jsonb_typeof(e.assignments) = 'object'
+GROUP BY a.experiment, a.variant
+ORDER BY a.experiment, a.variant
+LIMIT 1000
+
+-- name: winners
+-- The winner chosen for each of the sequence's experiments.
+SELECT experiment, variant, version_id, chosen_at
+FROM followup_experiment_winners
+WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s
+LIMIT 1000
+
+-- name: conversions
+-- The sequence's converted enrollments (live ones ended converted, finished ones converted late: one column,
+-- so each counts once) by goal and by the step the conversion is attributed to.
+SELECT goal, converted_step, count(*)::int
+FROM followup_enrollments
+WHERE project_id = %(project_id)s AND sequence_id = %(sequence_id)s AND converted_at IS NOT NULL
+GROUP BY goal, converted_step
+ORDER BY goal, converted_step
+LIMIT 1000

@@ -1,4 +1,5 @@
-"""Server-rendered SVG charts of a sequence's results: the funnel per step and the daily activity.
+"""Server-rendered SVG charts of a sequence's results: the funnel per step, the funnel per path of its
+branches, waits and splits, each experiment's conversion intervals, and the daily activity.
 
 Only geometry is computed here; the templates draw it (``results.html``) with SVG presentation attributes
 (no inline style, which the Content-Security-Policy refuses), a ``<title>`` and a text description, and
@@ -9,13 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from libs.common.followups.statistics import DailyActivity, SequenceStatistics
+from libs.common.followups.statistics import (
+    DailyActivity,
+    ExperimentStatistics,
+    PathStatistics,
+    SequenceStatistics,
+)
 
 #: Width of a chart's drawing (it scales down on narrow screens).
 WIDTH = 640
 LABEL_WIDTH = 150
 ROW_HEIGHT = 30
 BAR_HEIGHT = 20
+#: The paths' funnel names a step and its path on two lines left of its bars.
+PATH_LABEL_WIDTH = 210
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,97 @@ def funnel(stats: SequenceStatistics) -> Chart:
             + f", {step.replied} replied, {step.skipped} skipped, {step.stopped} stopped before it"
         )
     return Chart(WIDTH, 20 + (len(stats.steps) + 1) * ROW_HEIGHT, bars, labels, "; ".join(descriptions))
+
+
+#: A path's funnel: (field of PathStatistics, label, colour), each bar beneath the one before.
+PATH_STAGES = (
+    ("entered", "entered", "#0b5cad"),
+    ("sent", "sent a follow-up", "#5fae7a"),
+    ("replied", "replied", "#c99a00"),
+    ("converted", "converted", "#145a2c"),
+)
+#: A control step's kind as the results page words it.
+KIND_LABELS = {"branch": "branch", "wait_for_reply": "wait for a reply", "split": "split"}
+
+
+def path_label(path: PathStatistics) -> str:
+    """A path as the results page names it: ``Step 3 split: variant a``."""
+    name = path.path
+    for prefix, word in (("path:", "path "), ("variant:", "variant ")):
+        if name.startswith(prefix):
+            name = word + name.removeprefix(prefix)
+    name = {"no_reply": "no reply"}.get(name, name)
+    return f"Step {path.step_index + 1} {KIND_LABELS[path.kind]}: {name}"
+
+
+def path_funnel(paths: list[PathStatistics]) -> Chart:
+    """A group of rows per path: the enrollments that took it, then of those the ones sent a follow-up
+    after it, that replied, that converted (the numbers of ``paths`` in the statistics)."""
+    top = max([p.entered for p in paths] + [1])
+    left = PATH_LABEL_WIDTH
+    plot = WIDTH - left - 140
+    stage = 15.0
+    group = stage * len(PATH_STAGES) + 14
+    bars: list[Bar] = []
+    labels: list[tuple[float, float, str, str]] = []
+    descriptions = []
+    for index, path in enumerate(paths):
+        label = path_label(path)
+        y = 10 + index * group
+        for position, (name, text, fill) in enumerate(PATH_STAGES):
+            value = getattr(path, name)
+            width = plot * value / top
+            row = y + position * stage
+            bars.append(Bar(f"{label}: {text}", value, left, row, width, stage - 3, fill))
+            labels.append((left + width + 4, row + stage - 4, f"{value} {text}", "start"))
+        step, name = label.split(": ", 1)
+        labels.append((left - 8, y + stage + 8, name, "end"))
+        labels.append((left - 8, y + 3 * stage - 2, step, "end"))
+        descriptions.append(
+            f"{label}: {path.entered} entered, {path.sent} sent a follow-up, {path.replied} replied,"
+            f" {path.converted} converted"
+        )
+    return Chart(WIDTH, int(20 + len(paths) * group), bars, labels, "; ".join(descriptions))
+
+
+def intervals(experiment: ExperimentStatistics) -> Chart:
+    """Per variant its conversion rate (a dot, drawn as a short bar) and its 95 % interval (a line, drawn
+    as a thin bar), on a 0 to 100 % axis."""
+    plot = WIDTH - LABEL_WIDTH - 30
+    bars: list[Bar] = []
+    labels: list[tuple[float, float, str, str]] = [
+        (LABEL_WIDTH, 16, "0 %", "start"),
+        (LABEL_WIDTH + plot, 16, "100 %", "end"),
+    ]
+    descriptions = []
+    measured = [v for v in experiment.variants if v.conversion_interval is not None]
+    for index, variant in enumerate(measured):
+        assert variant.conversion_interval is not None and variant.conversion_rate is not None
+        low, high = variant.conversion_interval
+        y = 26 + index * ROW_HEIGHT
+        fill = "#145a2c" if variant.variant == experiment.winner else "#0b5cad"
+        bars.append(
+            Bar(
+                f"{variant.variant}: 95 % interval",
+                variant.converted,
+                LABEL_WIDTH + plot * low,
+                y + 8,
+                max(plot * (high - low), 1),
+                4,
+                "#9fc2e7",
+            )
+        )
+        rate = LABEL_WIDTH + plot * variant.conversion_rate
+        bars.append(
+            Bar(f"{variant.variant}: conversion rate", variant.converted, rate - 2, y + 2, 4, 16, fill)
+        )
+        labels.append((LABEL_WIDTH - 8, y + 15, variant.variant, "end"))
+        descriptions.append(
+            f"{variant.variant}: {variant.converted} of {variant.assigned} converted,"
+            f" {variant.conversion_rate:.1%} (95 % interval {low:.1%} to {high:.1%})"
+        )
+    text = "; ".join(descriptions) or "Nobody was assigned a variant yet."
+    return Chart(WIDTH, int(36 + len(measured) * ROW_HEIGHT), bars, labels, text)
 
 
 def daily(days: list[DailyActivity]) -> Chart:

@@ -57,6 +57,7 @@ NOTICES = {
     "created": "Created.",
     "deleted": "Deleted.",
     "published": "Published: new enrollments use the new version.",
+    "winner_chosen": "Winner chosen: a new version sends everyone who reaches the split down its path.",
     "paused": "Paused.",
     "resumed": "Resumed.",
     "archived": "Archived: no new enrollments; running ones carry on.",

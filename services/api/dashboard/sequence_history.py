@@ -1,5 +1,7 @@
 """What a sequence was and did: its published versions with what changed between two of them, and its
-results (the funnel of its enrollments, the daily activity of the last :data:`RESULT_DAYS` days).
+results (the funnel of its enrollments, the funnel per path of its branches, waits and splits, each
+experiment's variants with their conversion intervals and the choice of a winner, the daily activity of the
+last :data:`RESULT_DAYS` days).
 """
 
 from __future__ import annotations
@@ -8,14 +10,20 @@ import uuid
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, Response, get
+from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
 
-from libs.common.followups import sequences, statistics
+from libs.common.core.errors import FollowupsError, NotFound
+from libs.common.followups import experiments, sequences, statistics
+from libs.common.followups.definition import AiStep, MessageStep, SplitStep
+from libs.common.followups.experiments import WinnerChoice
+from libs.common.followups.statistics import control_kind_of
 from services.api.dashboard import charts, diff
-from services.api.dashboard.base import project_of
+from services.api.dashboard.base import project_of, see_other
+from services.api.dashboard.forms import Form, FormErrors, error_of
 from services.api.dashboard.render import page
 from services.api.deps import runtime_of, transaction
+from services.api.problems import status_of
 
 #: Days the daily chart of a sequence's results shows.
 RESULT_DAYS = 30
@@ -63,24 +71,76 @@ class SequenceHistoryController(Controller):
 
     @get("/{sequence_id:uuid}/results", sync_to_thread=True)
     def results(self, request: Request[Any, Any, Any], sequence_id: FromPath[uuid.UUID]) -> Response[str]:
-        project_id = project_of(request)
+        return results_page(request, sequence_id)
+
+    @post("/{sequence_id:uuid}/experiments/{experiment:str}/winner", sync_to_thread=True)
+    def choose_winner(
+        self, request: Request[Any, Any, Any], sequence_id: FromPath[uuid.UUID], experiment: FromPath[str]
+    ) -> Response[str]:
+        """A variant's "Choose winner" button: ``POST /v1/sequences/{id}/experiments/{experiment}/winner``."""
         runtime = runtime_of(request)
-        with transaction(runtime) as conn:
-            sequence = sequences.get_sequence(conn, project_id, sequence_id)
-            stats = statistics.sequence_statistics(conn, project_id, sequence_id)
-            days = statistics.daily_activity(
-                conn, project_id, sequence_id, days=RESULT_DAYS, now=runtime.clock.now()
-            )
-        return page(
-            request,
-            "sequences/results.html",
-            title=f"Results · {sequence.name}",
-            sequence=sequence,
-            stats=stats,
-            days=days,
-            funnel=charts.funnel(stats),
-            daily=charts.daily(days),
+        choice = WinnerChoice(variant=Form.of(request).get("variant")[:64])
+        try:
+            with transaction(runtime) as conn:
+                experiments.choose_winner(
+                    conn, project_of(request), sequence_id, experiment, choice, now=runtime.clock.now()
+                )
+        except FollowupsError as exc:
+            if isinstance(exc, NotFound) and exc.field == "sequence_id":
+                raise
+            return results_page(request, sequence_id, errors=error_of(exc), status=status_of(exc))
+        return see_other(f"/app/sequences/{sequence_id}/results", notice="winner_chosen")
+
+
+def results_page(
+    request: Request[Any, Any, Any],
+    sequence_id: uuid.UUID,
+    *,
+    errors: FormErrors | None = None,
+    status: int = 200,
+) -> Response[str]:
+    """A sequence's results: the numbers of ``GET /v1/sequences/{id}/statistics`` with their charts, and a
+    "Choose winner" button for each variant of the current version's splits."""
+    project_id = project_of(request)
+    runtime = runtime_of(request)
+    with transaction(runtime) as conn:
+        sequence = sequences.get_sequence(conn, project_id, sequence_id)
+        stats = statistics.sequence_statistics(conn, project_id, sequence_id)
+        days = statistics.daily_activity(
+            conn, project_id, sequence_id, days=RESULT_DAYS, now=runtime.clock.now()
         )
+        current = (
+            sequences.version_definition(conn, project_id, sequence.current_version_id)
+            if sequence.current_version_id is not None
+            else None
+        )
+    # the current version's steps that send nothing: their runs are paths, not messages
+    routing = {
+        index: charts.KIND_LABELS[control_kind_of(node)]
+        for index, node in enumerate(current.steps if current else [])
+        if not isinstance(node, MessageStep | AiStep)
+    }
+    choosable = {
+        node.experiment: {v.name for v in node.variants}
+        for node in (current.steps if current and sequence.status != "archived" else [])
+        if isinstance(node, SplitStep)
+    }
+    return page(
+        request,
+        "sequences/results.html",
+        status=status,
+        title=f"Results · {sequence.name}",
+        sequence=sequence,
+        stats=stats,
+        days=days,
+        funnel=charts.funnel(stats),
+        daily=charts.daily(days),
+        paths=[(path, charts.path_label(path)) for path in stats.paths],
+        path_funnel=charts.path_funnel(stats.paths),
+        experiments=[(e, charts.intervals(e), choosable.get(e.experiment, set())) for e in stats.experiments],
+        routing=routing,
+        errors=errors or FormErrors(),
+    )
 
 
 def _comparable(older: int, newer: int, latest: int | None) -> bool:

@@ -227,9 +227,10 @@ class SequencesController(Controller):
 
     @post("/{sequence_id:uuid}/publish", sync_to_thread=True)
     def publish(self, request: Request[Any, Any, Any], sequence_id: FromPath[uuid.UUID]) -> Response[str]:
+        runtime = runtime_of(request)
         try:
-            with transaction(runtime_of(request)) as conn:
-                sequences.publish_sequence(conn, project_of(request), sequence_id)
+            with transaction(runtime) as conn:
+                sequences.publish_sequence(conn, project_of(request), sequence_id, now=runtime.clock.now())
         except FollowupsError as exc:
             if isinstance(exc, NotFound) and exc.field == "sequence_id":
                 raise

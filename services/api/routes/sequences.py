@@ -9,7 +9,8 @@ from litestar import Controller, Request, Response, get, patch, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from libs.common.followups import preview, sequences, statistics
+from libs.common.followups import experiments, preview, sequences, statistics
+from libs.common.followups.experiments import Winner, WinnerChoice
 from libs.common.followups.preview import Preview, PreviewRequest
 from libs.common.followups.sequences import (
     Published,
@@ -89,8 +90,9 @@ class SequencesController(Controller):
         """Freeze the draft as a new immutable version (201); new enrollments pin it. A draft identical to
         the latest version returns that version (200) and makes no new one. ``warnings`` names each
         placeholder without a fallback (the step is skipped for an enrollment that lacks its value)."""
-        with transaction(runtime_of(request)) as conn:
-            version, new = sequences.publish_sequence(conn, project_id, sequence_id)
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            version, new = sequences.publish_sequence(conn, project_id, sequence_id, now=runtime.clock.now())
         return Response(sequences.with_warnings(version), status_code=201 if new else 200)
 
     @get("/{sequence_id:uuid}/versions", sync_to_thread=True)
@@ -148,6 +150,40 @@ class SequencesController(Controller):
         """Enrolled, active, completed, stopped by reason; per step: sent, skipped by reason, replies."""
         with transaction(runtime_of(request)) as conn:
             return statistics.sequence_statistics(conn, project_id, sequence_id)
+
+    @post(
+        "/{sequence_id:uuid}/experiments/{experiment:str}/winner",
+        sync_to_thread=True,
+        status_code=201,
+        responses={
+            200: ResponseSpec(
+                Winner, description="The variant already won in the current version: no new version."
+            )
+        }
+        | _STATUS_CONFLICT
+        | invalid(
+            "No split of the current version runs this `experiment` (or there is no published version), or"
+            " the split has no such `variant`."
+        ),
+    )
+    def choose_winner(
+        self,
+        request: Request[Any, Any, Any],
+        project_id: ProjectId,
+        sequence_id: FromPath[uuid.UUID],
+        experiment: FromPath[str],
+        data: JSONBody[WinnerChoice],
+    ) -> Response[Winner]:
+        """Choose the winner of an experiment: the current version with the split's ``winner`` set is
+        published as a new version (201; the draft carries it too), so every enrollment that reaches the
+        split from then on takes that variant, on an older version too. Choosing the variant that already
+        won in the current version answers 200 and makes no new version."""
+        runtime = runtime_of(request)
+        with transaction(runtime) as conn:
+            winner, new = experiments.choose_winner(
+                conn, project_id, sequence_id, experiment, data, now=runtime.clock.now()
+            )
+        return Response(winner, status_code=201 if new else 200)
 
     @post(
         "/{sequence_id:uuid}/preview",
