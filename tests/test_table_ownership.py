@@ -161,6 +161,26 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
         "a webhook delivery is signed with its project's secret, read with the claim",
     ),
     **_reads(
+        "followups",
+        "libs/common/followups/goals.py",
+        ("contacts", "conversations", "deals", "leads"),
+        "a sequence's goals and exits compile to SQL predicates over the event's context (the contact, its "
+        "conversation, lead and deal), as a rule's do: every criterion an event meets in one statement",
+    ),
+    **_reads(
+        "followups",
+        "libs/common/followups/transitions.sql::end_by_criterion",
+        ("messages",),
+        "a conversion is attributed to the last step whose message was sent, read by the enrollment's id the "
+        "message carries, in the statement that converts it",
+    ),
+    **_reads(
+        "followups",
+        "libs/common/followups/transitions.sql::convert_late",
+        ("messages",),
+        "a late conversion is attributed to the last step whose message was sent, as end_by_criterion",
+    ),
+    **_reads(
         "rules",
         "libs/common/rules/matching.py",
         ("contacts", "conversations", "deals", "leads"),
