@@ -162,13 +162,6 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
     ),
     **_reads(
         "followups",
-        "libs/common/followups/goals.py",
-        ("contacts", "conversations", "deals", "leads"),
-        "a sequence's goals and exits compile to SQL predicates over the event's context (the contact, its "
-        "conversation, lead and deal), as a rule's do: every criterion an event meets in one statement",
-    ),
-    **_reads(
-        "followups",
         "libs/common/followups/transitions.sql::end_by_criterion",
         ("messages",),
         "a conversion is attributed to the last step whose message was sent, read by the enrollment's id the "
@@ -179,13 +172,6 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
         "libs/common/followups/transitions.sql::convert_late",
         ("messages",),
         "a late conversion is attributed to the last step whose message was sent, as end_by_criterion",
-    ),
-    **_reads(
-        "rules",
-        "libs/common/rules/matching.py",
-        ("contacts", "conversations", "deals", "leads"),
-        "a rule's conditions compile to one SQL predicate over the contact's context (its conversation, lead "
-        "and deal): evaluated for a batch of triggers or a whole segment in one statement",
     ),
 }
 

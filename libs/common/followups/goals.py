@@ -47,6 +47,7 @@ from libs.common.followups.sequences import CRITERIA_INVALIDATION_KIND, version_
 from libs.common.followups.stops import cancel_queued_followups
 from libs.common.followups.transitions import Met
 from libs.common.platform.conditions import (
+    EVENT_CONTEXT,
     SEGMENT_CONTEXT,
     compile_conditions,
     parse_conditions,
@@ -61,25 +62,12 @@ QUERIES = load_queries("libs.common.followups", "goals.sql")
 CACHE_TTL_SECONDS: Final = 30.0
 
 #: The statement evaluating goals' and exits' predicates (``{}``) over an event: the event ``t`` (a row of
-#: parameters: the contact, conversation and payload), its contact ``c`` (of the project given next; none
-#: once erased), conversation ``v``, the contact's lead ``l`` and deal ``d``, as a rule's trigger context
-#: (``libs.common.rules.matching.CONTEXT``) has them.
-EVENT_STATEMENT: Final = """SELECT ARRAY[{}]::boolean[]
-FROM (VALUES (%s::uuid, %s::uuid, %s::jsonb)) AS t (contact_id, conversation_id, payload)
-JOIN contacts c ON c.project_id = %s AND c.id = t.contact_id AND c.erased_at IS NULL
-LEFT JOIN conversations v ON v.project_id = c.project_id AND v.id = t.conversation_id
-LEFT JOIN LATERAL (
-    SELECT status FROM leads
-    WHERE leads.project_id = c.project_id AND leads.contact_id = c.id
-    ORDER BY leads.id = (t.payload ->> 'lead_id')::uuid DESC NULLS LAST, leads.created_at DESC, leads.id
-    LIMIT 1
-) l ON true
-LEFT JOIN LATERAL (
-    SELECT stage FROM deals
-    WHERE deals.project_id = c.project_id AND deals.contact_id = c.id
-    ORDER BY deals.id = (t.payload ->> 'deal_id')::uuid DESC NULLS LAST, deals.updated_at DESC, deals.id
-    LIMIT 1
-) d ON true"""
+#: parameters: the project, contact, conversation and payload) and its context, as a rule's trigger has it.
+EVENT_STATEMENT: Final = sql.SQL(
+    "SELECT ARRAY[{}]::boolean[]"
+    " FROM (VALUES (%s::uuid, %s::uuid, %s::uuid, %s::jsonb))"
+    " AS t (project_id, contact_id, conversation_id, payload) {}"
+)
 
 
 class CriteriaEvents:
@@ -291,8 +279,8 @@ def _evaluate(
         predicate, values = _compiled(key)
         predicates.append(predicate)
         params += values
-    params += [contact_id, conversation_id, Jsonb(payload), project_id]
-    query = sql.SQL(EVENT_STATEMENT).format(sql.SQL(", ").join(predicates))
+    params += [project_id, contact_id, conversation_id, Jsonb(payload)]
+    query = EVENT_STATEMENT.format(sql.SQL(", ").join(predicates), EVENT_CONTEXT)
     row = conn.execute(query, params).fetchone()
     if row is not None:
         holds |= dict(zip(keys, row[0], strict=True))
