@@ -103,6 +103,8 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
     converted_step: int | None = None
     #: The exit criterion that ended it (``exited``).
     exited_by: str | None = None
+    #: The arm of each experiment (split step) it reached: ``{"offer": "b"}`` (``holdout``: held out).
+    assignments: dict[str, str] | None = None
 
 
 def _enrollment(**columns: Any) -> Enrollment:
