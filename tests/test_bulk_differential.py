@@ -1,13 +1,14 @@
 """A bulk job enrolls a chunk in a few statements (``enroll_all``); this test holds it to ``enroll()`` one
 contact at a time, each in a savepoint (what the job did before), over generated populations.
 
-Each example builds the same population in two new projects: contacts fresh, opted out, erased, live in
-the sequence, or enrolled in it before (finished); a list of them with repeats and unknown ids; a re-entry
-policy; a plan limit that the list reaches part-way (or none); a shared anchor for an anchor-timed step
-(or none); a chunk size. One project's list goes through a bulk job (``process_chunk`` until it is done),
-the other's through ``enroll()`` one by one. Both must give each listed contact the same outcome and skip
-reason, leave the same enrollments (by contact: status, reason, source, variables, anchor, due time, step)
-and a live count equal to a ``count(*)``.
+Each example builds the same population in two new projects: contacts fresh, opted out, erased, live in the
+sequence, or enrolled in it before (finished), some of them tagged ``unsubscribed``, which an exit of the
+sequence that blocks entry refuses (or no such exit); a list of them with repeats and unknown ids; a re-entry
+policy; a plan limit that the list reaches part-way (or none); a shared anchor for an anchor-timed step (or
+none); a chunk size. One project's list goes through a bulk job (``process_chunk`` until it is done), the
+other's through ``enroll()`` one by one. Both must give each listed contact the same outcome and skip reason,
+leave the same enrollments (by contact: status, reason, source, variables, anchor, due time, step) and a live
+count equal to a ``count(*)``.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from psycopg_pool import ConnectionPool
 from libs.common.core.clock import ManualClock
 from libs.common.core.errors import FollowupsError, NotFound
 from libs.common.core.jobs import savepoint
-from libs.common.followups.definition import Definition, MessageStep
+from libs.common.followups.definition import Definition, Exit, MessageStep
 from libs.common.followups.enrollments import (
     EnrollmentRejected,
     EnrollRequest,
+    ExitCriteriaMet,
     enroll,
     enroll_all,
     stop_enrollment,
@@ -46,6 +48,13 @@ from tests.factories import make_contact, make_sequence
 Kind = Literal["fresh", "opted_out", "erased", "live", "finished"]
 Policy = Literal["after_finished", "never", "always"]
 VARIABLES = {"first_name": "Ana", "offer": {"pct": 15}}
+#: An exit that refuses to enroll a contact tagged ``unsubscribed``.
+BLOCKING = Exit(
+    name="unsubscribed",
+    event="contact.tag_added",
+    conditions={"attribute": "contact.tags", "operator": "contains", "value": "unsubscribed"},
+    blocks_entry=True,
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,9 @@ class Population:
     room: int | None
     anchored: bool
     chunk: int
+    #: Whether the sequence has an exit that blocks entry (tagged ``unsubscribed``), and who is tagged so.
+    blocking: bool = False
+    tagged: frozenset[int] = frozenset()
 
 
 @st.composite
@@ -78,6 +90,8 @@ def populations(draw: st.DrawFn) -> Population:
         room=draw(st.one_of(st.none(), st.integers(0, 5), st.integers(0, 5))),
         anchored=draw(st.booleans()),
         chunk=draw(st.one_of(st.integers(1, 5), st.integers(6, 40))),
+        blocking=draw(st.booleans()),
+        tagged=frozenset(draw(st.sets(index, max_size=len(kinds)))),
     )
 
 
@@ -102,7 +116,10 @@ def build(pool: ConnectionPool, clock: ManualClock, population: Population) -> B
             conn,
             project_id,
             SequenceCreate(
-                name="differential", definition=Definition(steps=[step], reentry=population.policy)
+                name="differential",
+                definition=Definition(
+                    steps=[step], reentry=population.policy, exits=[BLOCKING] if population.blocking else []
+                ),
             ),
         )
         publish_sequence(conn, project_id, sequence.id)
@@ -120,6 +137,8 @@ def build(pool: ConnectionPool, clock: ManualClock, population: Population) -> B
                 conn.execute("UPDATE contacts SET opted_out_at = %s WHERE id = %s", (clock.now(), contact_id))
             elif kind == "erased":
                 conn.execute("UPDATE contacts SET erased_at = %s WHERE id = %s", (clock.now(), contact_id))
+        for n in population.tagged:  # once enrolled (the exit would refuse the live and finished ones)
+            conn.execute("UPDATE contacts SET tags = ARRAY['unsubscribed'] WHERE id = %s", (contacts[n],))
         if population.room is not None:
             live = population.kinds.count("live")
             conn.execute(
@@ -188,6 +207,8 @@ def one_by_one(
                 with savepoint(conn):
                     enroll(conn, built.project_id, request, now=clock.now(), source="bulk")
                 found.append(("enrolled", None))
+            except ExitCriteriaMet as refusal:
+                found.append(("skipped", f"{refusal.code}:{refusal.detail}"))
             except EnrollmentRejected as refusal:
                 found.append(("skipped", refusal.code))
             except NotFound:
@@ -274,6 +295,29 @@ def test_the_differential_test_sees_a_plan_limit_reached_mid_chunk(
         ("skipped", "plan_limit"),
     ]
     assert by_bulk == by_enroll == expected
+
+
+def test_the_differential_test_sees_an_exit_that_blocks_entry(
+    pool: ConnectionPool, clock: ManualClock
+) -> None:
+    """An example spelled out: the tagged contacts (fresh, live and finished) refused for the exit, before the
+    re-entry policy would replace the live one; the untagged one enrolled, both ways."""
+    population = Population(
+        kinds=["fresh", "fresh", "live", "finished"],
+        listed=[0, 1, 2, 3],
+        policy="always",
+        room=None,
+        anchored=False,
+        chunk=10,
+        blocking=True,
+        tagged=frozenset({0, 2, 3}),
+    )
+    unknown = [uuid.uuid4() for _ in population.listed]
+    jobbed, single = build(pool, clock, population), build(pool, clock, population)
+    by_bulk = by_job(pool, clock, jobbed, listed_ids(jobbed, population, unknown), population)
+    by_enroll = one_by_one(pool, clock, single, listed_ids(single, population, unknown), population)
+    refused = ("skipped", "exit_criteria:unsubscribed")
+    assert by_bulk == by_enroll == [refused, ("enrolled", None), refused, refused]
 
 
 def test_enroll_all_applies_dedupe_keys_as_enroll_one_by_one(

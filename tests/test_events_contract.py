@@ -22,8 +22,10 @@ from libs.common.contracts.platform_events import ContactErased, HumanMessage, I
 from libs.common.core.clock import ManualClock
 from libs.common.core.settings import FollowupSettings
 from libs.common.followups import release_step
-from libs.common.followups.definition import MessageStep
+from libs.common.followups.definition import Exit, Goal, MessageStep
+from libs.common.followups.goals import CRITERIA
 from libs.common.ingress import apply_event
+from libs.common.ingress.contact_changes import change_tags
 from libs.common.platform.send_lane import ClaimRequest, claim_messages
 from libs.common.rules import bulk
 from services.release.release import release_batch
@@ -115,7 +117,27 @@ def _run_every_event_path(
     while bulk.process_chunk(pool, clock, chunk=1):
         pass
 
+    # a goal met converts one enrollment, an exit met exits another
+    criteria = make_sequence(
+        pool,
+        project.id,
+        MessageStep(text="Until you buy"),
+        MessageStep(text="Still there?", delay_seconds=3600),
+        goals=[Goal(name="bought", event="contact.tag_added", conditions=_tagged("customer"))],
+        exits=[Exit(name="gone", event="contact.tag_added", conditions=_tagged("gone"))],
+    )
+    CRITERIA.invalidate(project.id)  # the publication's after-commit effect: make_sequence runs none
+    for tag in ("customer", "gone"):
+        contact_id = make_contact(pool, project.id)
+        make_enrollment(pool, clock, project.id, criteria, contact_id)
+        with pool.connection() as conn:
+            change_tags(conn, project.id, contact_id, add=[tag], now=clock.now())
+
     _event(pool, project, clock, ContactErased(contact_id=completer))
+
+
+def _tagged(tag: str) -> dict[str, Any]:
+    return {"attribute": "event.tags_added", "operator": "contains", "value": tag}
 
 
 def test_every_outbox_row_decodes_with_the_struct_of_its_type(

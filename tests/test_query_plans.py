@@ -22,7 +22,7 @@ from libs.common.core.clock import ManualClock
 from libs.common.core.db import create_pool
 from libs.common.core.settings import DatabaseSettings, FollowupSettings
 from libs.common.core.sql import load_queries
-from libs.common.followups import release_step, stops
+from libs.common.followups import goals, release_step, stops
 from libs.common.followups.definition import MessageStep
 from libs.common.platform import send_lane
 from libs.common.platform.projects import create_project
@@ -204,6 +204,30 @@ def test_the_queued_follow_ups_to_cancel_are_found_by_the_queued_contact_index(
             assert "messages" not in seq_scanned(nodes)
         queued = conn.execute(query, _stop_params(seeded)).fetchall()
         assert len(queued) == 1
+
+
+def test_the_enrollments_a_goal_may_meet_are_found_by_the_contact_index(
+    pool: ConnectionPool, seeded: Seeded
+) -> None:
+    query = goals.QUERIES["candidates"]
+    params = {"project_id": seeded.project_id, "contact_id": seeded.contact, "since": NOW}
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        for nodes in (explain(conn, query, params), explain_generic(conn, query)):
+            assert index_names(nodes) & {
+                "followup_enrollments_contact_idx",
+                "followup_enrollments_live_contact_idx",
+            }, nodes
+            assert "followup_enrollments" not in seq_scanned(nodes)
+        assert [row[0] for row in conn.execute(query, params).fetchall()] == [seeded.enrollment]
+
+
+def test_the_events_of_a_projects_goals_are_read_through_the_version_key(
+    pool: ConnectionPool, seeded: Seeded
+) -> None:
+    query = goals.QUERIES["criteria_events"]
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        for nodes in (explain(conn, query, {"project_id": seeded.project_id}), explain_generic(conn, query)):
+            assert "followup_sequence_versions" not in seq_scanned(nodes), nodes
 
 
 def test_the_release_claim_uses_the_project_claim_index(pool: ConnectionPool, seeded: Seeded) -> None:

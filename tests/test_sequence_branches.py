@@ -377,3 +377,16 @@ def test_a_reply_path_that_waits_again_takes_the_next_reply_path_too(
         (2, "branched", "replied"),
         (4, "queued", None),
     ]
+
+
+def test_the_enrollment_answers_its_assignments_and_the_paths_its_step_runs_took(
+    client: TestClient[Any], runtime: Runtime, clock: ManualClock
+) -> None:
+    sequence_id = split_sequence(client, holdout_weight=0)
+    enrollment = enroll(client, sequence_id, tagged(client))["id"]
+    drain(runtime, clock, hours=2)
+    detail = client.get(f"/v1/enrollments/{enrollment}").json()
+    variant = detail["enrollment"]["assignments"]["offer"]
+    assert variant in ("a", "b")
+    took = [(r["step_index"], r["outcome"], r["reason"], r["reason_detail"]) for r in detail["step_runs"]]
+    assert (1, "branched", "variant", variant) in took

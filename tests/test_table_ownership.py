@@ -161,11 +161,17 @@ ALLOWED_READS: dict[tuple[str, str, str], str] = {
         "a webhook delivery is signed with its project's secret, read with the claim",
     ),
     **_reads(
-        "rules",
-        "libs/common/rules/matching.py",
-        ("contacts", "conversations", "deals", "leads"),
-        "a rule's conditions compile to one SQL predicate over the contact's context (its conversation, lead "
-        "and deal): evaluated for a batch of triggers or a whole segment in one statement",
+        "followups",
+        "libs/common/followups/transitions.sql::end_by_criterion",
+        ("messages",),
+        "a conversion is attributed to the last step whose message was sent, read by the enrollment's id the "
+        "message carries, in the statement that converts it",
+    ),
+    **_reads(
+        "followups",
+        "libs/common/followups/transitions.sql::convert_late",
+        ("messages",),
+        "a late conversion is attributed to the last step whose message was sent, as end_by_criterion",
     ),
 }
 

@@ -173,6 +173,26 @@ class EnrollmentFailed(EnrollmentFinished, kw_only=True, frozen=True):
     type: ClassVar[str] = "followup.failed"
 
 
+class EnrollmentConverted(EnrollmentFinished, kw_only=True, frozen=True):
+    """A goal of the sequence was met: the enrollment ended ``converted``, or (``late``) one that had
+    finished converted inside its sequence's conversion window, its status kept."""
+
+    type: ClassVar[str] = "followup.converted"
+
+    goal: str
+    #: The step the conversion is attributed to: the last one whose message was sent (null: none was).
+    converted_step: int | None
+    late: bool = False
+
+
+class EnrollmentExited(EnrollmentFinished, kw_only=True, frozen=True):
+    """An exit criterion of the sequence was met: the enrollment ended ``exited``."""
+
+    type: ClassVar[str] = "followup.exited"
+
+    exited_by: str
+
+
 class ContactErased(Event, kw_only=True, frozen=True):
     """A contact was erased."""
 
@@ -232,6 +252,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         EnrollmentCompleted,
         EnrollmentStopped,
         EnrollmentFailed,
+        EnrollmentConverted,
+        EnrollmentExited,
         ContactErased,
         BulkJobProgress,
         BulkJobCompleted,
@@ -245,6 +267,8 @@ FINISHED: dict[str, type[EnrollmentFinished]] = {
     "completed": EnrollmentCompleted,
     "stopped": EnrollmentStopped,
     "failed": EnrollmentFailed,
+    "converted": EnrollmentConverted,
+    "exited": EnrollmentExited,
 }
 
 #: The event of each status a send lane reports.

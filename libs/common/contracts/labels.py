@@ -49,6 +49,8 @@ EVENTS: Final[dict[str, str]] = {
     "followup.completed": "Sequence completed",
     "followup.stopped": "Sequence stopped",
     "followup.failed": "Sequence failed",
+    "followup.converted": "Sequence goal met",
+    "followup.exited": "Sequence exit criterion met",
 }
 
 #: The attributes of rule conditions (``contact.attributes.<key>`` is labelled by its key).
@@ -97,6 +99,10 @@ REASONS: Final[dict[str, str]] = {
     "instance_unavailable": "No number connected",
     "undeliverable": "The provider cannot deliver to the contact",
     "error": "Error",
+    # goals and exits (a message cancelled for them; an enrollment refused)
+    "converted": "Goal met",
+    "exited": "Exit criterion met",
+    "exit_criteria": "An exit criterion holds",
     # skipped steps and waits
     "only_if": "Condition not met",
     "no_reply_since_previous_step": "no reply since the previous step",

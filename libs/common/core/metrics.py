@@ -34,6 +34,12 @@ FOLLOWUP_FINISHED: Final = Counter(
     "Enrollments that finished, by status and reason.",
     ["status", "reason"],
 )
+FOLLOWUP_CONVERSIONS: Final = Counter(
+    "whatstig_followup_conversions_total",
+    "Goals met by enrollments: live ones converted (late false), finished ones inside their sequence's "
+    "conversion window (late true).",
+    ["late"],
+)
 FOLLOWUP_PREVIEWS: Final = Counter(
     "whatstig_followup_previews_total",
     "Sequence previews, by result: complete, incomplete (a step still deferred), or the rejection.",

@@ -12,6 +12,8 @@ erasure.
     enrollments    enroll(), reads, pause / resume / stop / reschedule by hand
     transitions    every change to an enrollment after it was created, and its purge (the one writer)
     stops          the stop paths of platform events
+    goals          goals and exits met by a platform event (converted, exited, a late conversion), and the
+                   exits that block entry
     release        the release of one due enrollment: claim, step, commit, count (the release loop's work)
     release_claim  the claim of the oldest due enrollment, the next due time, the leased AI step's reads
     release_step   one step, one transaction (for a claimed enrollment; the AI step's second pass too)

@@ -33,6 +33,7 @@ from libs.common.followups.definition import (
     check_anchor,
     step_due_at,
 )
+from libs.common.followups.goals import blocking_exits
 from libs.common.followups.release_step import StepOutcome, StepRunReason
 from libs.common.followups.sequences import check_one_off, create_one_off_version, version_definition
 from libs.common.followups.stops import Stopped
@@ -122,6 +123,7 @@ EnrollmentRejection = Literal[
     "opted_out",
     "plan_limit",
     "sequence_not_enrollable",
+    "exit_criteria",
 ]
 
 
@@ -159,6 +161,17 @@ class SequenceNotEnrollable(EnrollmentRejected):
     """The sequence is not published or is archived."""
 
     code = "sequence_not_enrollable"
+
+
+class ExitCriteriaMet(EnrollmentRejected):
+    """An exit criterion of the sequence that blocks entry holds for the contact."""
+
+    code = "exit_criteria"
+
+    def __init__(self, exit_name: str) -> None:
+        super().__init__(f"the exit criterion {exit_name} holds for the contact", field="contact_id")
+        #: The exit's name (a bulk job's skip reason carries it as its detail: ``exit_criteria:<name>``).
+        self.detail = exit_name
 
 
 #: What :func:`enroll_all` gives for each request: the enrollment and whether it was created, or why not (a
@@ -366,6 +379,11 @@ def _enroll_checked(
             if facts[i].enrolled_before:
                 results[i] = ReentryNotAllowed(field="contact_id")
         admitted = [i for i in admitted if results[i] is None]
+    blocked = blocking_exits(conn, project_id, definition, [requests[i].contact_id for i in admitted])
+    for i in admitted:
+        if requests[i].contact_id in blocked:
+            results[i] = ExitCriteriaMet(blocked[requests[i].contact_id])
+    admitted = [i for i in admitted if results[i] is None]
     replaced = _replaced(conn, project_id, first.sequence_id, [requests[i] for i in admitted], definition)
     max_active, live_now = contacts[0].max_active_enrollments, contacts[0].live_enrollments
     room = max_active - live_now if max_active is not None and live_now is not None else None

@@ -126,11 +126,11 @@ def assign(
     contact_id: uuid.UUID,
     winner: str | None = None,
 ) -> Assignment:
-    """The split at ``index``'s arm for the contact: the winner when one was chosen (``winner``, else the
-    split's own), else by weight, the holdout's last."""
+    """The split at ``index``'s arm for the contact: the winner when one was chosen (``winner``, when it is
+    one of the split's variants; else the split's own), else by weight, the holdout's last."""
     split = definition.steps[index]
     assert isinstance(split, SplitStep), index
-    chosen = winner or split.winner
+    chosen = winner if any(v.name == winner for v in split.variants) else split.winner
     for variant in split.variants:
         if variant.name == chosen:
             return Assignment(split.experiment, variant.name, resolve(definition, index, variant.to))

@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 
 from libs.common.contracts.limits import Name
 from libs.common.core import validation
+from libs.common.core.effects import Invalidate, after_commit
 from libs.common.core.errors import Conflict, NotFound, Refusals
 from libs.common.core.sql import load_queries
 from libs.common.followups import transitions
@@ -34,6 +35,10 @@ from libs.common.followups.definition import (
 from libs.common.platform.numbers import get_number
 
 QUERIES = load_queries("libs.common.followups", "sequences.sql")
+
+#: What publishing a version with goals or exits invalidates: each process's events that the project's goals
+#: and exits are about (:mod:`~libs.common.followups.goals`), published after the commit.
+CRITERIA_INVALIDATION_KIND = "sequence_criteria"
 
 _Row = TypeVar("_Row", "Sequence", "Version")
 
@@ -285,6 +290,8 @@ def publish_definition(
     params = {"project_id": project_id, "id": sequence_id, "version_id": version.id}
     conn.execute(QUERIES["set_current_version"], params)
     record_winners(conn, project_id, sequence_id, version.id, definition, now=now)
+    if definition.goals or definition.exits:
+        after_commit(conn, Invalidate(CRITERIA_INVALIDATION_KIND, project_id))
     return version
 
 

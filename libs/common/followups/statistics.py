@@ -389,6 +389,8 @@ class DailyActivity(msgspec.Struct, kw_only=True):
     skipped: int = 0
     completed: int = 0
     stopped: int = 0
+    converted: int = 0
+    exited: int = 0
 
 
 def daily_activity(

@@ -60,7 +60,7 @@ GROUP BY sequence_id, status
 
 -- name: daily_activity
 -- A sequence's activity per UTC day from a moment on: enrollments made, step runs queued and skipped, and
--- enrollments completed and stopped.
+-- enrollments completed, stopped, converted and exited.
 SELECT 'enrolled' AS kind, (e.enrolled_at AT TIME ZONE 'UTC')::date AS day, count(*)::int
 FROM followup_enrollments e
 WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND e.enrolled_at >= %(since)s
@@ -75,7 +75,7 @@ UNION ALL
 SELECT e.status, (e.finished_at AT TIME ZONE 'UTC')::date, count(*)::int
 FROM followup_enrollments e
 WHERE e.project_id = %(project_id)s AND e.sequence_id = %(sequence_id)s AND e.finished_at >= %(since)s
-  AND e.status IN ('completed', 'stopped')
+  AND e.status IN ('completed', 'stopped', 'converted', 'exited')
 GROUP BY 1, 2
 
 -- name: template_messages_by_month

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -190,6 +191,29 @@ def stop_enrollment(
     stopped = Stopped(reason, [enrollment.id], cancelled)
     after_commit(conn, Observe("stopped enrollment", lambda: count_stopped(stopped)))
     return stopped
+
+
+def cancel_queued_followups(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    enrollments: Sequence[EnrollmentRef],
+    reason: str,
+    *,
+    now: datetime,
+) -> list[uuid.UUID]:
+    """Cancel the follow-up messages still QUEUED of ``enrollments`` (finished by the caller, a goal or an
+    exit met), as a stop path cancels them: ``reason`` is the cancellation's ``stop_reason``."""
+    cancelled: list[uuid.UUID] = []
+    for enrollment in enrollments:
+        params = {
+            "project_id": project_id,
+            "contact_id": enrollment.contact_id,
+            "flag": "any",
+            "conversation_id": None,
+            "enrollment_id": enrollment.id,
+        }
+        cancelled += _cancel_queued(conn, project_id, params, reason, now)
+    return cancelled
 
 
 def _cancel_queued(

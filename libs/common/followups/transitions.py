@@ -1,7 +1,8 @@
 """The one home of every change to an enrollment after it was created (``followup_enrollments`` is
-updated here and nowhere else): advance, defer, pause, resume, finish, a counted failure, a new schedule,
-erasure, and the purge of finished enrollments past their retention. Finishing writes the
-``followup.<status>`` event of each finished enrollment.
+updated here and nowhere else): advance, defer, pause, resume, finish (a goal met converts, an exit
+criterion met exits), a late conversion, a counted failure, a new schedule, erasure, and the purge of
+finished enrollments past their retention. Finishing writes the ``followup.<status>`` event of each finished
+enrollment.
 
 The caller has locked the enrollments (the release claim, or a ``SELECT ... FOR UPDATE``). Nothing here
 counts metrics: callers count what they did once their transaction committed.
@@ -19,15 +20,17 @@ from psycopg import Connection
 from psycopg.rows import kwargs_row
 from psycopg.types.json import Jsonb
 
-from libs.common.contracts.events import FINISHED, Event
+from libs.common.contracts.events import FINISHED, EnrollmentConverted, EnrollmentExited, Event
 from libs.common.core.outbox import write_events
 from libs.common.core.reasons import PolicyStopReason, PolicyWaitingReason
 from libs.common.core.sql import load_queries
 
 QUERIES = load_queries("libs.common.followups", "transitions.sql")
 
-EnrollmentStatus = Literal["active", "paused", "completed", "stopped", "failed"]
+EnrollmentStatus = Literal["active", "paused", "completed", "stopped", "failed", "converted", "exited"]
 FinalStatus = Literal["completed", "stopped", "failed"]
+#: How an enrollment ends when one of its sequence's criteria is met: a goal converts it, an exit exits it.
+CriterionStatus = Literal["converted", "exited"]
 #: Why an enrollment stopped, failed or is paused (a completed or active one has none): the stop paths
 #: (``stops.REASONS``: replied, human_message, opted_out, lead_closed, conversation_resolved,
 #: contact_erased, undeliverable: the provider cannot deliver to the contact), a stop by hand or on
@@ -92,6 +95,16 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
     last_message_id: uuid.UUID | None
     enrolled_at: datetime
     finished_at: datetime | None
+    #: The goal met: the enrollment converted (``converted``, or late: after it finished, inside the
+    #: sequence's conversion window), when, and the step it is attributed to (the last one whose message
+    #: was sent; null when none was).
+    goal: str | None = None
+    converted_at: datetime | None = None
+    converted_step: int | None = None
+    #: The exit criterion that ended it (``exited``).
+    exited_by: str | None = None
+    #: The arm of each experiment (split step) it reached: ``{"offer": "b"}`` (``holdout``: held out).
+    assignments: dict[str, str] | None = None
 
 
 def _enrollment(**columns: Any) -> Enrollment:
@@ -264,6 +277,95 @@ def finish(
         for e in enrollments
     ]
     write_events(conn, project_id, [*preceding, *events], occurred_at=now)
+
+
+class Met(msgspec.Struct, frozen=True):
+    """A criterion of its sequence met by an enrollment: the goal's or exit's name, and the step a conversion
+    is attributed to (filled in by :func:`end_by_criterion` and :func:`convert_late`)."""
+
+    id: uuid.UUID
+    sequence_id: uuid.UUID | None
+    contact_id: uuid.UUID
+    name: str
+    converted_step: int | None = None
+
+
+def end_by_criterion(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    met: Sequence[Met],
+    status: CriterionStatus,
+    *,
+    now: datetime,
+) -> list[Met]:
+    """End the live ones of ``met`` (locked by the caller) ``converted`` (a goal: its name in ``goal``,
+    ``converted_at`` now, ``converted_step`` the last step whose message was sent) or ``exited`` (its name in
+    ``exited_by``), and write their ``followup.converted`` / ``followup.exited`` events; returns those
+    ended, with their step."""
+    if not met:
+        return []
+    params = {
+        "project_id": project_id,
+        "ids": [m.id for m in met],
+        "names": [m.name for m in met],
+        "status": status,
+        "now": now,
+    }
+    steps = dict(conn.execute(QUERIES["end_by_criterion"], params).fetchall())
+    ended = [msgspec.structs.replace(m, converted_step=steps[m.id]) for m in met if m.id in steps]
+    events: list[Event] = [
+        EnrollmentConverted(
+            enrollment_id=m.id,
+            sequence_id=m.sequence_id,
+            contact_id=m.contact_id,
+            reason=None,
+            goal=m.name,
+            converted_step=m.converted_step,
+        )
+        if status == "converted"
+        else EnrollmentExited(
+            enrollment_id=m.id,
+            sequence_id=m.sequence_id,
+            contact_id=m.contact_id,
+            reason=None,
+            exited_by=m.name,
+        )
+        for m in ended
+    ]
+    write_events(conn, project_id, events, occurred_at=now)
+    return ended
+
+
+def convert_late(
+    conn: Connection[Any], project_id: uuid.UUID, met: Sequence[Met], *, now: datetime
+) -> list[Met]:
+    """A late conversion: the finished ones of ``met`` not converted yet (locked by the caller) get the goal,
+    ``converted_at`` and ``converted_step``, their status kept, and a ``followup.converted`` event (``late``);
+    returns those converted (never one twice)."""
+    if not met:
+        return []
+    params = {
+        "project_id": project_id,
+        "ids": [m.id for m in met],
+        "names": [m.name for m in met],
+        "now": now,
+    }
+    steps = dict(conn.execute(QUERIES["convert_late"], params).fetchall())
+    converted = [msgspec.structs.replace(m, converted_step=steps[m.id]) for m in met if m.id in steps]
+    events = [
+        EnrollmentConverted(
+            enrollment_id=m.id,
+            sequence_id=m.sequence_id,
+            contact_id=m.contact_id,
+            reason=None,
+            goal=m.name,
+            converted_step=m.converted_step,
+            late=True,
+        )
+        for m in converted
+    ]
+    write_events(conn, project_id, events, occurred_at=now)
+    return converted
 
 
 def lease(conn: Connection[Any], project_id: uuid.UUID, enrollment_id: uuid.UUID, until: datetime) -> int:

@@ -1,5 +1,6 @@
 -- The one home of every change to an enrollment after it was created: advance, defer, pause, resume,
--- finish (completed, stopped or failed, with a reason), a counted failure, a new schedule, and erasure.
+-- finish (completed, stopped or failed, with a reason; converted or exited by a criterion met), a late
+-- conversion, a counted failure, a new schedule, and erasure.
 -- The enrollments a transition applies to were locked by the caller (claimed, or selected FOR UPDATE).
 
 -- name: advance
@@ -74,6 +75,55 @@ WHERE current_setting('followups.preview', true) IS DISTINCT FROM 'on' -- a prev
 HAVING count(*) > 0
 ON CONFLICT (project_id, shard) DO UPDATE SET live = c.live + excluded.live
 
+-- name: end_by_criterion
+-- End live enrollments whose sequence's goal or exit was met (each id with its criterion's name): converted
+-- (the goal, when, and the step it is attributed to: the last of its messages that was sent, read through
+-- the enrollment's messages index) or exited (the exit's name). Nothing is due any more. The project's live
+-- count loses them, as finish does. Returns each one ended with its step.
+WITH met AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(names)s::text[]) AS m (id, name)
+), ended AS (
+    UPDATE followup_enrollments e
+    SET status = %(status)s::text, reason = NULL, finished_at = %(now)s, locked_until = NULL,
+        updated_at = %(now)s, next_run_at = least(e.next_run_at, %(now)s),
+        goal = CASE WHEN %(status)s::text = 'converted' THEN m.name ELSE e.goal END,
+        converted_at = CASE WHEN %(status)s::text = 'converted' THEN %(now)s ELSE e.converted_at END,
+        converted_step = CASE WHEN %(status)s::text = 'converted' THEN (
+            SELECT s.followup_step_index FROM messages s
+            WHERE s.project_id = e.project_id AND s.followup_enrollment_id = e.id
+              AND s.status IN ('PROCESSING', 'SENT', 'DELIVERED', 'READ')
+            ORDER BY s.created_at DESC, s.id DESC LIMIT 1
+        ) ELSE e.converted_step END,
+        exited_by = CASE WHEN %(status)s::text = 'exited' THEN m.name ELSE e.exited_by END
+    FROM met m
+    WHERE e.project_id = %(project_id)s AND e.id = m.id AND e.status IN ('active', 'paused')
+    RETURNING e.id, e.converted_step
+), counted AS (
+    INSERT INTO followup_live_counters AS c (project_id, shard, live)
+    SELECT %(project_id)s, pg_backend_pid() & 15, -count(*) FROM ended
+    WHERE current_setting('followups.preview', true) IS DISTINCT FROM 'on' -- a preview holds no counter row
+    HAVING count(*) > 0
+    ON CONFLICT (project_id, shard) DO UPDATE SET live = c.live + excluded.live
+)
+SELECT id, converted_step FROM ended
+
+-- name: convert_late
+-- A late conversion: finished enrollments not converted yet get the goal met (each id with its name), when,
+-- and the step it is attributed to (as end_by_criterion); their status is kept, and one converts once.
+-- Returns each one converted with its step.
+UPDATE followup_enrollments e
+SET goal = m.name, converted_at = %(now)s, updated_at = %(now)s,
+    converted_step = (
+        SELECT s.followup_step_index FROM messages s
+        WHERE s.project_id = e.project_id AND s.followup_enrollment_id = e.id
+          AND s.status IN ('PROCESSING', 'SENT', 'DELIVERED', 'READ')
+        ORDER BY s.created_at DESC, s.id DESC LIMIT 1
+    )
+FROM unnest(%(ids)s::uuid[], %(names)s::text[]) AS m (id, name)
+WHERE e.project_id = %(project_id)s AND e.id = m.id AND e.status NOT IN ('active', 'paused')
+  AND e.converted_at IS NULL
+RETURNING e.id, e.converted_step
+
 -- name: lease
 -- Lease an AI step for its model call: the claim skips the enrollment until ``until``, and the attempts it
 -- returns is the fence the second pass must still find (a lease that expired is claimed again, with a new
@@ -119,7 +169,7 @@ WHERE project_id = %(project_id)s AND contact_id = %(contact_id)s
 DELETE FROM followup_enrollments
 WHERE project_id = %(project_id)s AND id = ANY(ARRAY(
     SELECT e.id FROM followup_enrollments e
-    WHERE e.project_id = %(project_id)s AND e.status IN ('completed', 'stopped', 'failed')
+    WHERE e.project_id = %(project_id)s AND e.status NOT IN ('active', 'paused')
       AND e.finished_at < %(now)s::timestamptz - interval '1 day'
       AND e.finished_at < %(now)s::timestamptz - make_interval(days => coalesce(
           (SELECT s.retention_days FROM followup_settings s WHERE s.project_id = %(project_id)s), 90))

@@ -1,7 +1,7 @@
 """What every platform event shares once its handler made the platform change: the stop path (its outcome
-on the result, counted after the commit), the rule triggers it records (the triggers service nudged after
-the commit), the storable form of the event, the log line of each event, and the fail-closed stop of a
-reply that could not be applied."""
+on the result, counted after the commit), the sequences' goals and exits it meets and the rule triggers it
+records (the triggers service nudged after the commit), the storable form of the event, the log line of
+each event, and the fail-closed stop of a reply that could not be applied."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from libs.common.core import validation
 from libs.common.core.db import map_errors
 from libs.common.core.effects import Observe, after_commit
 from libs.common.core.errors import NotFound
+from libs.common.followups.goals import meet_goals
 from libs.common.followups.stops import StopFlag, count_stopped, stop_followups_for_contact
 from libs.common.followups.transitions import EnrollmentReason
 from libs.common.platform import contacts
@@ -51,6 +52,11 @@ class EventResult(msgspec.Struct, kw_only=True):
     provider_action: str | None = None
     #: The enrollment a released campaign recipient got.
     enrollment_id: uuid.UUID | None = None
+    #: Live enrollments the event ended: a goal of their sequence met (converted), an exit met (exited).
+    converted_enrollment_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
+    exited_enrollment_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
+    #: Finished enrollments the event converted late (a goal met inside their conversion window).
+    converted_late_enrollment_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
     #: Triggers recorded for the rules that listen for this event (public ids: random, they tell nothing of
     #: other projects' volume).
     trigger_ids: list[uuid.UUID] = msgspec.field(default_factory=list)
@@ -73,7 +79,7 @@ def stop(
     if stopped.enrollment_ids:
         after_commit(conn, Observe("stopped follow-ups", lambda: count_stopped(stopped)))
     result.stopped_enrollment_ids = stopped.enrollment_ids
-    result.cancelled_message_ids = stopped.cancelled_message_ids
+    result.cancelled_message_ids += stopped.cancelled_message_ids
     result.stop_reason = stopped.reason
     return result
 
@@ -89,17 +95,24 @@ def record(
     conversation_id: uuid.UUID | None = None,
     **payload: Any,
 ) -> list[uuid.UUID]:
-    """Record a trigger for ``event`` (when a rule listens); its public id goes on the result (if one is
-    given)."""
+    """Meet the goals and exits of the contact's sequences that ``event`` is about, and record a trigger for
+    it (when a rule listens); what they did goes on the result (if one is given)."""
+    payload = {key: value for key, value in payload.items() if value is not None}
+    met = meet_goals(conn, project_id, event, contact_id, conversation_id, payload, now)
     trigger_id = record_trigger(
         conn,
         project_id,
         event,
         contact_id=contact_id,
         conversation_id=conversation_id,
-        payload={key: value for key, value in payload.items() if value is not None},
+        payload=payload,
         now=now,
     )
+    if result is not None and met:
+        result.converted_enrollment_ids += [m.id for m in met.converted]
+        result.exited_enrollment_ids += [m.id for m in met.exited]
+        result.converted_late_enrollment_ids += [m.id for m in met.converted_late]
+        result.cancelled_message_ids += met.cancelled_message_ids
     found = [trigger_id] if trigger_id is not None else []
     if result is not None:
         result.trigger_ids += found
@@ -141,6 +154,8 @@ def log_applied(project_id: uuid.UUID, kind: str, result: EventResult) -> None:
             "message_id": str(result.message_id) if result.message_id else None,
             "stopped": len(result.stopped_enrollment_ids),
             "cancelled": len(result.cancelled_message_ids),
+            "converted": len(result.converted_enrollment_ids) + len(result.converted_late_enrollment_ids),
+            "exited": len(result.exited_enrollment_ids),
         },
     )
 

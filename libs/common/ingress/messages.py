@@ -66,11 +66,10 @@ def inbound(
         conversation_id=conversation_id,
         message_id=recorded.message_id,
     )
-    stop(conn, project_id, contact_id, "reply", now, result)
     if new_contact:
         record(conn, project_id, "contact.created", result, now, contact_id=contact_id)
     message = _message(recorded.message_id, "incoming", event.body)
-    record(
+    record(  # before the stop path: a goal the reply meets converts the enrollment rather than stopping it
         conn,
         project_id,
         "message.created",
@@ -80,7 +79,7 @@ def inbound(
         conversation_id=conversation_id,
         message=message,
     )
-    return result
+    return stop(conn, project_id, contact_id, "reply", now, result)
 
 
 def _conversation_for(
@@ -131,9 +130,8 @@ def human(conn: Connection[Any], project_id: uuid.UUID, event: HumanMessage, now
         conversation_id=conversation.id,
         message_id=recorded.message_id,
     )
-    stop(conn, project_id, conversation.contact_id, "human_message", now, result, conversation.id)
     message = _message(recorded.message_id, "outgoing", event.body)
-    record(
+    record(  # before the stop path, as a reply's
         conn,
         project_id,
         "message.created",
@@ -143,7 +141,7 @@ def human(conn: Connection[Any], project_id: uuid.UUID, event: HumanMessage, now
         conversation_id=conversation.id,
         message=message,
     )
-    return result
+    return stop(conn, project_id, conversation.contact_id, "human_message", now, result, conversation.id)
 
 
 def status(conn: Connection[Any], project_id: uuid.UUID, event: MessageStatus, now: datetime) -> EventResult:

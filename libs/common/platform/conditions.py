@@ -9,11 +9,11 @@ against the attribute catalogue, and compilation of a tree into ONE parameterise
 
 The predicate is evaluated over a context its caller gives: an event ``t`` (its ``payload`` holds the
 event's own message and ``changed`` set), a contact ``c``, a conversation ``v``, the contact's lead ``l``
-and deal ``d`` (a rule's trigger: ``libs.common.rules.matching.CONTEXT``; a segment or a contact's state
-without an event: :data:`SEGMENT_CONTEXT`). Identifiers come only from the catalogue below, written as SQL
-here; every value a user gave (custom attribute keys included) is a bound parameter. A predicate is never
-NULL: a leaf about a value that is absent is false, and a negative operator is the negation of its
-positive one.
+and deal ``d`` (an event's: :data:`EVENT_CONTEXT`, after a rule's trigger row or a goal's event; a segment
+or a contact's state without an event: :data:`SEGMENT_CONTEXT`). Identifiers come only from the catalogue
+below, written as SQL here; every value a user gave (custom attribute keys included) is a bound
+parameter. A predicate is never NULL: a leaf about a value that is absent is false, and a negative
+operator is the negation of its positive one.
 
 Text comparisons ignore ASCII case (``lower`` under the C collation: ``STOP`` matches ``stop``; other
 letters compare as written).
@@ -180,6 +180,28 @@ ATTRIBUTES: dict[str, Attribute] = {
 }
 CUSTOM_PREFIX = "contact.attributes."
 _CUSTOM = _attr("contact.attributes", "custom", "c.attributes", "the contact's custom attributes")
+
+#: The context of an event ``t`` (selected by the caller: a rule's trigger row, or a row of parameters with
+#: ``project_id``, ``contact_id``, ``conversation_id`` and ``payload``): its contact ``c`` (none once erased:
+#: no rule or goal acts on an erased contact), conversation ``v``, the contact's lead ``l`` and deal ``d``
+#: (the event's own, else the newest).
+EVENT_CONTEXT = sql.SQL(
+    """JOIN contacts c ON c.project_id = t.project_id AND c.id = t.contact_id AND c.erased_at IS NULL
+LEFT JOIN conversations v ON v.project_id = t.project_id AND v.id = t.conversation_id
+LEFT JOIN LATERAL (
+    SELECT status FROM leads
+    WHERE leads.project_id = c.project_id AND leads.contact_id = c.id
+    ORDER BY leads.id = (t.payload ->> 'lead_id')::uuid DESC NULLS LAST, leads.created_at DESC, leads.id
+    LIMIT 1
+) l ON true
+LEFT JOIN LATERAL (
+    SELECT stage FROM deals
+    WHERE deals.project_id = c.project_id AND deals.contact_id = c.id
+    ORDER BY deals.id = (t.payload ->> 'deal_id')::uuid DESC NULLS LAST, deals.updated_at DESC, deals.id
+    LIMIT 1
+) d ON true"""
+)
+
 
 #: FROM clause of a segment (bulk enrollment): every contact ``c`` with its newest conversation ``v``, lead
 #: ``l`` and deal ``d``; there is no event, so ``t`` has an empty payload (event attributes are refused).

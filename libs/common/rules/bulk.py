@@ -51,6 +51,7 @@ from libs.common.followups.enrollments import (
     EnrollmentRejection,
     EnrollRequest,
     EnrollResult,
+    ExitCriteriaMet,
     enroll_all,
 )
 from libs.common.followups.sequences import get_sequence
@@ -406,10 +407,13 @@ def _enroll_all(
 
 def _skip_reason(
     job: dict[str, Any], request: EnrollRequest, result: EnrollResult | psycopg.DataError
-) -> BulkSkipReason | None:
-    """Why a contact was skipped (None: enrolled): ``enroll()``'s refusal, or an error of its own data."""
+) -> str | None:
+    """Why a contact was skipped (None: enrolled): ``enroll()``'s refusal (an exit criterion's with its name:
+    ``exit_criteria:<name>``), or an error of its own data."""
     if isinstance(result, tuple):
         return None
+    if isinstance(result, ExitCriteriaMet):
+        return f"{result.code}:{result.detail}"
     if isinstance(result, EnrollmentRejected):
         return result.code
     if isinstance(result, NotFound):  # the contact was deleted since the job was created
@@ -423,7 +427,7 @@ def _skip_reason(
     return "error"
 
 
-def _outcome(position: int, reason: BulkSkipReason | None) -> dict[str, Any]:
+def _outcome(position: int, reason: str | None) -> dict[str, Any]:
     return {"position": position, "outcome": "enrolled" if reason is None else "skipped", "reason": reason}
 
 

@@ -15,26 +15,11 @@ from typing import Any
 from psycopg import ClientCursor, Connection, RawCursor, sql
 from psycopg.types.numeric import FloatDumper
 
+from libs.common.platform.conditions import EVENT_CONTEXT
+
 #: FROM clause of the context a rule's predicate is evaluated over: the trigger ``t`` (selected by the caller;
-#: the event's own message and ``changed`` set live in its payload), its contact ``c`` (none once erased: no
-#: rule acts on an erased contact), conversation ``v``, the contact's lead ``l`` and deal ``d``.
-CONTEXT = sql.SQL(
-    """followup_triggers t
-JOIN contacts c ON c.project_id = t.project_id AND c.id = t.contact_id AND c.erased_at IS NULL
-LEFT JOIN conversations v ON v.project_id = t.project_id AND v.id = t.conversation_id
-LEFT JOIN LATERAL (
-    SELECT status FROM leads
-    WHERE leads.project_id = c.project_id AND leads.contact_id = c.id
-    ORDER BY leads.id = (t.payload ->> 'lead_id')::uuid DESC NULLS LAST, leads.created_at DESC, leads.id
-    LIMIT 1
-) l ON true
-LEFT JOIN LATERAL (
-    SELECT stage FROM deals
-    WHERE deals.project_id = c.project_id AND deals.contact_id = c.id
-    ORDER BY deals.id = (t.payload ->> 'deal_id')::uuid DESC NULLS LAST, deals.updated_at DESC, deals.id
-    LIMIT 1
-) d ON true"""
-)
+#: the event's own message and ``changed`` set live in its payload) and its event's context.
+CONTEXT = sql.SQL("followup_triggers t\n{}").format(EVENT_CONTEXT)
 
 
 class _Float8Literal(FloatDumper):

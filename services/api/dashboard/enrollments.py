@@ -35,7 +35,7 @@ from services.api.dashboard.step_form import describe
 from services.api.deps import runtime_of, transaction
 from services.api.problems import status_of
 
-STATUSES = ("active", "paused", "completed", "stopped", "failed")
+STATUSES = ("active", "paused", "completed", "stopped", "failed", "converted", "exited")
 LIVE = ("active", "paused")
 #: The enroll form's inputs by the domain's field names.
 ENROLL_FIELDS = {"contact_id": "contact"}
@@ -116,10 +116,15 @@ def timeline(detail: EnrollmentDetail, steps: list[Any]) -> list[TimelineEntry]:
     if not live:
         reason = f"reason: {label_of(enrollment.reason, 'reason')}" if enrollment.reason else ""
         note = f" · note: {enrollment.note}" if enrollment.note else ""
-        state = "done" if enrollment.status == "completed" else "stopped"
+        if enrollment.exited_by:
+            reason = f"exit: {enrollment.exited_by}"
+        state = "done" if enrollment.status in ("completed", "converted") else "stopped"
         entries.append(
             TimelineEntry(state, enrollment.status.capitalize(), enrollment.finished_at, reason + note)
         )
+    if enrollment.goal is not None:
+        step = f"after step {enrollment.converted_step + 1}" if enrollment.converted_step is not None else ""
+        entries.append(TimelineEntry("done", f"Goal met: {enrollment.goal}", enrollment.converted_at, step))
     return entries
 
 
