@@ -4,6 +4,7 @@ each contact's outcome, events, counters)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -92,13 +93,11 @@ def enrolled_contacts(
 
 
 def outcomes(pool: ConnectionPool, job_id: str) -> list[tuple[Any, ...]]:
-    """Each item's (position, contact_id, phone, outcome, reason), in order."""
-    return rows(
-        pool,
-        "SELECT position, contact_id::text, phone, outcome, reason FROM followup_bulk_job_items"
-        " WHERE job_id = %s ORDER BY position",
-        job_id,
-    )
+    """Each item's (position, contact_id as text, phone, outcome, reason), in order (bulk.item_outcomes)."""
+    ((project_id,),) = rows(pool, "SELECT project_id FROM followup_bulk_jobs WHERE id = %s", job_id)
+    with pool.connection() as conn:
+        items = bulk.item_outcomes(conn, project_id, uuid.UUID(str(job_id)))
+    return [(p, str(c) if c is not None else None, phone, o, r) for p, c, phone, o, r in items]
 
 
 def bulk_events(pool: ConnectionPool, job_id: str) -> list[tuple[str, dict[str, Any]]]:

@@ -182,11 +182,7 @@ def by_job(
             if row[0] == "completed":
                 break
     with pool.connection() as conn:
-        return conn.execute(
-            "SELECT outcome, reason FROM followup_bulk_job_items"
-            " WHERE project_id = %s AND job_id = %s ORDER BY position",
-            (built.project_id, job.id),
-        ).fetchall()
+        return [(o, r) for *_, o, r in bulk.item_outcomes(conn, built.project_id, job.id)]
 
 
 def one_by_one(

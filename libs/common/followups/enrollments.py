@@ -462,8 +462,8 @@ def _contacts(conn: Connection[Any], project_id: uuid.UUID, requests: list[Enrol
         "project_id": project_id,
         "sequence_id": requests[0].sequence_id,
         "contact_ids": [r.contact_id for r in requests],
-        "number_ids": [r.number_id for r in requests],
-        "conversation_ids": [r.conversation_id for r in requests],
+        "number_ids": _column([r.number_id for r in requests]),
+        "conversation_ids": _column([r.conversation_id for r in requests]),
     }
     with conn.cursor(row_factory=class_row(_Contact)) as cur:
         with conn.pipeline():
@@ -562,12 +562,12 @@ def _insert(
         "source": source,
         "campaign_id": campaign_id,
         "contact_ids": [r.contact_id for r in chosen],
-        "conversation_ids": [r.conversation_id for r in chosen],
-        "number_ids": [r.number_id for r in chosen],
+        "conversation_ids": _column([r.conversation_id for r in chosen]),
+        "number_ids": _column([r.number_id for r in chosen]),
         "next_run_ats": [due for _, due in admitted],
-        "anchor_ats": [r.anchor_at for r in chosen],
+        "anchor_ats": _column([r.anchor_at for r in chosen]),
         "variables": [Jsonb(r.variables) for r in chosen],
-        "dedupe_keys": [r.dedupe_key for r in chosen],
+        "dedupe_keys": _column([r.dedupe_key for r in chosen]),
         "stop_on_reply": flags.reply,
         "stop_on_human_message": flags.human_message,
         "stop_on_opt_out": flags.opt_out,
@@ -577,6 +577,12 @@ def _insert(
     }
     with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
         return {e.contact_id: e for e in cur.execute(QUERIES["insert_enrollments"], params, binary=True)}
+
+
+def _column(values: list[Any]) -> list[Any] | None:
+    """A column of a chunk's requests for ``unnest``, or NULL when it holds only NULLs (``unnest`` pads a
+    NULL array with NULLs, and the client dumps no element of it)."""
+    return values if any(value is not None for value in values) else None
 
 
 class _Live(msgspec.Struct, frozen=True):

@@ -264,6 +264,12 @@ def skipped_rows(
         yield from cur
 
 
+def item_outcomes(conn: Connection[Any], project_id: uuid.UUID, job_id: uuid.UUID) -> list[tuple[Any, ...]]:
+    """Each listed contact's (position, contact_id, phone, outcome, reason), in order: ``enrolled``,
+    ``skipped`` with the reason, or None while the job has not reached it."""
+    return conn.execute(QUERIES["item_outcomes"], {"project_id": project_id, "job_id": job_id}).fetchall()
+
+
 # --- processing -----------------------------------------------------------------------------------------
 
 
@@ -448,8 +454,9 @@ def _advance(
     now: datetime,
 ) -> None:
     """Write the chunk's outcomes and move the job on, with its progress (or completed) event."""
-    if outcomes:
-        params = {"project_id": job["project_id"], "job_id": job["id"], "items": Jsonb(outcomes)}
+    skips = [o for o in outcomes if o["outcome"] == "skipped"]
+    if skips:
+        params = {"project_id": job["project_id"], "job_id": job["id"], "items": Jsonb(skips)}
         conn.execute(QUERIES["record_items"], params)
     skipped = dict(job["skipped"])
     for outcome in outcomes:

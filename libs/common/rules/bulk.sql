@@ -84,10 +84,21 @@ SELECT phone, id FROM contacts WHERE project_id = %(project_id)s AND phone = ANY
 SELECT id, attributes ->> %(key)s::text FROM contacts WHERE project_id = %(project_id)s AND id = ANY(%(ids)s)
 
 -- name: record_items
--- Each contact's outcome in the chunk.
-UPDATE followup_bulk_job_items i SET outcome = r.outcome, reason = r.reason
-FROM jsonb_to_recordset(%(items)s::jsonb) AS r(position bigint, outcome text, reason text)
+-- The chunk's skipped contacts, with the reason. An enrolled contact is not written: every item up to the
+-- job's cursor without an outcome was enrolled (item_outcomes), so a clean chunk updates no item row.
+UPDATE followup_bulk_job_items i SET outcome = 'skipped', reason = r.reason
+FROM jsonb_to_recordset(%(items)s::jsonb) AS r(position bigint, reason text)
 WHERE i.project_id = %(project_id)s AND i.job_id = %(job_id)s AND i.position = r.position
+
+-- name: item_outcomes
+-- Each contact's outcome, in order: skipped (with the reason) as recorded, enrolled if the job's cursor
+-- passed it without one, none if not reached yet.
+SELECT i.position, i.contact_id, i.phone,
+       coalesce(i.outcome, CASE WHEN i.position <= j.cursor THEN 'enrolled' END) AS outcome, i.reason
+FROM followup_bulk_job_items i
+JOIN followup_bulk_jobs j ON j.project_id = i.project_id AND j.id = i.job_id
+WHERE i.project_id = %(project_id)s AND i.job_id = %(job_id)s
+ORDER BY i.position
 
 -- name: advance
 -- The job after a chunk: its cursor, counts and status.
