@@ -31,7 +31,7 @@ SELECT r.n, c.id IS NOT NULL AS found, c.opted_out_at IS NOT NULL AS opted_out,
        s.id IS NOT NULL AS sequence_found, s.status AS sequence_status, s.current_version_id
 FROM projects p
 LEFT JOIN followup_sequences s ON s.project_id = %(project_id)s AND s.id = %(sequence_id)s::uuid
-CROSS JOIN unnest(%(contact_ids)s::uuid[], %(number_ids)s::uuid[], %(conversation_ids)s::uuid[])
+CROSS JOIN unnest(%(contact_ids)b::uuid[], %(number_ids)b::uuid[], %(conversation_ids)b::uuid[])
     WITH ORDINALITY AS r (contact_id, number_id, conversation_id, n)
 -- each contact found by its key (a join would hash the project's every contact for a chunk of 500)
 LEFT JOIN LATERAL (
@@ -49,13 +49,13 @@ ORDER BY r.n
 -- the second reads (in a new statement snapshot) the enrollment the first created, and replaces it. The
 -- contacts come sorted: every chunk takes its locks in the same order.
 SELECT pg_advisory_xact_lock(hashtextextended(c::text || '/' || %(sequence_id)s::text, 0))
-FROM unnest(%(contact_ids)s::uuid[]) AS c
+FROM unnest(%(contact_ids)b::uuid[]) AS c
 
 -- name: lock_live_in_sequence
 -- Re-entry policy always: the contacts' live enrollments in the sequence, locked (new ones replace them).
 SELECT id, sequence_id, contact_id
 FROM followup_enrollments
-WHERE project_id = %(project_id)s AND contact_id = ANY(%(contact_ids)s::uuid[]) AND sequence_id = %(sequence_id)s
+WHERE project_id = %(project_id)s AND contact_id = ANY(%(contact_ids)b::uuid[]) AND sequence_id = %(sequence_id)s
   AND status IN ('active', 'paused')
 ORDER BY id
 FOR UPDATE
@@ -84,9 +84,9 @@ WITH enrolled AS (
            %(source)s::text, %(campaign_id)s::uuid, r.next_run_at, r.next_run_at, r.anchor_at, r.variables,
            r.dedupe_key, %(stop_on_reply)s, %(stop_on_human_message)s, %(stop_on_opt_out)s,
            %(stop_on_lead_closed)s, %(stop_on_conversation_resolved)s, %(now)s, %(now)s
-    FROM unnest(%(contact_ids)s::uuid[], %(conversation_ids)s::uuid[], %(number_ids)s::uuid[],
-                %(next_run_ats)s::timestamptz[], %(anchor_ats)s::timestamptz[], %(variables)s::jsonb[],
-                %(dedupe_keys)s::text[])
+    FROM unnest(%(contact_ids)b::uuid[], %(conversation_ids)b::uuid[], %(number_ids)b::uuid[],
+                %(next_run_ats)b::timestamptz[], %(anchor_ats)b::timestamptz[], %(variables)b::jsonb[],
+                %(dedupe_keys)b::text[])
         AS r (contact_id, conversation_id, number_id, next_run_at, anchor_at, variables, dedupe_key)
     ON CONFLICT DO NOTHING
     RETURNING *
