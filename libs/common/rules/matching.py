@@ -10,12 +10,14 @@ most 65,535 parameters); its text stays the same while the rules do, so it is pr
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg import ClientCursor, Connection, RawCursor, sql
 from psycopg.types.numeric import FloatDumper
 
 from libs.common.platform.conditions import EVENT_CONTEXT
+
+T = TypeVar("T")
 
 #: FROM clause of the context a rule's predicate is evaluated over: the trigger ``t`` (selected by the caller;
 #: the event's own message and ``changed`` set live in its payload) and its event's context.
@@ -71,9 +73,9 @@ def send_match(
     """:func:`match`'s statements sent, each on a cursor of its own: in pipeline mode they are queued with
     the caller's statements (one round trip for all); :func:`matched` reads them."""
     cursors = []
-    for chunk in _chunks(predicates) if predicates else []:
+    for chunk in _chunks([(p, len(p)) for p in predicates]) if predicates else []:
         cur = RawCursor(conn)
-        cur.execute(matching_statement(chunk).encode(), [project_id, ids], prepare=True)
+        cur.execute(matching_statement([p for p, _ in chunk]).encode(), [project_id, ids], prepare=True)
         cursors.append(cur)
     return cursors
 
@@ -94,40 +96,56 @@ def matched(ids: list[int], cursors: list[RawCursor[Any]]) -> dict[int, list[boo
     return results
 
 
-def evaluation_statement(predicates: list[str], values: list[str]) -> str:
-    """The statement that evaluates ``predicates`` and ``values`` over some of a project's triggers (``$1``:
-    the project, ``$2``: the triggers' ids)."""
-    results = f"ARRAY[{', '.join(predicates)}]::boolean[]"
-    found = f"ARRAY[{', '.join(values)}]::jsonb[]"
-    return f"SELECT t.id, {results}, {found} FROM {_CONTEXT} WHERE t.project_id = $1 AND t.id = ANY($2)"
+#: What a trace evaluates for one rule: its nodes' predicates and its leaves' values (written in:
+#: :func:`inline`), and the triggers to evaluate them over.
+Evaluation = tuple[list[str], list[str], list[int]]
+
+
+def evaluation_statement(rules: list[tuple[list[str], list[str]]]) -> str:
+    """The statement that evaluates each rule's ``predicates`` and ``values`` over some of a project's
+    triggers (``$1``: the project, ``$2``: every trigger's id; ``$3``, ``$4``, ...: each rule's triggers,
+    over which alone its arrays are computed, NULL for the others)."""
+    columns = []
+    for k, (predicates, values) in enumerate(rules, start=3):
+        columns.append(f"CASE WHEN t.id = ANY(${k}) THEN ARRAY[{', '.join(predicates)}]::boolean[] END")
+        columns.append(f"CASE WHEN t.id = ANY(${k}) THEN ARRAY[{', '.join(values)}]::jsonb[] END")
+    return f"SELECT t.id, {', '.join(columns)} FROM {_CONTEXT} WHERE t.project_id = $1 AND t.id = ANY($2)"
 
 
 def evaluate(
-    conn: Connection[Any],
-    project_id: uuid.UUID,
-    trigger_ids: list[int],
-    predicates: list[str],
-    values: list[str],
-) -> dict[int, tuple[list[bool], list[Any]]]:
-    """Each predicate (written in: :func:`inline`) and each value (a jsonb expression written in the same
-    way) over each of the project's triggers ``trigger_ids``, in ONE statement, as a trace reads a rule
-    (:mod:`~libs.common.rules.trace`); a trigger whose contact is gone is left out. The statement is made
-    for the rule as it is (not prepared: a project's many rules would push the matching statements out of
-    the connection's prepared ones)."""
-    query = evaluation_statement(predicates, values)
-    with RawCursor(conn) as cur:
-        rows = cur.execute(query.encode(), [project_id, trigger_ids], prepare=False).fetchall()
-    return {trigger_id: (list(results), list(actuals)) for trigger_id, results, actuals in rows}
+    conn: Connection[Any], project_id: uuid.UUID, rules: list[Evaluation]
+) -> list[dict[int, tuple[list[bool], list[Any]]]]:
+    """Each rule's predicates and values (as a trace reads a rule: :mod:`~libs.common.rules.trace`) over
+    its triggers of the project, by trigger, in the rules' order; a trigger whose contact is gone is left
+    out. The rules go together: one statement (and one read of each trigger's context) for as many as keep
+    its text under :data:`MAX_STATEMENT_CHARS`. The statement is made for the rules as they are (not
+    prepared: which rules a batch traces changes, and a project's many rules would push the matching
+    statements out of the connection's prepared ones)."""
+    found: list[dict[int, tuple[list[bool], list[Any]]]] = []
+    if not rules:
+        return found
+    sizes = [sum(map(len, predicates)) + sum(map(len, values)) for predicates, values, _ in rules]
+    for chunk in _chunks(list(zip(rules, sizes, strict=True))):
+        ids = sorted({i for (_, _, trigger_ids), _ in chunk for i in trigger_ids})
+        query = evaluation_statement([(predicates, values) for (predicates, values, _), _ in chunk])
+        params: list[Any] = [project_id, ids] + [trigger_ids for (_, _, trigger_ids), _ in chunk]
+        with RawCursor(conn) as cur:
+            rows = cur.execute(query.encode(), params, prepare=False).fetchall()
+        for k in range(len(chunk)):
+            results, actuals = 1 + 2 * k, 2 + 2 * k
+            found.append({row[0]: (row[results], row[actuals]) for row in rows if row[results] is not None})
+    return found
 
 
-def _chunks(predicates: list[str]) -> list[list[str]]:
-    """The predicates in order, in chunks whose text stays under :data:`MAX_STATEMENT_CHARS`."""
-    chunks: list[list[str]] = [[]]
+def _chunks(items: list[tuple[T, int]]) -> list[list[tuple[T, int]]]:
+    """The items (each with the length of its text) in order, in chunks whose text stays under
+    :data:`MAX_STATEMENT_CHARS`."""
+    chunks: list[list[tuple[T, int]]] = [[]]
     size = 0
-    for predicate in predicates:
-        if chunks[-1] and size + len(predicate) > MAX_STATEMENT_CHARS:
+    for item in items:
+        if chunks[-1] and size + item[1] > MAX_STATEMENT_CHARS:
             chunks.append([])
             size = 0
-        chunks[-1].append(predicate)
-        size += len(predicate)
+        chunks[-1].append(item)
+        size += item[1]
     return chunks

@@ -110,14 +110,27 @@ def record(
 ) -> dict[int, Recorded]:
     """The trace of ``root`` over each of the project's triggers ``trigger_ids``, in ONE statement, as a
     run keeps it (a trigger whose contact is gone is left out)."""
-    if not trigger_ids:
-        return {}
-    conditions, predicates, values = _STATEMENTS.texts(conn, root)
-    found = evaluate(conn, project_id, trigger_ids, predicates, values)
-    return {
-        trigger_id: Recorded(conditions=conditions, results=results, actuals=actuals)
-        for trigger_id, (results, actuals) in found.items()
-    }
+    return record_all(conn, project_id, [(root, trigger_ids)])[0]
+
+
+def record_all(
+    conn: Connection[Any], project_id: uuid.UUID, wanted: list[tuple[Node, list[int]]]
+) -> list[dict[int, Recorded]]:
+    """:func:`record` for several trees, each over its triggers, in their order: together in one statement
+    (as many as keep its text under ``matching.MAX_STATEMENT_CHARS``), so a batch's matched rules cost one
+    round trip and one read of each trigger's context, not one of each per rule."""
+    traced = [(root, ids) for root, ids in wanted if ids]
+    texts = [_STATEMENTS.texts(conn, root) for root, _ in traced]
+    rules = [(p, v, ids) for (_, p, v), (_, ids) in zip(texts, traced, strict=True)]
+    found = evaluate(conn, project_id, rules)
+    recorded = iter(
+        {
+            trigger_id: Recorded(conditions=conditions, results=results, actuals=actuals)
+            for trigger_id, (results, actuals) in by_trigger.items()
+        }
+        for (conditions, _, _), by_trigger in zip(texts, found, strict=True)
+    )
+    return [next(recorded) if ids else {} for _, ids in wanted]
 
 
 class _Statements:

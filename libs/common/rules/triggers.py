@@ -64,7 +64,7 @@ from libs.common.rules.executions import ToSchedule, schedule
 from libs.common.rules.matching import matched, send_match
 from libs.common.rules.rules import RULES, ActiveRule
 from libs.common.rules.runs import RuleRunOutcome
-from libs.common.rules.trace import DelayedRun, Recorded, record
+from libs.common.rules.trace import DelayedRun, Recorded, record_all
 
 log = logging.getLogger(__name__)
 
@@ -333,15 +333,17 @@ def _traces(
     delayed: list[ToSchedule],
 ) -> dict[int, dict[uuid.UUID, Recorded]]:
     """The trace of each rule a trigger runs or schedules (:mod:`~libs.common.rules.trace`), by trigger and
-    rule: one statement per rule that matched, over the triggers it matched (the rules that did not match
-    cost nothing)."""
+    rule: the rules that matched, each over the triggers it matched, in one statement (the rules that did not
+    match cost nothing)."""
     by_rule: dict[uuid.UUID, tuple[ActiveRule, list[int]]] = {}
     pairs = [(trigger.id, rule) for trigger, rules in chosen for rule in rules]
     for trigger_id, rule in pairs + [(item.subject.trigger_id, item.rule) for item in delayed]:
         by_rule.setdefault(rule.id, (rule, []))[1].append(trigger_id)
     traces: dict[int, dict[uuid.UUID, Recorded]] = {}
-    for rule, trigger_ids in by_rule.values():
-        for trigger_id, recorded in record(conn, project_id, rule.conditions, trigger_ids).items():
+    rules = list(by_rule.values())
+    found = record_all(conn, project_id, [(rule.conditions, trigger_ids) for rule, trigger_ids in rules])
+    for (rule, _), by_trigger in zip(rules, found, strict=True):
+        for trigger_id, recorded in by_trigger.items():
             traces.setdefault(trigger_id, {})[rule.id] = recorded
     return traces
 
