@@ -38,7 +38,7 @@ FOR UPDATE SKIP LOCKED
 -- name: lease
 -- A project's triggers whose rules run next, each in a transaction of its own: no other worker claims them
 -- meanwhile.
-UPDATE followup_triggers SET next_attempt_at = %(until)s WHERE project_id = %(project_id)s AND id = ANY(%(ids)s)
+UPDATE followup_triggers SET next_attempt_at = %(until)s WHERE project_id = %(project_id)s AND id = ANY(%(ids)s::bigint[])
 
 -- name: lock_leased
 -- A trigger under this worker's lease, locked while its rules run; nothing when it was processed meanwhile,
@@ -48,8 +48,16 @@ WHERE project_id = %(project_id)s AND id = %(id)s AND processed_at IS NULL AND n
 FOR UPDATE
 
 -- name: already_run
--- The rules that already ran for these triggers of the project (a retried trigger skips them).
-SELECT trigger_id, rule_id FROM rule_runs WHERE project_id = %(project_id)s AND trigger_id = ANY(%(ids)s)
+-- The rules that already ran for these triggers of the project (a retried trigger skips them): one look-up
+-- of the key per trigger, whatever the statistics say of the project's runs (without the fence, a plan made
+-- while the table was small reads all the project's runs and filters them).
+SELECT r.trigger_id, r.rule_id
+FROM unnest(%(ids)s::bigint[]) AS i(id)
+CROSS JOIN LATERAL (
+    SELECT trigger_id, rule_id FROM rule_runs
+    WHERE project_id = %(project_id)s AND trigger_id = i.id
+    OFFSET 0
+) r
 
 -- name: insert_rule_runs
 -- What each rule of the project did with its trigger, with its trace as matched.
@@ -62,7 +70,7 @@ ON CONFLICT (project_id, trigger_id, rule_id) DO NOTHING
 -- name: mark_processed
 -- A project's triggers every matching rule ran for.
 UPDATE followup_triggers SET processed_at = %(now)s, outcome = 'processed', last_error = NULL
-WHERE project_id = %(project_id)s AND id = ANY(%(ids)s)
+WHERE project_id = %(project_id)s AND id = ANY(%(ids)s::bigint[])
 
 -- name: mark_failed
 -- A trigger whose attempt failed unexpectedly: retried after a backoff, or given up after its last attempt
