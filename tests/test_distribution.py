@@ -416,7 +416,7 @@ COMPOSED = {
     "send_lane.CLAIM_QUEUED_MESSAGES": send_lane.CLAIM_QUEUED_MESSAGES,
     "send_lane.CLAIM_QUEUED_FOR_NUMBERS": send_lane.CLAIM_QUEUED_FOR_NUMBERS,
     "matching.matching_statement": matching_statement(["true"]),
-    "matching.evaluation_statement": evaluation_statement(["true"], ["to_jsonb(c.name)"]),
+    "matching.evaluation_statement": evaluation_statement([(["true"], ["to_jsonb(c.name)"])]),
     "bulk.SEGMENT_ITEMS": bulk.SEGMENT_ITEMS.format(SEGMENT_CONTEXT, sql.SQL("true")).as_string(),
 }
 

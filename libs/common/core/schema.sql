@@ -1364,11 +1364,6 @@ ALTER TABLE ONLY public.followup_campaigns
 ALTER TABLE ONLY public.followup_enrollments
     ADD CONSTRAINT followup_enrollments_contact_id_fkey FOREIGN KEY (project_id, contact_id) REFERENCES public.contacts(project_id, id) ON DELETE CASCADE;
 
--- Name: followup_enrollments followup_enrollments_project_id_fkey; Type: FK CONSTRAINT
-
-ALTER TABLE ONLY public.followup_enrollments
-    ADD CONSTRAINT followup_enrollments_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
-
 -- Name: followup_enrollments followup_enrollments_sequence_id_fkey; Type: FK CONSTRAINT
 
 ALTER TABLE ONLY public.followup_enrollments
@@ -1508,11 +1503,6 @@ ALTER TABLE ONLY public.rule_pending_executions
 
 ALTER TABLE ONLY public.rule_pending_executions
     ADD CONSTRAINT rule_pending_executions_rule_id_fkey FOREIGN KEY (project_id, rule_id) REFERENCES public.rules(project_id, id) ON DELETE CASCADE;
-
--- Name: rule_runs rule_runs_project_id_fkey; Type: FK CONSTRAINT
-
-ALTER TABLE ONLY public.rule_runs
-    ADD CONSTRAINT rule_runs_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
 
 -- Name: rule_runs rule_runs_rule_id_fkey; Type: FK CONSTRAINT
 
