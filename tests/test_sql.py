@@ -73,11 +73,12 @@ def test_there_are_named_queries_to_check() -> None:
     assert any(where.endswith("claim.sql:claim_due_enrollment") for where in names)
 
 
-_PARAM = re.compile(r"%\((\w+)\)s")
+_PARAM = re.compile(r"%\((\w+)\)[sb]")
 
 
 def _positional(statement: str) -> str:
-    """``%(name)s`` placeholders as ``$n`` (one number per name), as the server sees them."""
+    """``%(name)s`` (and binary ``%(name)b``) placeholders as ``$n`` (one number per name), as the server sees
+    them."""
     numbers: dict[str, int] = {}
 
     def number(match: re.Match[str]) -> str:
