@@ -164,6 +164,8 @@ def test_release_workers_killed_mid_drain_lose_and_double_nothing(db_url: str, a
         assert [worker.wait_exit() for worker in killed] == [-signal.SIGKILL] * 2
         assert released(db_url) < DRAIN, "killed after the drain: the test proves nothing"
         survivors = [*workers[2:], *(start_worker("release", env) for _ in range(2))]
+        for worker in survivors:  # the two others may drain it all while these start: a stop then kills them
+            worker.wait_for("services started")
         wait_until(lambda: released(db_url) == DRAIN, timeout=120, interval=0.1, what="all released")
         wait_until(lambda: unpublished(db_url) == 0, timeout=30, interval=0.1, what="every event relayed")
         codes = stop_all(survivors)
@@ -208,6 +210,12 @@ def test_rabbitmq_gone_mid_run_slows_nothing_and_the_events_follow_when_it_is_ba
             what="releases going on without RabbitMQ",
         )
         wait_until(lambda: unpublished(db_url) > 0, timeout=10, what="events waiting in the outbox")
+        # (a relay tries again on its own time: RabbitMQ comes back once one has met the outage)
+        wait_until(
+            lambda: any(logged(w, "libs.common.core.outbox", "warning") for w in workers),
+            timeout=30,
+            what="a relay meeting the outage",
+        )
         assert released(db_url) < DRAIN, "RabbitMQ back after the drain: the test proves less"
         # When RabbitMQ is back
         proxy.up()

@@ -4,6 +4,7 @@ changes themselves are :mod:`libs.common.followups.transitions`."""
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -13,7 +14,6 @@ from typing import Annotated, Any, Final, Literal, cast, get_args
 import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row, kwargs_row
-from psycopg.types.json import Jsonb
 
 from libs.common.contracts.limits import DedupeKey, StopNote, Variables
 from libs.common.core import validation
@@ -566,7 +566,7 @@ def _insert(
         "number_ids": _column([r.number_id for r in chosen]),
         "next_run_ats": [due for _, due in admitted],
         "anchor_ats": _column([r.anchor_at for r in chosen]),
-        "variables": [Jsonb(r.variables) for r in chosen],
+        "variables": _json_texts([r.variables for r in chosen]),
         "dedupe_keys": _column([r.dedupe_key for r in chosen]),
         "stop_on_reply": flags.reply,
         "stop_on_human_message": flags.human_message,
@@ -577,6 +577,19 @@ def _insert(
     }
     with conn.cursor(row_factory=ENROLLMENT_ROW) as cur:
         return {e.contact_id: e for e in cur.execute(QUERIES["insert_enrollments"], params, binary=True)}
+
+
+def _json_texts(values: list[Any]) -> list[str]:
+    """Each value as JSON text (for a ``jsonb[]`` column), written once per distinct object: a bulk chunk's
+    500 requests share their job's variables."""
+    written: dict[int, str] = {}
+    texts = []
+    for value in values:
+        text = written.get(id(value))
+        if text is None:
+            text = written[id(value)] = json.dumps(value)
+        texts.append(text)
+    return texts
 
 
 def _column(values: list[Any]) -> list[Any] | None:

@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 from psycopg import Connection
-from psycopg.rows import kwargs_row
+from psycopg.rows import RowMaker
 from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import FINISHED, EnrollmentConverted, EnrollmentExited, Event
@@ -107,14 +107,27 @@ class Enrollment(msgspec.Struct, kw_only=True, frozen=True):
     assignments: dict[str, str] | None = None
 
 
-def _enrollment(**columns: Any) -> Enrollment:
-    if columns["status"] not in ("active", "paused"):
-        columns["next_run_at"] = None  # a finished enrollment has nothing due
-    return msgspec.convert(columns, Enrollment)
+_ENROLLMENT_FIELDS = frozenset(Enrollment.__struct_fields__)
+
+
+def _enrollment_row(cursor: Any) -> RowMaker[Enrollment]:
+    """Rows of ``followup_enrollments`` as :class:`Enrollment`: each field taken by its column's position
+    (found once per result), extra columns ignored; a finished enrollment has nothing due. Built directly,
+    not converted (the columns already hold the fields' types): a bulk chunk reads 500 at a time."""
+    names = [column.name for column in cursor.description or []]
+    positions = [(name, i) for i, name in enumerate(names) if name in _ENROLLMENT_FIELDS]
+
+    def enrollment(values: Sequence[Any]) -> Enrollment:
+        columns = {name: values[i] for name, i in positions}
+        if columns["status"] not in ("active", "paused"):
+            columns["next_run_at"] = None
+        return Enrollment(**columns)
+
+    return enrollment
 
 
 #: Row factory for ``SELECT *`` / ``RETURNING *`` of followup_enrollments (extra columns are ignored).
-ENROLLMENT_ROW = kwargs_row(_enrollment)
+ENROLLMENT_ROW = _enrollment_row
 
 
 class EnrollmentRef(Protocol):
