@@ -398,14 +398,14 @@ def _enroll_all(
     its outcome and does not wedge the job."""
     try:
         with savepoint(conn):
-            return list(enroll_all(conn, job["project_id"], requests, now=now, source="bulk"))
+            return list(enroll_all(conn, job["project_id"], requests, now=now, source="bulk", brief=True))
     except psycopg.DataError:
         pass
     results: list[EnrollResult | psycopg.DataError] = []
     for request in requests:
         try:
             with savepoint(conn):
-                results += enroll_all(conn, job["project_id"], [request], now=now, source="bulk")
+                results += enroll_all(conn, job["project_id"], [request], now=now, source="bulk", brief=True)
         except psycopg.DataError as error:
             results.append(error)
     return results
