@@ -16,7 +16,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import psycopg
 import pytest
@@ -38,6 +38,7 @@ from libs.common.followups.enrollments import (
     stop_enrollment,
 )
 from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
+from libs.common.followups.transitions import Enrollment
 from libs.common.platform.projects import create_project
 from libs.common.rules import bulk
 from libs.common.rules.bulk import BulkCreate
@@ -355,7 +356,7 @@ def test_enroll_all_applies_dedupe_keys_as_enroll_one_by_one(
             [
                 (type(r).__name__,)
                 if isinstance(r, Exception)
-                else (by_contact[r[0].contact_id], r[0].dedupe_key, r[1])
+                else (by_contact[r[0].contact_id], cast(Enrollment, r[0]).dedupe_key, r[1])
                 for r in found
             ]
         )
