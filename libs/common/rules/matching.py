@@ -9,6 +9,7 @@ most 65,535 parameters); its text stays the same while the rules do, so it is pr
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Any, TypeVar
 
@@ -56,6 +57,19 @@ def matching_statement(predicates: list[str]) -> str:
     return f"SELECT t.id, ARRAY[{columns}] FROM {_CONTEXT} WHERE t.project_id = $1 AND t.id = ANY($2)"
 
 
+#: How many matching statements a process keeps written out (each a project's rules for one event, up to
+#: :data:`MAX_STATEMENT_CHARS`): a statement kept is not joined, encoded and hashed again at every batch
+#: (a hundred kilobytes for a project of many rules); one not kept is made again, the same.
+KEPT_STATEMENTS = 512
+
+
+@functools.lru_cache(maxsize=KEPT_STATEMENTS)
+def _matching_bytes(predicates: tuple[str, ...]) -> bytes:
+    """:func:`matching_statement` of ``predicates``, encoded, kept for the next batch of the same rules (the
+    predicates are the cached rules' own strings: the key hashes and compares by them)."""
+    return matching_statement(list(predicates)).encode()
+
+
 def match(
     conn: Connection[Any], project_id: uuid.UUID, ids: list[int], predicates: list[str]
 ) -> dict[int, list[bool]]:
@@ -75,7 +89,7 @@ def send_match(
     cursors = []
     for chunk in _chunks([(p, len(p)) for p in predicates]) if predicates else []:
         cur = RawCursor(conn)
-        cur.execute(matching_statement([p for p, _ in chunk]).encode(), [project_id, ids], prepare=True)
+        cur.execute(_matching_bytes(tuple(p for p, _ in chunk)), [project_id, ids], prepare=True)
         cursors.append(cur)
     return cursors
 
