@@ -58,9 +58,10 @@ def matching_statement(predicates: list[str]) -> str:
 
 
 #: How many matching statements a process keeps written out (each a project's rules for one event, up to
-#: :data:`MAX_STATEMENT_CHARS`): a statement kept is not joined, encoded and hashed again at every batch
-#: (a hundred kilobytes for a project of many rules); one not kept is made again, the same.
-KEPT_STATEMENTS = 512
+#: :data:`MAX_STATEMENT_CHARS`, a few kilobytes for most): a statement kept is not joined, encoded and hashed
+#: again at every batch (a hundred kilobytes for a project of many rules); one not kept is made again, the
+#: same. At most 64 MB should every one kept be of the longest.
+KEPT_STATEMENTS = 256
 
 
 @functools.lru_cache(maxsize=KEPT_STATEMENTS)
