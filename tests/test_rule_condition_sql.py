@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, LiteralString
+from unittest.mock import patch
 
 import msgspec
 import pytest
@@ -48,9 +49,10 @@ from libs.common.platform.conditions import (
     compile_conditions,
     parse_conditions,
 )
+from libs.common.rules import matching
 from libs.common.rules.dry_run import DryRunRequest, EventData, dry_run
 from libs.common.rules.matching import CONTEXT, inline, match
-from libs.common.rules.trace import ConditionResult, GroupResult, Recorded, expand, record, trace
+from libs.common.rules.trace import ConditionResult, GroupResult, Recorded, expand, record, record_all, trace
 from libs.common.rules.triggers import insert_trigger
 from tests.condition_helpers import (
     CHANGE_VALUES,
@@ -873,4 +875,12 @@ def test_the_dry_run_agrees_with_match_and_the_documented_semantics(
             verdict = match(conn, project.id, [twin], [literal])[twin][0]
             assert answer.matched is answer.conditions.result is verdict
             wrong += check_trace(answer.conditions, node, kept)
+        # the trees recorded together (as a batch's matched rules are), each over its own triggers (one over
+        # none), in one statement and in one each: what each tree recorded alone
+        nodes = [parse_conditions(raw) for raw in raws]
+        wanted = [(node, [trigger_id, twin][: i % 3]) for i, node in enumerate(nodes)]
+        alone = [record(conn, project.id, node, ids) for node, ids in wanted]
+        assert record_all(conn, project.id, wanted) == alone
+        with patch.object(matching, "MAX_STATEMENT_CHARS", 1):
+            assert record_all(conn, project.id, wanted) == alone
     assert not wrong, "\n".join([f"{len(wrong)} disagreements:", *wrong[:20]])
