@@ -65,6 +65,25 @@ def test_the_loader_keeps_the_statement_and_drops_the_comments() -> None:
     assert queries == {"one": "SELECT 1\nFROM x"}
 
 
+def test_the_loader_drops_the_indentation() -> None:
+    queries = parse_queries("-- name: one\n-- The number one.\nSELECT 1\n    FROM x  \n\n   WHERE y\n")
+    assert queries == {"one": "SELECT 1\nFROM x\nWHERE y"}
+
+
+def test_every_statement_fits_psycopgs_cache_of_converted_queries() -> None:
+    """psycopg keeps a statement's conversion (its placeholders found, its parts split) only up to 4,096
+    characters: a longer one is parsed again at every execution (release_state was, at every step)."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    statements = [(where, s) for where, _, s in _named_queries() if where not in FRAGMENTS]
+    too_long = [
+        f"{where}: {len(s.encode())}"
+        for where, s in [*statements, *COMPOSED.items()]
+        if len(s.encode()) > MAX_CACHED_STATEMENT_LENGTH
+    ]
+    assert statements and not too_long, too_long
+
+
 def test_there_are_named_queries_to_check() -> None:
     # the prepare test below must not pass by finding nothing
     names = [where for where, _, _ in _named_queries()]

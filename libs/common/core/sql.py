@@ -24,7 +24,11 @@ def parse_queries(text: str) -> dict[str, LiteralString]:
         lines = body.strip("\n").splitlines()
         if not lines or not lines[0].startswith("-- ") or not lines[0][3:].strip():
             raise ValueError(f"query {name!r} has no one-line description (a `-- ...` line after its name)")
-        statement = "\n".join(line for line in lines if not line.lstrip().startswith("--")).strip()
+        # without its comment lines and indentation: shorter to send, and within psycopg's cache of converted
+        # statements (4,096 characters; a longer one is parsed again at every execution)
+        statement = "\n".join(
+            line.strip() for line in lines if line.strip() and not line.lstrip().startswith("--")
+        )
         if not statement:
             raise ValueError(f"query {name!r} has no statement")
         queries[name] = statement

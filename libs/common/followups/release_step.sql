@@ -61,8 +61,8 @@ SELECT c.opted_out_at IS NOT NULL AS opted_out,
        coalesce(fs.service_window, 'off') AS service_window, fs.max_per_contact_24h, fs.max_per_contact_day,
        coalesce(fs.send_delay_ms, 0) AS send_delay_ms, fs.max_in_flight_per_number, fs.monthly_message_quota,
        fs.max_send_lane_backlog,
-       thread.id AS open_conversation_id, thread.number_id AS open_conversation_number_id,
-       thread.id IS NULL AND EXISTS (SELECT 1 FROM conversations v
+       th.id AS open_conversation_id, th.number_id AS open_conversation_number_id,
+       th.id IS NULL AND EXISTS (SELECT 1 FROM conversations v
                                      WHERE v.project_id = c.project_id AND v.contact_id = c.id
                                        AND v.status <> 'resolved') AS open_conversation_busy,
        coalesce(pace.widened_gap_ms, 0) AS widened_gap_ms, pace.widened_at
@@ -91,7 +91,7 @@ LEFT JOIN LATERAL (
     )
       AND v.status <> 'resolved'
     FOR UPDATE SKIP LOCKED
-) thread ON true
+) th ON true
 LEFT JOIN followup_instance_pacing pace ON pace.project_id = c.project_id AND pace.number_id = num.id
 WHERE c.project_id = %(project_id)s AND c.id = %(contact_id)s
 FOR SHARE OF c SKIP LOCKED
