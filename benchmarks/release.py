@@ -67,7 +67,6 @@ import psycopg
 
 from benchmarks.common import bench_database, cpu_seconds, percentile, rss_mb, start_all
 from benchmarks.seed import seed_due_enrollments, seed_history, seed_project, with_numbers
-from libs.common.core import outbox
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
 from libs.common.core.jobs import RoundRobin
@@ -359,6 +358,7 @@ _CONSTANTS = {
     "media_kind": "NULL",
     "outcome": "'queued'",
     "reason": "NULL",
+    "run_reason": "NULL",
     "data": "'{}'::jsonb",
     "followup_step_index": "0",
     "default_recipient_gap": str(DEFAULTS.min_recipient_gap_seconds),
@@ -405,21 +405,23 @@ def _pgbench_statement(sql: str, gset: bool = False, **overrides: str) -> str:
 def pgbench_script() -> str:
     """The release transaction of a one-step sequence as a pgbench script, from the release path's SQL.
 
-    Like the release path, it reads the claim, then the contact's state (which locks the conversation the
-    message threads into), then sends every write and the COMMIT in one pipeline. The message id the
-    release path makes in Python comes from the state query here. pgbench cannot read a result inside a
-    pipeline (``\\gset``), so its ``BEGIN`` costs a round trip of its own, where the release path sends it
-    with the claim.
+    Like the release path, it claims and reads the contact's state in one statement (which locks the
+    conversation the message threads into), then sends every write and the COMMIT in one pipeline. The
+    message id the release path makes in Python comes from that read here. pgbench cannot read a result
+    inside a pipeline (``\\gset``), so its ``BEGIN`` costs a round trip of its own, where the release path
+    sends it with the claim.
     """
-    claim, step, messages = release_claim.QUERIES, release_step.QUERIES, platform_messages.QUERIES
+    messages = platform_messages.QUERIES
     enrollment = "NULLIF(:id, '')::uuid"
     message = "NULLIF(:message_id, '')::uuid"
     conversation = "NULLIF(:open_conversation_id, '')::uuid"
-    state = step["release_state"].replace("SELECT ", "SELECT gen_random_uuid() AS message_id, ", 1)
+    # the claim and the state in one statement, as the release path reads them
+    fused = release_step.CLAIM_WITH_STATE.named
+    claimed = fused.replace("SELECT e.*", "SELECT gen_random_uuid() AS message_id, e.*", 1)
+    assert claimed != fused
     statements = [
         "BEGIN;",
-        _pgbench_statement(claim["claim_due_enrollment"], gset=True),
-        _pgbench_statement(state, gset=True, fixed_number_id="NULL"),
+        _pgbench_statement(claimed, gset=True),
         "\\startpipeline",
         _pgbench_statement(
             messages["insert_queued_message"],
@@ -435,23 +437,16 @@ def pgbench_script() -> str:
             activity="'{}'",
         ),
         _pgbench_statement(
-            step["insert_step_run"],
+            transitions.FINISH_STEP,
             enrollment_id=enrollment,
-            step_index="0",
-            message_id=message,
+            run_step="0",
             due_at="NULLIF(:next_run_at, '')::timestamptz",
-        ),
-        _pgbench_statement(
-            transitions.QUERIES["finish"],
             ids=f"ARRAY[{enrollment}]",
             status="'completed'",
             note="NULL",
             step_index="1",
             message_id=message,
             conversation_id=conversation,
-        ),
-        _pgbench_statement(
-            outbox.QUERIES["insert_events"],
             events="jsonb_build_array("
             "jsonb_build_object('type', 'message.queued', 'aggregate_type', 'message',"
             f" 'aggregate_id', {message}, 'data', '{{}}'::jsonb),"

@@ -10,7 +10,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from libs.common.core.sql import parse_queries
+from libs.common.core.sql import numbered, parse_queries
+from libs.common.followups import release_step, transitions
 from libs.common.platform import send_lane
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +35,13 @@ FRAGMENTS = {
 COMPOSED = {
     "send_lane.CLAIM_QUEUED_MESSAGES": send_lane.CLAIM_QUEUED_MESSAGES,
     "send_lane.CLAIM_QUEUED_FOR_NUMBERS": send_lane.CLAIM_QUEUED_FOR_NUMBERS,
+    "transitions.ADVANCE_STEP": transitions.ADVANCE_STEP,
+    "transitions.FINISH": transitions.FINISH,
+    "transitions.FINISH_STEP": transitions.FINISH_STEP,
 }
+#: Statements numbered once for a raw cursor (core.sql.numbered): psycopg does not convert them, so their
+#: length is free.
+NUMBERED = {"release_step.CLAIM_WITH_STATE": release_step.CLAIM_WITH_STATE.text}
 
 
 def _named_queries() -> Iterator[tuple[str, str, str]]:
@@ -63,6 +70,12 @@ def test_the_loader_keeps_the_statement_and_drops_the_comments() -> None:
         "-- A file-level note.\n\n-- name: one\n-- The number one.\nSELECT 1\n-- trailing note\nFROM x\n"
     )
     assert queries == {"one": "SELECT 1\nFROM x"}
+
+
+def test_numbering_gives_each_name_one_number_and_unescapes_percent() -> None:
+    statement = numbered("SELECT %(a)s, %(b)s, %(a)s, 'x%%' FROM t WHERE id = %(c)s")
+    assert statement.text == "SELECT $1, $2, $1, 'x%' FROM t WHERE id = $3"
+    assert statement.values({"c": 3, "b": 2, "a": 1, "unused": 0}) == (1, 2, 3)
 
 
 def test_the_loader_drops_the_indentation() -> None:
@@ -111,7 +124,7 @@ def test_every_named_query_prepares_against_the_migrated_schema(db_url: str) -> 
     missing index expression or a type error fails here even on a path no scenario runs."""
     failures = []
     statements = [(where, statement) for where, _, statement in _named_queries() if where not in FRAGMENTS]
-    statements += list(COMPOSED.items())
+    statements += [*COMPOSED.items(), *NUMBERED.items()]
     with psycopg.connect(db_url, autocommit=True) as conn:
         for i, (where, statement) in enumerate(statements):
             try:

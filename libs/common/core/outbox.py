@@ -94,23 +94,34 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True):
 _encode = msgspec.json.Encoder().encode
 
 
+#: The outbox's insert as a part of another module's statement (:func:`libs.common.core.sql.with_parts`): the
+#: events written in the same execution as the change they record. Its parameters: :func:`events_params`.
+EVENTS_PART = QUERIES["insert_events"]
+
+
 def write_events(
     conn: Connection[Any], project_id: uuid.UUID, events: Sequence[Event], *, occurred_at: datetime
 ) -> None:
     """Record domain events of one project in the caller's transaction, in the order given.
 
     The one writer of the outbox: each event is one of the structs of :mod:`libs.common.contracts.events`.
-    One statement whatever the count, so under a pipeline it costs no round trip of its own.
+    One statement whatever the count, so under a pipeline it costs no round trip of its own (or none at all:
+    :data:`EVENTS_PART` writes them within another statement).
     """
     if not events:
         return
+    conn.execute(QUERIES["insert_events"], events_params(project_id, events, occurred_at=occurred_at))
+
+
+def events_params(project_id: uuid.UUID, events: Sequence[Event], *, occurred_at: datetime) -> dict[str, Any]:
+    """The parameters of :data:`EVENTS_PART` (and of :func:`write_events`' statement): ``events`` (none is
+    allowed: nothing is written) of one project, in the order given."""
     rows = [
         {"type": e.type, "aggregate_type": e.aggregate_type, "aggregate_id": e.aggregate_id, "data": e}
         for e in events
     ]
     # one JSON document, encoded here: cheaper than adapting four arrays element by element
-    params = {"project_id": project_id, "events": _encode(rows).decode(), "occurred_at": occurred_at}
-    conn.execute(QUERIES["insert_events"], params)
+    return {"project_id": project_id, "events": _encode(rows).decode(), "occurred_at": occurred_at}
 
 
 def purge_published(conn: Connection[Any], project_id: uuid.UUID, *, now: datetime, limit: int) -> int:

@@ -8,8 +8,9 @@ from name to statement; domain code asks for ``QUERIES["claim_due_enrollment"]``
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from importlib import resources
-from typing import LiteralString
+from typing import Any, LiteralString, NamedTuple
 
 _HEADER = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
@@ -38,3 +39,48 @@ def parse_queries(text: str) -> dict[str, LiteralString]:
 def load_queries(package: str, filename: str = "queries.sql") -> dict[str, LiteralString]:
     """Load the named queries of ``filename`` inside ``package`` (call once, at import)."""
     return parse_queries(resources.files(package).joinpath(filename).read_text(encoding="utf-8"))
+
+
+def with_parts(statement: LiteralString, **parts: LiteralString) -> LiteralString:
+    """``statement`` with ``parts`` (data-modifying statements of other modules, by name) run in its own
+    execution as common table expressions: one statement where there were several, each part still written
+    by the module that owns its table. A part runs whether or not the statement reads it (PostgreSQL runs a
+    data-modifying ``WITH`` to completion once); every part sees the snapshot the statement started with,
+    so no part may depend on another's rows. Their parameters share one namespace: the same name is the
+    same value."""
+    assert parts and not statement.startswith("WITH RECURSIVE"), statement
+    ctes = ",\n".join(f"{name} AS (\n{part}\n)" for name, part in parts.items())
+    if statement.startswith("WITH "):
+        return f"WITH {ctes},\n{statement.removeprefix('WITH ')}"
+    return f"WITH {ctes}\n{statement}"
+
+
+class Numbered(NamedTuple):
+    """A statement whose ``%(name)s`` placeholders were numbered once (``$1``, ``$2``, ...: the server's own),
+    for a raw cursor (:class:`psycopg.RawCursor`, values by position): psycopg then converts nothing at each
+    execution, where it parses a statement longer than 4,096 characters again every time."""
+
+    text: LiteralString
+    names: tuple[str, ...]
+    #: The statement as written (with its ``%(name)s`` placeholders).
+    named: LiteralString
+
+    def values(self, params: Mapping[str, Any]) -> tuple[Any, ...]:
+        """``params`` (by name) in the statement's order."""
+        return tuple(params[name] for name in self.names)
+
+
+_NAMED = re.compile(r"%\((\w+)\)s|%%")
+
+
+def numbered(statement: LiteralString) -> Numbered:
+    """``statement`` with one number per placeholder name (``%%``, psycopg's escaped ``%``, back to ``%``)."""
+    assert "%(" not in _NAMED.sub("", statement), "only %(name)s placeholders can be numbered"
+    names: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(0) == "%%":
+            return "%"
+        return f"${names.setdefault(match.group(1), len(names) + 1)}"
+
+    return Numbered(_NAMED.sub(number, statement), tuple(names), statement)

@@ -35,11 +35,11 @@ from libs.common.followups.definition import (
     step_due_at,
 )
 from libs.common.followups.goals import blocking_exits
-from libs.common.followups.release_step import StepOutcome, StepRunReason
+from libs.common.followups.release_step import StepRunReason
 from libs.common.followups.sequences import check_one_off, create_one_off_version, version_definition
 from libs.common.followups.stops import Stopped
 from libs.common.followups.stops import stop_enrollment as stop_live
-from libs.common.followups.transitions import ENROLLMENT_ROW, Enrollment, EnrollmentStatus
+from libs.common.followups.transitions import ENROLLMENT_ROW, Enrollment, EnrollmentStatus, StepOutcome
 
 log = logging.getLogger(__name__)
 

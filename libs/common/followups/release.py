@@ -18,9 +18,9 @@ from libs.common.core.db import pipelined_transaction, server_unavailable
 from libs.common.core.jobs import FIRST_PROJECT
 from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
 from libs.common.core.settings import FollowupSettings
-from libs.common.followups.release_claim import claim_due_enrollment, seconds_until_due
 from libs.common.followups.release_claim import due_projects as _due_projects
-from libs.common.followups.release_step import Released, record_failure, release_claimed
+from libs.common.followups.release_claim import seconds_until_due
+from libs.common.followups.release_step import Released, claim_release, record_failure, release_claimed
 
 
 def release_one(
@@ -62,11 +62,12 @@ def release_on(
                 if not first:
                     return None
                 project_id = first[0]
-            row = claim_due_enrollment(conn, project_id, now)
-            if row is None:
+            found = claim_release(conn, project_id, now)  # the claim and the contact's state
+            if found is None:
                 return None
+            row, read = found
             claimed = (row.project_id, row.id)
-            released = release_claimed(conn, row, settings, now=now, ai_lease=ai_lease)
+            released = release_claimed(conn, row, settings, now=now, ai_lease=ai_lease, read=read)
     except Exception as exc:
         # the database went away mid-release: not the enrollment's fault (no failure counted, no back-off);
         # the transaction is gone with the connection, and the loop tries again once the server is back

@@ -23,23 +23,23 @@ after FOLLOWUP_MAX_FAILURES, so a poison row cannot hot-loop.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
 import msgspec
-from psycopg import Connection
-from psycopg.rows import class_row
-from psycopg.types.json import Jsonb
+from psycopg import Connection, Cursor, RawCursor
+from psycopg.rows import RowMaker, class_row
 
 from libs.common.contracts.events import Event, StepQueued, StepSkipped
 from libs.common.core.jobs import Backoff
-from libs.common.core.outbox import write_events
 from libs.common.core.reasons import stored
 from libs.common.core.settings import FollowupSettings
-from libs.common.core.sql import load_queries
-from libs.common.followups import constraints, graph, held, transitions
+from libs.common.core.sql import load_queries, numbered
+from libs.common.followups import constraints, graph, held, release_claim, transitions
 from libs.common.followups.constraints import Claimed, ConstraintSkip, ConstraintState, Hold, Sending
 from libs.common.followups.definition import (
     AiStep,
@@ -59,7 +59,7 @@ from libs.common.followups.release_claim import ClaimedEnrollment
 from libs.common.followups.release_route import RouteReason, route
 from libs.common.followups.sequences import version_definition, version_number
 from libs.common.followups.templates import RenderContext, TemplateSkip, render, render_message
-from libs.common.followups.transitions import FinalStatus
+from libs.common.followups.transitions import FinalStatus, StepOutcome
 from libs.common.platform.messages import (
     Activity,
     ConversationBusy,
@@ -76,9 +76,6 @@ QUERIES = load_queries("libs.common.followups", "release_step.sql")
 #: What one release transaction did (``branch``: a step that sends nothing took a path).
 Action = Literal["queue", "skip", "defer", "pause", "stop", "retry", "fail", "lease", "branch"]
 
-#: What a step's run did: its message queued, the step skipped (its reason says why), or a step that sends
-#: nothing took a path (its reason says which).
-StepOutcome = Literal["queued", "skipped", "branched"]
 #: Why an AI step's draft is not sent (the step takes its fallback): no model (``ai_unavailable``), the
 #: project's monthly token budget used up, the call timed out or failed, an answer that cannot be used, not
 #: confident enough, or breaking the step's output policy (:mod:`libs.common.ai`).
@@ -91,7 +88,7 @@ AiFallbackReason = Literal[
     "ai_low_confidence",
     "ai_policy",
 ]
-#: Why a step run went as it did (``followup_step_runs.reason``; :func:`_insert_step_run` writes it with
+#: Why a step run went as it did (``followup_step_runs.reason``; :func:`_run` keeps it with
 #: its detail). Skipped: an ``only_if`` not met (detail: the condition), released past its grace
 #: (``past_due``), a missing value (``missing_variable``, detail: the placeholder; ``missing_anchor``), a
 #: text too long, a sending constraint (no consent, outside the service window), an AI step's reason when
@@ -131,6 +128,70 @@ class ReleaseState(ConstraintState, kw_only=True, frozen=True):
     open_conversation_id: uuid.UUID | None
     open_conversation_number_id: uuid.UUID | None
     open_conversation_busy: bool
+
+
+#: ``release_state``'s parameters as the claimed row gives them, for a step that reads neither its
+#: sequence's fixed number nor the previous message's status (:func:`release_claimed` computes the same).
+_FROM_CLAIM = {
+    "contact_id": "e.contact_id",
+    "sequence_id": "e.sequence_id",
+    "enrolled_at": "greatest(e.enrolled_at, e.reply_taken_at)",
+    "last_message_id": "NULL",
+    "number_id": "e.number_id",
+    "fixed_number_id": "NULL",
+    "conversation_id": "e.conversation_id",
+}
+#: The release claim and the contact's state in one statement, one round trip where there were two: the
+#: claimed row's columns, ``contact_locked``, then ``release_state``'s columns (nulls when the contact is
+#: locked). The enrollment is locked first, then the contact and its conversation, as before.
+#: Numbered once: psycopg would parse it at every claim (it is longer than its cache takes).
+CLAIM_WITH_STATE = numbered(
+    f"WITH claimed AS (\n{release_claim.QUERIES['claim_due_enrollment']}\n)\n"
+    "SELECT e.*, st.opted_out IS NULL AS contact_locked, st.*\nFROM claimed e\nLEFT JOIN LATERAL (\n"
+    + re.sub(
+        r"%\((\w+)\)s",
+        lambda m: _FROM_CLAIM.get(m.group(1), m.group(0)),
+        QUERIES["release_state"],
+    )
+    + "\n) st ON true"
+)
+
+
+@dataclass(frozen=True)
+class ReadWithClaim:
+    """The contact's state as :data:`CLAIM_WITH_STATE` read it (None: the contact was locked by another
+    transaction)."""
+
+    state: ReleaseState | None
+
+
+def claim_release(
+    conn: Connection[Any], project_id: uuid.UUID, now: datetime
+) -> tuple[ClaimedEnrollment, ReadWithClaim] | None:
+    """Claim the project's oldest due enrollment (:func:`~libs.common.followups.release_claim.
+    claim_due_enrollment`) and read its contact's state in the same statement; None when none is due."""
+    params = {
+        "project_id": project_id,
+        "now": now,
+        "default_recipient_gap": DEFAULTS.min_recipient_gap_seconds,
+    }
+    with RawCursor(conn, row_factory=_claimed_with_state) as cur:
+        return cur.execute(CLAIM_WITH_STATE.text, CLAIM_WITH_STATE.values(params)).fetchone()
+
+
+def _claimed_with_state(cursor: Cursor[Any]) -> RowMaker[tuple[ClaimedEnrollment, ReadWithClaim]]:
+    """The row maker of :data:`CLAIM_WITH_STATE`: the claimed row, and the state after ``contact_locked``."""
+    names = [column.name for column in cursor.description or ()]
+    split = names.index("contact_locked") if names else 0
+
+    def make(values: Sequence[Any]) -> tuple[ClaimedEnrollment, ReadWithClaim]:
+        row = ClaimedEnrollment(**dict(zip(names[:split], values[:split], strict=True)))
+        if values[split]:
+            return row, ReadWithClaim(None)
+        state = ReleaseState(**dict(zip(names[split + 1 :], values[split + 1 :], strict=True)))
+        return row, ReadWithClaim(state)
+
+    return make
 
 
 @dataclass(frozen=True)
@@ -187,8 +248,11 @@ def release_claimed(
     now: datetime,
     ai_lease: timedelta | None = None,
     draft: AiDraft | None = None,
+    read: ReadWithClaim | None = None,
 ) -> Released:
-    """Release the claimed enrollment's due step, in the caller's transaction (which holds its lock).
+    """Release the claimed enrollment's due step, in the caller's transaction (which holds its lock);
+    ``read``: the contact's state read with the claim (:func:`claim_release`), used when this step's own
+    read would be the same.
 
     An AI step is released in two passes: the first (``ai_lease`` set: a model is configured) leases the
     step after the checks and returns ``lease``; the model is called holding no lock; the second pass
@@ -210,8 +274,11 @@ def release_claimed(
         "default_recipient_gap": DEFAULTS.min_recipient_gap_seconds,
         "now": now,
     }
-    with conn.cursor(row_factory=class_row(ReleaseState)) as cur:
-        state = cur.execute(QUERIES["release_state"], params).fetchone()
+    if read is not None and params["last_message_id"] is None and params["fixed_number_id"] is None:
+        state = read.state  # the claim read it so
+    else:
+        with conn.cursor(row_factory=class_row(ReleaseState)) as cur:
+            state = cur.execute(QUERIES["release_state"], params).fetchone()
     if state is None:  # the contact is locked by a stop path: come back shortly
         return _busy(conn, row, now, settings, "contact")
     claim = _Claim(row, state, definition, now)
@@ -265,7 +332,6 @@ def _route(conn: Connection[Any], claim: _Claim) -> Released:
     )
     if taken.target is None:  # replied to, at a wait whose reply stops the enrollment
         return _stop(conn, claim, "replied")
-    _insert_step_run(conn, claim, "branched", taken.reason, taken.detail, None, None)
     recorded = stored(taken.reason, taken.detail)
     log.info(
         "path taken",
@@ -276,7 +342,7 @@ def _route(conn: Connection[Any], claim: _Claim) -> Released:
             "path": recorded,
         },
     )
-    finished = _advance(conn, claim, None, [], target=taken.target)
+    finished = _advance(conn, claim, _run(claim, "branched", recorded), None, [], target=taken.target)
     return Released(claim.id, "branch", recorded, finished=finished)
 
 
@@ -458,7 +524,6 @@ def _queue(
         conn, of, content, sending.number_id, recorded, media, now, conversation=locked
     )
     constraints.after_queued(conn, row.project_id, sending, now)
-    _insert_step_run(conn, claim, "queued", reason, detail, queued.message_id, None)
     lag = max(0.0, (now - (row.step_due_at or row.next_run_at)).total_seconds())
     log.info(
         "step queued",
@@ -470,7 +535,8 @@ def _queue(
             "lag_seconds": round(lag, 3),
         },
     )
-    finished = _advance(conn, claim, queued.message_id, [queued.event, event], queued.conversation_id)
+    run = _run(claim, "queued", recorded)
+    finished = _advance(conn, claim, run, queued.message_id, [queued.event, event], queued.conversation_id)
     return Released(claim.id, "queue", recorded, queued.message_id, lag_seconds=lag, finished=finished)
 
 
@@ -551,7 +617,6 @@ def _skip(
     values: HeldValues | None = None,
 ) -> Released:
     row = claim.row
-    _insert_step_run(conn, claim, "skipped", reason, detail, None, values)
     recorded = stored(reason, detail)  # as the step run keeps it
     event = StepSkipped(
         enrollment_id=claim.id,
@@ -570,40 +635,24 @@ def _skip(
             "values": values,
         },
     )
-    finished = _advance(conn, claim, None, [event])
+    finished = _advance(conn, claim, _run(claim, "skipped", recorded, values), None, [event])
     return Released(claim.id, "skip", recorded, finished=finished)
 
 
-def _insert_step_run(
-    conn: Connection[Any],
-    claim: _Claim,
-    outcome: StepOutcome,
-    reason: StepRunReason | None,
-    detail: str | None,
-    message_id: uuid.UUID | None,
-    values: HeldValues | None,
-) -> None:
-    """The step run, its reason stored with its detail (``only_if:previous_not_read``) and, for a step held
-    back, the values the check compared (:mod:`~libs.common.followups.held`); its primary key makes a second
-    send of the step impossible."""
+def _run(
+    claim: _Claim, outcome: StepOutcome, recorded: str | None, values: HeldValues | None = None
+) -> transitions.StepRun:
+    """The step's run, written with the move that follows it (:func:`_advance`): its reason as stored, with
+    its detail (``only_if:previous_not_read``), and, for a step held back, the values the check compared
+    (:mod:`~libs.common.followups.held`)."""
     row = claim.row
-    params = {
-        "enrollment_id": claim.id,
-        "step_index": row.step_index,
-        "project_id": row.project_id,
-        "outcome": outcome,
-        "reason": stored(reason, detail) if reason is not None else None,
-        "message_id": message_id,
-        "due_at": row.step_due_at or row.next_run_at,
-        "values": Jsonb(values) if values is not None else None,
-        "now": claim.now,
-    }
-    conn.execute(QUERIES["insert_step_run"], params)
+    return transitions.StepRun(row.step_index, outcome, recorded, row.step_due_at or row.next_run_at, values)
 
 
 def _advance(
     conn: Connection[Any],
     claim: _Claim,
+    run: transitions.StepRun,
     message_id: uuid.UUID | None,
     events: list[Event],
     conversation_id: uuid.UUID | None = None,
@@ -611,9 +660,9 @@ def _advance(
     target: int | None = None,
 ) -> FinalStatus | None:
     """Schedule the next step (the step's ``next``, or ``target``: where a path goes) from now, or complete
-    the enrollment at the end of its path (returns ``completed`` then); the step's ``events`` are written
-    with the completion's, in one statement. The conversation the step's message went to becomes the
-    enrollment's when it had none."""
+    the enrollment at the end of its path (returns ``completed`` then); the step's ``run`` and ``events``
+    are written in the same statement (with the completion's events). The conversation the step's message
+    went to becomes the enrollment's when it had none."""
     definition = claim.definition
     next_index = graph.following(definition, claim.row.step_index) if target is None else target
     if next_index != graph.END:
@@ -633,9 +682,9 @@ def _advance(
             now=claim.now,
             conversation_id=conversation_id,
             reply_step=graph.reply_step(definition, next_index),
+            run=run,
+            events=events,
         )
-        if events:
-            write_events(conn, claim.row.project_id, events, occurred_at=claim.now)
         return None
     transitions.finish(
         conn,
@@ -648,6 +697,7 @@ def _advance(
         message_id=message_id,
         conversation_id=conversation_id,
         preceding=events,
+        run=run,
     )
     return "completed"
 

@@ -113,16 +113,6 @@ ON CONFLICT (project_id, number_id) DO NOTHING
 UPDATE followup_instance_pacing SET next_release_at = greatest(next_release_at, %(next_release_at)s)
 WHERE project_id = %(project_id)s AND number_id = %(number_id)s
 
--- name: insert_step_run
--- The step run (a step held back: with the values its check compared): its primary key (project,
--- enrollment, step) makes a second send of a step impossible. (A
--- queued step's followup_sent activity is written by the platform with its message, in the message's
--- statement.)
-INSERT INTO followup_step_runs (enrollment_id, step_index, project_id, outcome, reason, reason_values,
-                                message_id, due_at, ran_at)
-VALUES (%(enrollment_id)s, %(step_index)s, %(project_id)s, %(outcome)s, %(reason)s, %(values)s,
-        %(message_id)s, %(due_at)s, %(now)s)
-
 -- name: failing_enrollment
 -- What the followup.failed event of an enrollment that failed for good names.
 SELECT id, project_id, sequence_id, contact_id FROM followup_enrollments

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
@@ -21,11 +22,18 @@ from psycopg.rows import RowMaker
 from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import FINISHED, EnrollmentConverted, EnrollmentExited, Event
-from libs.common.core.outbox import write_events
+from libs.common.core.outbox import EVENTS_PART, events_params, write_events
 from libs.common.core.reasons import PolicyStopReason, PolicyWaitingReason
-from libs.common.core.sql import load_queries
+from libs.common.core.sql import load_queries, with_parts
+from libs.common.followups.held import HeldValues
 
 QUERIES = load_queries("libs.common.followups", "transitions.sql")
+#: A released step's run and events written in the statement that moves its enrollment on: one statement
+#: where there were three (the run, the move, the events).
+ADVANCE_STEP = with_parts(QUERIES["advance"], run=QUERIES["insert_step_run"], events=EVENTS_PART)
+#: A finish and its events in one statement, and with the run of the step that finished it.
+FINISH = with_parts(QUERIES["finish"], events=EVENTS_PART)
+FINISH_STEP = with_parts(QUERIES["finish"], run=QUERIES["insert_step_run"], events=EVENTS_PART)
 
 EnrollmentStatus = Literal["active", "paused", "completed", "stopped", "failed", "converted", "exited"]
 FinalStatus = Literal["completed", "stopped", "failed"]
@@ -143,6 +151,35 @@ class EnrollmentRef(Protocol):
     def contact_id(self) -> uuid.UUID: ...
 
 
+#: What a step's run did: its message queued, the step skipped (its reason says why), or a step that sends
+#: nothing took a path (its reason says which).
+StepOutcome = Literal["queued", "skipped", "branched"]
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """A released step's run (``followup_step_runs``): queued, skipped or branched, its reason as stored
+    (with its detail) and, for a step held back, the values its check compared. Written by the transition
+    that follows it, in its statement."""
+
+    step_index: int
+    outcome: StepOutcome
+    reason: str | None
+    #: When the step was due (the lag's start).
+    due_at: datetime
+    values: HeldValues | None = None
+
+    def params(self, enrollment_id: uuid.UUID) -> dict[str, Any]:
+        return {
+            "enrollment_id": enrollment_id,
+            "run_step": self.step_index,
+            "outcome": self.outcome,
+            "run_reason": self.reason,
+            "due_at": self.due_at,
+            "values": Jsonb(self.values) if self.values is not None else None,
+        }
+
+
 def advance(
     conn: Connection[Any],
     project_id: uuid.UUID,
@@ -152,12 +189,16 @@ def advance(
     message_id: uuid.UUID | None,
     *,
     now: datetime,
+    run: StepRun,
+    events: Sequence[Event] = (),
     conversation_id: uuid.UUID | None = None,
     reply_step: int | None = None,
 ) -> None:
-    """Move to step ``step_index``, due at ``next_run_at``; ``conversation_id`` (the one the step's message
-    went to) becomes the enrollment's when it had none; ``reply_step``: a wait_for_reply step's reply path,
-    kept while the enrollment waits there (:func:`take_reply_path`)."""
+    """Write the released step's ``run`` (its primary key refuses a second run of the step) and its
+    ``events``, and move to step ``step_index``, due at ``next_run_at``, in one statement;
+    ``conversation_id`` (the one the step's message went to) becomes the enrollment's when it had none;
+    ``reply_step``: a wait_for_reply step's reply path, kept while the enrollment waits there
+    (:func:`take_reply_path`)."""
     params = {
         "project_id": project_id,
         "id": enrollment_id,
@@ -167,8 +208,10 @@ def advance(
         "conversation_id": conversation_id,
         "reply_step": reply_step,
         "now": now,
+        **run.params(enrollment_id),
+        **events_params(project_id, events, occurred_at=now),
     }
-    conn.execute(QUERIES["advance"], params)
+    conn.execute(ADVANCE_STEP, params)
 
 
 def take_reply_path(
@@ -263,15 +306,23 @@ def finish(
     message_id: uuid.UUID | None = None,
     conversation_id: uuid.UUID | None = None,
     preceding: Sequence[Event] = (),
+    run: StepRun | None = None,
 ) -> None:
-    """Finish live enrollments with a status and reason, and write their ``followup.<status>`` events.
+    """Finish live enrollments with a status and reason, and write their ``followup.<status>`` events, in
+    one statement.
 
-    ``step_index``, ``message_id`` and ``conversation_id`` fold the last step's advance into a completion;
-    ``preceding`` are events of the same transaction still to be written, written first in the same
-    statement.
+    ``step_index``, ``message_id`` and ``conversation_id`` fold the last step's advance into a completion,
+    and ``run`` that step's run (one enrollment); ``preceding`` are events of the same transaction still to
+    be written, written first.
     """
     if not enrollments:
         return
+    assert run is None or len(enrollments) == 1, "a step's run finishes its own enrollment"
+    event = FINISHED[status]
+    events = [
+        event(enrollment_id=e.id, sequence_id=e.sequence_id, contact_id=e.contact_id, reason=reason)
+        for e in enrollments
+    ]
     params = {
         "project_id": project_id,
         "ids": [e.id for e in enrollments],
@@ -282,14 +333,12 @@ def finish(
         "message_id": message_id,
         "conversation_id": conversation_id,
         "now": now,
+        **events_params(project_id, [*preceding, *events], occurred_at=now),
     }
-    conn.execute(QUERIES["finish"], params)
-    event = FINISHED[status]
-    events = [
-        event(enrollment_id=e.id, sequence_id=e.sequence_id, contact_id=e.contact_id, reason=reason)
-        for e in enrollments
-    ]
-    write_events(conn, project_id, [*preceding, *events], occurred_at=now)
+    if run is None:
+        conn.execute(FINISH, params)
+    else:
+        conn.execute(FINISH_STEP, params | run.params(enrollments[0].id))
 
 
 class Met(msgspec.Struct, frozen=True):

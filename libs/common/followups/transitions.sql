@@ -14,6 +14,16 @@ SET step_index = %(step_index)s, next_run_at = %(next_run_at)s, step_due_at = %(
     last_step_at = %(now)s, failure_count = 0, locked_until = NULL, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(id)s
 
+-- name: insert_step_run
+-- A step's run (a step held back: with the values its check compared), written as a part of the statement
+-- that moves the enrollment on (advance_step, finish_step in transitions.py): its primary key (project,
+-- enrollment, step) makes a second send of a step impossible. (A queued step's followup_sent activity is
+-- written by the platform with its message, in the message's statement.)
+INSERT INTO followup_step_runs (enrollment_id, step_index, project_id, outcome, reason, reason_values,
+                                message_id, due_at, ran_at)
+VALUES (%(enrollment_id)s, %(run_step)s, %(project_id)s, %(outcome)s, %(run_reason)s, %(values)s,
+        %(message_id)s, %(due_at)s, %(now)s)
+
 -- name: take_reply_path
 -- A reply reached an enrollment waiting at a wait_for_reply step with a reply path: it moves to the reply
 -- path's first step (due at next_run_at), and replies before now no longer stop it.
