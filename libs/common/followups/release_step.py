@@ -181,17 +181,38 @@ def claim_release(
 
 def _claimed_with_state(cursor: Cursor[Any]) -> RowMaker[tuple[ClaimedEnrollment, ReadWithClaim]]:
     """The row maker of :data:`CLAIM_WITH_STATE`: the claimed row, and the state after ``contact_locked``."""
-    names = [column.name for column in cursor.description or ()]
-    split = names.index("contact_locked") if names else 0
+    columns = _columns(cursor)
+    claim, state, split = columns.claim, columns.state, len(columns.claim)
 
     def make(values: Sequence[Any]) -> tuple[ClaimedEnrollment, ReadWithClaim]:
-        row = ClaimedEnrollment(**dict(zip(names[:split], values[:split], strict=True)))
+        row = ClaimedEnrollment(**dict(zip(claim, values[:split], strict=True)))
         if values[split]:
             return row, ReadWithClaim(None)
-        state = ReleaseState(**dict(zip(names[split + 1 :], values[split + 1 :], strict=True)))
-        return row, ReadWithClaim(state)
+        return row, ReadWithClaim(ReleaseState(**dict(zip(state, values[split + 1 :], strict=True))))
 
     return make
+
+
+@dataclass(frozen=True)
+class _Columns:
+    claim: tuple[str, ...]
+    state: tuple[str, ...]
+
+
+#: :data:`CLAIM_WITH_STATE`'s column names by their count (one entry: the statement's columns never change).
+_COLUMNS: dict[int, _Columns] = {}
+
+
+def _columns(cursor: Cursor[Any]) -> _Columns:
+    """:data:`CLAIM_WITH_STATE`'s column names, read once: psycopg would describe its 60 columns at every
+    claim."""
+    count = cursor.pgresult.nfields if cursor.pgresult else 0
+    found = _COLUMNS.get(count)
+    if found is None:
+        names = tuple(column.name for column in cursor.description or ())
+        split = names.index("contact_locked") if names else 0
+        found = _COLUMNS[count] = _Columns(names[:split], names[split + 1 :])
+    return found
 
 
 @dataclass(frozen=True)
