@@ -72,7 +72,7 @@ from libs.common.core.db import create_pool
 from libs.common.core.jobs import RoundRobin
 from libs.common.core.loops import PollingLoop
 from libs.common.core.settings import DatabaseSettings, FollowupSettings, WorkerSettings
-from libs.common.followups import release_claim, release_step, transitions
+from libs.common.followups import release_claim, release_state, transitions
 from libs.common.followups.project_settings import DEFAULTS, ProjectSettings, put_settings
 from libs.common.platform import messages as platform_messages
 from services.release import release
@@ -416,7 +416,7 @@ def pgbench_script() -> str:
     message = "NULLIF(:message_id, '')::uuid"
     conversation = "NULLIF(:open_conversation_id, '')::uuid"
     # the claim and the state in one statement, as the release path reads them
-    fused = release_step.CLAIM_WITH_STATE.named
+    fused = release_state.CLAIM_WITH_STATE.named
     claimed = fused.replace("SELECT e.*", "SELECT gen_random_uuid() AS message_id, e.*", 1)
     assert claimed != fused
     statements = [

@@ -513,7 +513,7 @@ BY_ID = [
     ("libs.common.followups/enrollments.sql", "lock_enrollment", "followup_enrollments"),
     ("libs.common.followups/transitions.sql", "advance", "followup_enrollments"),
     ("libs.common.followups/release_claim.sql", "lock_fenced", "followup_enrollments"),
-    ("libs.common.followups/release_step.sql", "release_state", "contacts"),
+    ("libs.common.followups/release_state.sql", "release_state", "contacts"),
     ("libs.common.platform/contacts.sql", "lock_contact", "contacts"),
     ("libs.common.platform/send_lane.sql", "set_message_status", "messages"),
     ("libs.common.rules/rules.sql", "get_rule", "rules"),

@@ -22,7 +22,7 @@ from libs.common.core.clock import ManualClock
 from libs.common.core.db import create_pool
 from libs.common.core.settings import DatabaseSettings, FollowupSettings
 from libs.common.core.sql import load_queries
-from libs.common.followups import goals, release_step, stops
+from libs.common.followups import goals, release_state, stops
 from libs.common.followups.definition import MessageStep
 from libs.common.platform import send_lane
 from libs.common.platform.projects import create_project
@@ -301,7 +301,7 @@ def test_the_release_state_reads_no_message_history(pool: ConnectionPool, seeded
     not grow with the contact's history. (Each read has an equality on project_id, so the contact's
     follow-ups may come from the project's index of a contact's messages, in the same order as the
     contact's own.)"""
-    query = release_step.QUERIES["release_state"]
+    query = release_state.QUERIES["release_state"]
     params = {
         "project_id": seeded.project_id,
         "contact_id": seeded.contact,

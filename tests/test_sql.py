@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from libs.common.core.sql import numbered, parse_queries
-from libs.common.followups import release_step, transitions
+from libs.common.followups import release_state, transitions
 from libs.common.platform import send_lane
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +41,7 @@ COMPOSED = {
 }
 #: Statements numbered once for a raw cursor (core.sql.numbered): psycopg does not convert them, so their
 #: length is free.
-NUMBERED = {"release_step.CLAIM_WITH_STATE": release_step.CLAIM_WITH_STATE.text}
+NUMBERED = {"release_state.CLAIM_WITH_STATE": release_state.CLAIM_WITH_STATE.text}
 
 
 def _named_queries() -> Iterator[tuple[str, str, str]]:
@@ -101,7 +101,7 @@ def test_there_are_named_queries_to_check() -> None:
     # the prepare test below must not pass by finding nothing
     names = [where for where, _, _ in _named_queries()]
     assert len(names) > 40
-    assert any(where.endswith("release_step.sql:release_state") for where in names)
+    assert any(where.endswith("release_state.sql:release_state") for where in names)
     assert any(where.endswith("claim.sql:claim_due_enrollment") for where in names)
 
 

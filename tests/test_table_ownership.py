@@ -50,7 +50,7 @@ _ONE_STATEMENT = "one statement instead of a call per owner (each call a round t
 ALLOWED_READS: dict[tuple[str, str, str], str] = {
     **_reads(
         "followups",
-        "libs/common/followups/release_step.sql::release_state",
+        "libs/common/followups/release_state.sql::release_state",
         (
             "contacts",
             "projects",

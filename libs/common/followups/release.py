@@ -20,7 +20,8 @@ from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FO
 from libs.common.core.settings import FollowupSettings
 from libs.common.followups.release_claim import due_projects as _due_projects
 from libs.common.followups.release_claim import seconds_until_due
-from libs.common.followups.release_step import Released, claim_release, record_failure, release_claimed
+from libs.common.followups.release_state import claim_release
+from libs.common.followups.release_step import Released, record_failure, release_claimed
 
 
 def release_one(

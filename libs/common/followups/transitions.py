@@ -2,7 +2,8 @@
 updated here and nowhere else): advance, defer, pause, resume, finish (a goal met converts, an exit
 criterion met exits), a late conversion, a counted failure, a new schedule, erasure, and the purge of
 finished enrollments past their retention. Finishing writes the ``followup.<status>`` event of each finished
-enrollment.
+enrollment; a released step's run (``followup_step_runs``) and its events are written in the statement that
+advances or finishes its enrollment.
 
 The caller has locked the enrollments (the release claim, or a ``SELECT ... FOR UPDATE``). Nothing here
 counts metrics: callers count what they did once their transaction committed.

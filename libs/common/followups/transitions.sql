@@ -1,6 +1,7 @@
 -- The one home of every change to an enrollment after it was created: advance, defer, pause, resume,
 -- finish (completed, stopped or failed, with a reason; converted or exited by a criterion met), a late
--- conversion, a counted failure, a new schedule, and erasure.
+-- conversion, a counted failure, a new schedule, and erasure; and a released step's run, written in the
+-- statement of the move that follows it.
 -- The enrollments a transition applies to were locked by the caller (claimed, or selected FOR UPDATE).
 
 -- name: advance
