@@ -1,5 +1,6 @@
 """The release claim: a project's oldest due enrollment, locked ``FOR UPDATE SKIP LOCKED`` (other workers'
-rows are skipped), what the release step reads of it, the projects with due enrollments in turns (the
+rows are skipped; its statement is run with the contact's state, :mod:`~libs.common.followups.release_state`),
+what the release step reads of it, the projects with due enrollments in turns (the
 release loop serves them one after another), and when the next one falls due (the loop sleeps until then).
 Also the leased AI step's enrollment, read for its model call.
 
@@ -61,16 +62,6 @@ class LeasedStep(msgspec.Struct, kw_only=True, frozen=True):
     version_id: uuid.UUID
     step_index: int
     variables: dict[str, Any]
-
-
-def claim_due_enrollment(
-    conn: Connection[Any], project_id: uuid.UUID, now: datetime
-) -> ClaimedEnrollment | None:
-    """Claim the project's oldest due active enrollment whose lease is free (locked until the caller's
-    transaction ends); None when none of its enrollments is due (or every due one is another worker's)."""
-    params = {"project_id": project_id, "now": now}
-    with conn.cursor(row_factory=class_row(ClaimedEnrollment)) as cur:
-        return cur.execute(QUERIES["claim_due_enrollment"], params).fetchone()
 
 
 def due_projects(conn: Connection[Any], now: datetime, *, after: uuid.UUID, projects: int) -> list[uuid.UUID]:

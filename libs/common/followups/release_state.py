@@ -94,8 +94,9 @@ class ReadWithClaim:
 def claim_release(
     conn: Connection[Any], project_id: uuid.UUID, now: datetime
 ) -> tuple[ClaimedEnrollment, ReadWithClaim] | None:
-    """Claim the project's oldest due enrollment (:func:`~libs.common.followups.release_claim.
-    claim_due_enrollment`) and read its contact's state in the same statement; None when none is due."""
+    """Claim the project's oldest due enrollment (``release_claim.sql::claim_due_enrollment``: locked, rows
+    locked by other workers skipped) and read its contact's state in the same statement; None when none is
+    due."""
     params = {
         "project_id": project_id,
         "now": now,

@@ -1,13 +1,15 @@
 """One step, one transaction: the release step of seed 000, for an enrollment the caller has claimed.
 
-    contact   FOR SHARE SKIP LOCKED (busy: retry in FOLLOWUP_BUSY_RETRY_SECONDS; never wait for a lock)
+    contact   FOR SHARE SKIP LOCKED, read with the claim (:mod:`~libs.common.followups.release_state`)
+              (busy: retry in FOLLOWUP_BUSY_RETRY_SECONDS; never wait for a lock)
     checks    sequence paused -> pause; plan lost -> stop; opted out / erased / undeliverable -> stop;
               replied -> stop
     timing    rescheduled -> defer; reminder past grace -> skip; only_if not met -> skip
     sending   constraints (send window, consent, number, pacing, quotas, caps): see _sending_constraints
     render    missing vars.* / anchor.* -> skip
-    queue     queue_contact_message (with its followup_sent activity) -> step run -> followup.step_queued
-              -> advance (to the step's next: the following one, a later one by id, or the end)
+    queue     queue_contact_message (with its followup_sent activity) -> the step run, followup.step_queued
+              and the advance in one statement (to the step's next: the following one, a later one by id,
+              or the end)
     route     a branch, a wait for a reply or a split sends nothing: after the checks, its path is decided
               (:mod:`~libs.common.followups.release_route`), its step run is ``branched``, and the
               enrollment moves down the path
