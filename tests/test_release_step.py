@@ -210,3 +210,29 @@ def test_concurrent_release_batches_never_send_a_step_twice(
         thread.join()
     assert sum(counts) == 60
     assert rows(pool, "SELECT count(*), count(DISTINCT followup_enrollment_id) FROM messages") == [(60, 60)]
+
+
+def test_a_step_that_already_ran_is_never_sent_again_and_its_move_and_events_roll_back(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    # Given a due enrollment whose step already has its run (as if a release had sent it)
+    sequence = make_sequence(pool, project.id)
+    enrollment = make_enrollment(pool, clock, project.id, sequence, make_contact(pool, project.id))
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO followup_step_runs (enrollment_id, step_index, project_id, outcome, due_at, ran_at)"
+            " VALUES (%s, 0, %s, 'queued', %s, %s)",
+            (enrollment.id, project.id, clock.now(), clock.now()),
+        )
+
+    # When the release reaches it
+    result = release_one(pool, clock, SETTINGS)
+
+    # Then the step run's key refuses the statement that writes the run with the move and the events: the
+    # whole step rolls back (no message, no event, the enrollment still at its step) and is retried later
+    assert result is not None and result.action == "retry", result
+    assert result.reason is not None and "followup_step_runs_pkey" in result.reason
+    assert rows(pool, "SELECT count(*) FROM messages") == [(0,)]
+    assert rows(pool, "SELECT count(*) FROM outbox WHERE aggregate_id = %s", enrollment.id) == [(0,)]
+    assert rows(pool, "SELECT status, step_index FROM followup_enrollments") == [("active", 0)]
+    assert rows(pool, "SELECT count(*) FROM followup_step_runs") == [(1,)]
