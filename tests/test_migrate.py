@@ -121,17 +121,36 @@ def test_a_contacts_last_inbound_time_is_backfilled_from_its_messages(empty_url:
     assert found == {wrote: datetime(2030, 1, 2, 9, tzinfo=UTC), silent: None}
 
 
-def test_the_release_paths_hot_tables_are_vacuumed_early(db_url: str) -> None:
-    """An enrollment row is rewritten at every step: its table (and the outbox) is vacuumed after 1-2 % of
-    its rows changed, not PostgreSQL's default fifth, so dead claim index entries never pile up."""
+#: Every queue a service claims from, and the most of its rows that may be dead before it is vacuumed: a row
+#: rewritten at each step or attempt leaves a dead entry in the partial index its claim walks from the oldest
+#: end, so it is vacuumed after 1-2 % of its rows changed (or a few hundred changes, for a small table), not
+#: PostgreSQL's default fifth.
+QUEUES = {
+    "followup_enrollments": 0.01,
+    "outbox": 0.02,
+    "followup_triggers": 0.01,
+    "rule_pending_executions": 0.02,
+    "webhook_deliveries": 0.02,
+    "channel_sends": 0,
+}
+
+
+def test_every_queue_is_vacuumed_early_without_cost_pauses(db_url: str) -> None:
+    """Each queue's dead claim index entries never pile up: its table is vacuumed after at most its share of
+    dead rows (:data:`QUEUES`), with no cost pauses."""
     with psycopg.connect(db_url) as conn:
-        options: dict[str, list[str]] = dict(
-            conn.execute(
-                "SELECT relname, reloptions FROM pg_class WHERE relname IN ('followup_enrollments', 'outbox')"
-            ).fetchall()
-        )
-    assert "autovacuum_vacuum_scale_factor=0.01" in options["followup_enrollments"]
-    assert "autovacuum_vacuum_scale_factor=0.02" in options["outbox"]
+        options: dict[str, dict[str, str]] = {
+            name: dict(option.split("=", 1) for option in reloptions or [])
+            for name, reloptions in conn.execute(
+                "SELECT relname, reloptions FROM pg_class WHERE relname = ANY(%s) AND relkind = 'r'",
+                (list(QUEUES),),
+            )
+        }
+    assert set(options) == set(QUEUES)
+    for table, most in QUEUES.items():
+        assert float(options[table]["autovacuum_vacuum_scale_factor"]) == most, table
+        assert int(options[table]["autovacuum_vacuum_threshold"]) <= 1000, table
+        assert options[table]["autovacuum_vacuum_cost_delay"] == "0", table
 
 
 #: The catalog of the public schema, one sorted list of lines per kind of object: what the canonical

@@ -242,7 +242,8 @@ CREATE TABLE public.channel_sends (
     expires_at timestamp with time zone NOT NULL,
     last_error text,
     CONSTRAINT channel_sends_state_check CHECK ((state = ANY (ARRAY['sending'::text, 'retry'::text, 'unconfirmed'::text])))
-);
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='500', autovacuum_vacuum_cost_delay='0');
 
 -- Name: contacts; Type: TABLE
 
@@ -539,7 +540,8 @@ CREATE TABLE public.followup_triggers (
     outcome text,
     public_id uuid DEFAULT gen_random_uuid() NOT NULL,
     CONSTRAINT followup_triggers_outcome_check CHECK ((outcome = ANY (ARRAY['processed'::text, 'failed'::text])))
-);
+)
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000', autovacuum_vacuum_cost_delay='0');
 
 -- Name: followup_triggers_id_seq; Type: SEQUENCE
 
@@ -712,7 +714,8 @@ CREATE TABLE public.rule_pending_executions (
     trace jsonb,
     CONSTRAINT rule_pending_executions_episode_kind_check CHECK ((episode_kind = ANY (ARRAY['status'::text, 'reply_chase'::text, 'awaiting_agent'::text, 'event'::text]))),
     CONSTRAINT rule_pending_executions_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'executed'::text, 'skipped'::text])))
-);
+)
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.05', autovacuum_vacuum_cost_delay='0');
 
 -- Name: rule_runs; Type: TABLE
 
@@ -781,7 +784,8 @@ CREATE TABLE public.webhook_deliveries (
     updated_at timestamp with time zone NOT NULL,
     trigger_id uuid,
     CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])))
-);
+)
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.05', autovacuum_vacuum_cost_delay='0');
 
 -- Name: activities activities_pkey; Type: CONSTRAINT
 
