@@ -10,6 +10,7 @@ join_cluster``. :meth:`RabbitCluster.kill` is a kill -9 of one node (its whole p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -42,9 +43,12 @@ def _rabbitmqctl() -> str:
 
 
 def free_port() -> int:
-    """A free TCP port below 50000 (the CLI tools use the distribution port + 10000 and up)."""
+    """A free TCP port from 20000 to 29999: below the kernel's ephemeral ports (32768 and up on Linux), so
+    that no client connection is given it between this probe and the server's bind (a node's distribution
+    port was once taken so, and the node did not start), and low enough that the CLI tools' own ports (the
+    distribution port + 10000 and up) are never one of these."""
     while True:
-        port = random.randint(30000, 49000)
+        port = random.randint(20000, 29999)
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
@@ -168,11 +172,15 @@ class RabbitCluster:
         return {queue["name"]: queue for queue in listed}
 
     def close(self) -> None:
-        for index, process in enumerate(self.processes):
-            if process is not None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
-                self.processes[index] = None
-        if self.epmd is not None:
-            self.epmd.kill()
-            self.epmd.wait(10)
+        """Kill every node still running (a node that failed to start is gone already), then the epmd."""
+        try:
+            for index, process in enumerate(self.processes):
+                if process is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(10)
+                    self.processes[index] = None
+        finally:
+            if self.epmd is not None:
+                self.epmd.kill()
+                self.epmd.wait(10)
