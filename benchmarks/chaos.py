@@ -106,6 +106,8 @@ class Chaos:
         self.rabbit = RabbitCluster(folder / "rabbitmq")
         self.patroni = Patroni(folder / "patroni")
         self.receiver = Receiver()
+        #: Whether the receiver serves (its shutdown waits for a serve_forever that never ran otherwise).
+        self.serving = False
         self.replicas: list[Replica] = []
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -133,6 +135,7 @@ class Chaos:
             project = create_project(conn, "chaos")
         self.project_id = project.project_id
         threading.Thread(target=self.receiver.serve_forever, daemon=True).start()
+        self.serving = True
         self.events = EventsQueue(self.rabbit.urls)
         self.events.start()
         self.publisher = Publisher(self.rabbit.urls)
@@ -559,7 +562,9 @@ class Chaos:
             replica.kill()
         if hasattr(self, "events"):
             self.events.stopping.set()
-        self.receiver.shutdown()
+        if self.serving:
+            self.receiver.shutdown()
+        self.receiver.server_close()
         self.exits.close()
         self.patroni.close()
         self.rabbit.close()

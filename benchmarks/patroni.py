@@ -219,6 +219,7 @@ class Patroni:
             if process is not None:
                 self.kill(index)
         if self.etcd is not None:
-            os.killpg(self.etcd.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may have failed to start, and been reaped
+                os.killpg(self.etcd.pid, signal.SIGKILL)
             self.etcd.wait(10)
             self.etcd = None

@@ -42,19 +42,28 @@ def _rabbitmqctl() -> str:
     return found
 
 
+#: The ports :func:`free_port` has handed out in this process. A topology picks all its ports before its
+#: servers bind them (the chaos run: a RabbitMQ cluster's, then etcd's and Patroni's), so a port free at each
+#: probe could otherwise be handed out twice (etcd once failed on a node's AMQP port).
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A free TCP port from 20000 to 29999: below the kernel's ephemeral ports (32768 and up on Linux), so
-    that no client connection is given it between this probe and the server's bind (a node's distribution
-    port was once taken so, and the node did not start), and low enough that the CLI tools' own ports (the
-    distribution port + 10000 and up) are never one of these."""
+    """A free TCP port from 20000 to 29999, never one this process was given before: below the kernel's
+    ephemeral ports (32768 and up on Linux), so that no client connection is given it between this probe and
+    the server's bind (a node's distribution port was once taken so, and the node did not start), and low
+    enough that the CLI tools' own ports (the distribution port + 10000 and up) are never one of these."""
     while True:
         port = random.randint(20000, 29999)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
 
 
 class RabbitCluster:
