@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
+import time
 from typing import Any
 
 import psycopg
@@ -124,3 +125,61 @@ def test_a_read_then_writes_cost_two_round_trips(table: ConnectionPool) -> None:
         turns = sum(1 for before, after in itertools.pairwise(directions) if (before, after) == ("F", "B"))
         assert turns == 2, directions
     assert stored(table) == [(1, "x"), (2, "w")]
+
+
+def _advisory_lock_held(pool: ConnectionPool, key: int, *, within: float) -> bool:
+    """Whether another session holds advisory lock ``key``, looked for until ``within`` seconds pass."""
+    deadline = time.monotonic() + within
+    with pool.connection() as other:
+        other.autocommit = True
+        while True:
+            held = other.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted", (key,)
+            ).fetchone()
+            if held is not None and held[0] > 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
+def test_statements_are_written_when_a_result_is_read_and_at_the_end(table: ConnectionPool) -> None:
+    """A statement whose result is not read waits in the client's buffer: the server has not seen it until a
+    read (which sends everything queued before it) or the transaction's end."""
+    with table.connection() as conn:
+        with pipelined_transaction(conn):
+            conn.execute("SELECT pg_advisory_xact_lock(4242)")
+            assert not _advisory_lock_held(table, 4242, within=0.3)  # held back, not on the server yet
+            conn.execute("SELECT 1").fetchone()
+            assert _advisory_lock_held(table, 4242, within=0)  # sent with the read, and run before it
+            conn.execute("INSERT INTO pipelined VALUES (1, 'at the end')")
+            conn.execute("SELECT pg_advisory_xact_lock(4343)")
+            assert not _advisory_lock_held(table, 4343, within=0.3)
+        assert not _advisory_lock_held(table, 4242, within=0)  # committed: the transaction's locks are gone
+        idle_and_usable(conn)
+    assert stored(table) == [(1, "at the end")]
+
+
+def test_writes_larger_than_the_socket_takes_at_once_are_all_sent(table: ConnectionPool) -> None:
+    """Held writes past libpq's threshold and the socket's buffer (16 MB here) go out in parts, the server's
+    answers read meanwhile, and all of it is committed."""
+    note = "x" * 1_000_000
+    with table.connection() as conn:
+        with pipelined_transaction(conn):
+            for key in range(16):
+                conn.execute("INSERT INTO pipelined VALUES (%s, %s)", (key, note))
+        idle_and_usable(conn)
+    rows = stored(table)
+    assert [key for key, _ in rows] == list(range(16))
+    assert all(value == note for _, value in rows)
+
+
+def test_a_pipeline_inside_is_psycopg_s_own_and_the_outer_one_still_holds_back(table: ConnectionPool) -> None:
+    with table.connection() as conn:
+        with pipelined_transaction(conn):
+            with conn.pipeline():
+                conn.execute("INSERT INTO pipelined VALUES (1, 'inner')")
+            conn.execute("SELECT pg_advisory_xact_lock(4444)")
+            assert not _advisory_lock_held(table, 4444, within=0.3)
+        idle_and_usable(conn)
+    assert stored(table) == [(1, "inner")]

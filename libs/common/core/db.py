@@ -34,12 +34,16 @@ import select
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, LiteralString, TypeVar
 
 import msgspec
 import psycopg
+from psycopg import Pipeline
 from psycopg import errors as pgerrors
+from psycopg.abc import PQGen
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.generators import send
 from psycopg.rows import RowFactory
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -257,6 +261,48 @@ def fetch_each(
 
 
 @contextmanager
+def buffered_pipeline(conn: psycopg.Connection[Any]) -> Iterator[Pipeline]:
+    """``conn.pipeline()`` that writes to the socket once a round trip: what was queued goes when a result is
+    read (with psycopg's flush request) and at the end (with the sync). psycopg's own pipeline writes each
+    statement as it is queued, after waiting for the socket; on loopback TCP each write also runs the
+    server's side of the stack and wakes its backend. A transaction of five statements and two round trips
+    (the release step) then costs two writes instead of eight. What is sent, its order, the results and
+    where an error surfaces do not change.
+
+    It replaces two steps of psycopg's pipeline (of the version range ``pyproject.toml`` allows):
+    ``_communicate_gen`` (after each statement, and for the sync) and ``_exit_gen``.
+    tests/test_pipelined_transaction.py holds it to its behaviour."""
+    with conn.pipeline() as pipeline:
+        if pipeline.level == 1:  # the outermost: psycopg drops it at its end (a nested one is left as it is)
+            pipeline._communicate_gen = partial(_hand_to_libpq, pipeline)  # type: ignore[method-assign]
+            pipeline._exit_gen = partial(_sync_and_fetch, pipeline)  # type: ignore[method-assign]
+        yield pipeline
+
+
+def _hand_to_libpq(pipeline: Pipeline) -> PQGen[None]:
+    """The queued statements handed to libpq, which holds them in its output buffer (in pipeline mode it
+    writes only past its threshold, 64 kB, without waiting); they are written when a result is read or at
+    the pipeline's end. Results are read and matched to their statements then, in order."""
+    queue = pipeline.command_queue
+    while queue:
+        queue.popleft()()
+    yield from ()
+
+
+def _sync_and_fetch(pipeline: Pipeline) -> PQGen[None]:
+    """The pipeline's end: its sync and everything before it in one write (waiting for the socket if it is
+    full), then every result read. psycopg's own end adds a flush request, a write of its own."""
+    written = False
+    try:
+        pipeline._enqueue_sync()
+        yield from _hand_to_libpq(pipeline)  # the sync: libpq writes its buffer
+        yield from send(pipeline.pgconn)  # what did not fit in the socket
+        written = True
+    finally:
+        yield from pipeline._fetch_gen(flush=not written)
+
+
+@contextmanager
 def pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
     """One transaction in one pipeline, in as few round trips as its reads allow: its ``BEGIN`` travels with
     its first statement and its ``COMMIT`` with its last writes (and the pipeline's end). A transaction
@@ -270,7 +316,7 @@ def pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Con
     autocommit = conn.autocommit
     conn.autocommit = True  # psycopg then starts nothing itself: BEGIN and COMMIT are sent as statements
     try:
-        with conn.pipeline():
+        with buffered_pipeline(conn):
             conn.execute("BEGIN")
             yield conn
             conn.execute("COMMIT")
