@@ -183,3 +183,21 @@ def test_a_pipeline_inside_is_psycopg_s_own_and_the_outer_one_still_holds_back(t
             assert not _advisory_lock_held(table, 4444, within=0.3)
         idle_and_usable(conn)
     assert stored(table) == [(1, "inner")]
+
+
+def test_a_savepoint_inside_syncs_what_was_held_back_however_large(table: ConnectionPool) -> None:
+    """psycopg syncs a pipeline when a transaction (a savepoint here) opens inside it: what was held back
+    goes out first, in parts when it is larger than the socket takes at once."""
+    note = "y" * 1_000_000
+    with table.connection() as conn:
+        with pipelined_transaction(conn):
+            for key in range(8):
+                conn.execute("INSERT INTO pipelined VALUES (%s, %s)", (key, note))
+            with conn.transaction():
+                conn.execute("INSERT INTO pipelined VALUES (8, 'in the savepoint')")
+            with pytest.raises(errors.UniqueViolation), conn.transaction():
+                conn.execute("INSERT INTO pipelined VALUES (8, 'a duplicate, rolled back alone')")
+        idle_and_usable(conn)
+    rows = stored(table)
+    assert [key for key, _ in rows] == list(range(9))
+    assert rows[8] == (8, "in the savepoint")

@@ -48,7 +48,7 @@ from libs.common.channels.providers import Outcome, Providers, Rejected, Retry, 
 from libs.common.channels.setup import Channel, webhook_path
 from libs.common.contracts.platform_events import MessageStatus
 from libs.common.core import effects
-from libs.common.core.db import fetch_each
+from libs.common.core.db import buffered_pipeline, fetch_each
 from libs.common.core.jobs import Backoff
 from libs.common.core.metrics import SEND_LANE_IN_FLIGHT, SEND_LANE_SEND_SECONDS, SEND_LANE_SENDS
 from libs.common.core.runtime import Runtime
@@ -183,7 +183,7 @@ class SendLane:
         for send in sends:
             quotas[(send.message.project_id, send.channel.number_id)] -= 1
         wanted = [NumberQuota(project_id=p, number_id=n, quota=q) for (p, n), q in quotas.items() if q > 0]
-        with conn.pipeline():  # the claim's writes that return nothing travel together
+        with buffered_pipeline(conn):  # the claim's writes that return nothing travel together
             claimed = send_lane.claim_for_numbers(conn, wanted, now=now)
             lifetime = timedelta(seconds=self.settings.message_lifetime_seconds)
             fresh = [

@@ -244,7 +244,7 @@ def fetch_each(
     rows: list[R] = []
     if prepare is False:  # never prepared: a cursor each, all sent in one pipeline, then read
         cursors = [conn.cursor(row_factory=row_factory) for _ in params]
-        with conn.pipeline():
+        with buffered_pipeline(conn):
             for cur, each in zip(cursors, params, strict=True):
                 cur.execute(query, each, prepare=False)
         for cur in cursors:
@@ -266,15 +266,18 @@ def buffered_pipeline(conn: psycopg.Connection[Any]) -> Iterator[Pipeline]:
     read (with psycopg's flush request) and at the end (with the sync). psycopg's own pipeline writes each
     statement as it is queued, after waiting for the socket; on loopback TCP each write also runs the
     server's side of the stack and wakes its backend. A transaction of five statements and two round trips
-    (the release step) then costs two writes instead of eight. What is sent, its order, the results and
-    where an error surfaces do not change.
+    (the release step) then costs two writes instead of eight. What is sent, its order and its results do
+    not change; a statement's error is raised at the next read or at the end (psycopg's own pipeline raises
+    it at whichever later statement happens to find its result).
 
-    It replaces two steps of psycopg's pipeline (of the version range ``pyproject.toml`` allows):
-    ``_communicate_gen`` (after each statement, and for the sync) and ``_exit_gen``.
-    tests/test_pipelined_transaction.py holds it to its behaviour."""
+    It replaces three steps of psycopg's pipeline (of the version range ``pyproject.toml`` allows):
+    ``_communicate_gen`` (after each statement), ``_sync_gen`` (a transaction or pipeline opened inside)
+    and ``_exit_gen``. tests/test_pipelined_transaction.py holds it to its behaviour. Every pipeline of
+    the domain is one of these."""
     with conn.pipeline() as pipeline:
-        if pipeline.level == 1:  # the outermost: psycopg drops it at its end (a nested one is left as it is)
+        if pipeline.level == 1:  # a pipeline opened inside another is the outer one, left as it is
             pipeline._communicate_gen = partial(_hand_to_libpq, pipeline)  # type: ignore[method-assign]
+            pipeline._sync_gen = partial(_sync_and_fetch, pipeline)  # type: ignore[method-assign]
             pipeline._exit_gen = partial(_sync_and_fetch, pipeline)  # type: ignore[method-assign]
         yield pipeline
 
@@ -290,8 +293,9 @@ def _hand_to_libpq(pipeline: Pipeline) -> PQGen[None]:
 
 
 def _sync_and_fetch(pipeline: Pipeline) -> PQGen[None]:
-    """The pipeline's end: its sync and everything before it in one write (waiting for the socket if it is
-    full), then every result read. psycopg's own end adds a flush request, a write of its own."""
+    """A sync (the pipeline's end, or a transaction opened inside it) and everything queued before it in one
+    write (waiting for the socket if it is full), then every result read. psycopg's own end adds a flush
+    request, a write of its own."""
     written = False
     try:
         pipeline._enqueue_sync()

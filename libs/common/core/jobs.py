@@ -58,7 +58,7 @@ from psycopg.rows import RowFactory
 from psycopg_pool import ConnectionPool
 
 from libs.common.core import effects
-from libs.common.core.db import fetch_each
+from libs.common.core.db import buffered_pipeline, fetch_each
 
 if TYPE_CHECKING:
     from libs.common.core.runtime import Runtime
@@ -189,7 +189,7 @@ def claim_in_turns(
     ``project_id`` and ``share`` added to ``params`` (a statement naming one project: routed to one shard on
     Citus), every claim in one pipeline (one round trip). Rows come in the projects' order. ``prepare``
     False: the claims are never prepared statements (:func:`~libs.common.core.db.fetch_each`)."""
-    with conn.pipeline():  # the transaction's BEGIN goes with the read
+    with buffered_pipeline(conn):  # the transaction's BEGIN goes with the read
         found = conn.execute(shares, params)
     turns = found.fetchall()
     each = [params | {"project_id": project_id, "share": share} for project_id, share in turns]

@@ -18,6 +18,7 @@ from psycopg.rows import class_row, kwargs_row
 
 from libs.common.contracts.limits import DedupeKey, StopNote, Variables
 from libs.common.core import validation
+from libs.common.core.db import buffered_pipeline
 from libs.common.core.effects import NudgeRelease, after_commit
 from libs.common.core.errors import Conflict, FollowupsError, InvalidInput, NotFound, Refusals
 from libs.common.core.metrics import FOLLOWUP_ENROLLMENTS
@@ -510,7 +511,7 @@ def _contacts(conn: Connection[Any], project_id: uuid.UUID, requests: list[Enrol
         "conversation_ids": _column([r.conversation_id for r in requests]),
     }
     with conn.cursor(row_factory=class_row(_Contact)) as cur:
-        with conn.pipeline():
+        with buffered_pipeline(conn):
             conn.execute(QUERIES["lock_project"], {"project_id": project_id})
             cur.execute(QUERIES["enrollment_contact"], params, binary=True)
         return cur.fetchall()

@@ -45,6 +45,7 @@ from psycopg import Connection
 
 from libs.common.contracts.limits import Phone, Variables
 from libs.common.core import validation
+from libs.common.core.db import buffered_pipeline
 from libs.common.core.effects import rolled_back
 from libs.common.core.errors import Busy, InvalidInput, NotFound
 from libs.common.core.metrics import FOLLOWUP_PREVIEWS
@@ -212,7 +213,7 @@ def preview(
     complete = True
     try:
         # pipeline mode (as the release loop's): the writes no read waits for travel together
-        with conn.pipeline(), rolled_back(conn):
+        with buffered_pipeline(conn), rolled_back(conn):
             # what counts skips a preview (migration 0030): it holds no counter row, nor the plan lock, that a
             # real enrollment, release or send would wait for; local, it ends with the savepoint
             conn.execute("SELECT set_config('followups.preview', 'on', true)")

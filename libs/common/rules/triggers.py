@@ -42,6 +42,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
+from libs.common.core.db import buffered_pipeline
 from libs.common.core.effects import NudgeTriggers, Savepoint, after_commit, savepoint
 from libs.common.core.jobs import (
     STANDARD_BACKOFF,
@@ -288,7 +289,7 @@ def _settle_group(
         settling.release()
         return None  # compiled in the background meanwhile: the group waits for a later batch, due as it was
     ids = [t.id for t in group]
-    with conn.pipeline():
+    with buffered_pipeline(conn):
         done_before = conn.execute(QUERIES["already_run"], {"project_id": project_id, "ids": ids})
         matching = send_match(conn, project_id, ids, [rule.literal for rule in rules])
     already = {(t, r) for t, r in done_before.fetchall()}
@@ -315,7 +316,7 @@ def _settle_group(
     running = [trigger.id for trigger, _ in chosen]
     settled = [t.id for t in group if t.id not in running]
     project = {"project_id": project_id, "now": now}
-    with conn.pipeline():
+    with buffered_pipeline(conn):
         if runs:
             conn.execute(QUERIES["insert_rule_runs"], project | {"runs": Jsonb(runs)})
         if settled:
@@ -422,7 +423,7 @@ def _run(
     lease = {"project_id": trigger.project_id, "id": trigger.id, "until": until, "attempts": trigger.attempts}
     executed = [_RuleRan(rule, done=Done()) for rule in rules]
     together = Savepoint(conn, "rules")
-    with conn.pipeline():
+    with buffered_pipeline(conn):
         locked = conn.execute(QUERIES["lock_leased"], lease)
         together.open()
         rows = [_row(trigger, item, traces) for item in executed]
@@ -444,7 +445,7 @@ def _run(
             extra={"trigger_id": trigger.id, "project_id": str(trigger.project_id), "error": repr(exc)},
         )
         ran, failed = _run_each(conn, rules, subject, now)
-        with conn.pipeline():
+        with buffered_pipeline(conn):
             rows = [_row(trigger, item, traces) for item in ran]
             _write_runs(conn, trigger, rows, processed=failed is None, now=now)
     for item in ran:
