@@ -10,6 +10,7 @@ import itertools
 import os
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -201,3 +202,18 @@ def test_a_savepoint_inside_syncs_what_was_held_back_however_large(table: Connec
     rows = stored(table)
     assert [key for key, _ in rows] == list(range(9))
     assert rows[8] == (8, "in the savepoint")
+
+
+def test_every_pipeline_of_the_product_is_a_buffered_one() -> None:
+    """psycopg's own pipeline writes once a statement: the product opens its pipelines through
+    core.db.buffered_pipeline, which core.db alone builds on ``conn.pipeline()``."""
+    root = Path(__file__).resolve().parent.parent
+    plain = [
+        f"{path.relative_to(root)}:{number}"
+        for folder in ("libs", "services", "followups")
+        for path in sorted((root / folder).rglob("*.py"))
+        if path != root / "libs" / "common" / "core" / "db.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if ".pipeline()" in line
+    ]
+    assert plain == []
