@@ -161,6 +161,23 @@ def test_statements_are_written_when_a_result_is_read_and_at_the_end(table: Conn
     assert stored(table) == [(1, "at the end")]
 
 
+def test_a_held_back_statement_that_fails_is_raised_at_the_next_read(table: ConnectionPool) -> None:
+    """The error of a statement whose result nobody read surfaces at the next read (the statement after it
+    is not run), and the transaction is rolled back."""
+    with table.connection() as conn:
+        conn.execute("INSERT INTO pipelined VALUES (1, 'before')")
+        conn.commit()
+        reached = False
+        with pytest.raises(errors.UniqueViolation), pipelined_transaction(conn):
+            conn.execute("INSERT INTO pipelined VALUES (2, 'rolled back')")
+            conn.execute("INSERT INTO pipelined VALUES (1, 'duplicate')")  # held back: nothing raised yet
+            reached = True
+            conn.execute("INSERT INTO pipelined VALUES (3, 'never run') RETURNING id").fetchone()
+        assert reached
+        idle_and_usable(conn)
+    assert stored(table) == [(1, "before")]
+
+
 def test_writes_larger_than_the_socket_takes_at_once_are_all_sent(table: ConnectionPool) -> None:
     """Held writes past libpq's threshold and the socket's buffer (16 MB here) go out in parts, the server's
     answers read meanwhile, and all of it is committed."""
