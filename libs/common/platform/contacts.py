@@ -8,8 +8,9 @@ and lists leave it out; only its anonymised row stays, for the references to it.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from psycopg import Connection
@@ -199,24 +200,38 @@ def update_contact(
 
 
 def add_tags(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, tags: list[str]) -> Contact:
-    return _change_tags(conn, "add_tags", project_id, contact_id, _tags(tags))
+    return send_tags_change(conn, "add", project_id, contact_id, tags)()
 
 
 def remove_tags(
     conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID, tags: list[str]
 ) -> Contact:
-    return _change_tags(conn, "remove_tags", project_id, contact_id, [validation.tag(t) for t in tags])
+    return send_tags_change(conn, "remove", project_id, contact_id, tags)()
 
 
-def _change_tags(
-    conn: Connection[Any], query: str, project_id: uuid.UUID, contact_id: uuid.UUID, tags: list[str]
-) -> Contact:
-    params = {"project_id": project_id, "id": contact_id, "tags": tags}
-    with conn.cursor(row_factory=class_row(Contact)) as cur:
-        contact = cur.execute(QUERIES[query], params).fetchone()
-    if contact is None:
-        raise NotFound("contact not found", field="contact_id")
-    return contact
+def send_tags_change(
+    conn: Connection[Any],
+    change: Literal["add", "remove"],
+    project_id: uuid.UUID,
+    contact_id: uuid.UUID,
+    tags: list[str],
+) -> Callable[[], Contact]:
+    """Send the change of a contact's tags; the call returned reads the contact as changed (404 for another
+    project's contact or an erased one). In a pipeline, the statement goes out with the ones after it, and is
+    read only when that call is made (:func:`libs.common.rules.actions.run_actions`)."""
+    checked = _tags(tags) if change == "add" else [validation.tag(t) for t in tags]
+    params = {"project_id": project_id, "id": contact_id, "tags": checked}
+    cur = conn.cursor(row_factory=class_row(Contact))
+    cur.execute(QUERIES[f"{change}_tags"], params)
+
+    def changed() -> Contact:
+        with cur:
+            contact = cur.fetchone()
+        if contact is None:
+            raise NotFound("contact not found", field="contact_id")
+        return contact
+
+    return changed
 
 
 def lock_contact(conn: Connection[Any], project_id: uuid.UUID, contact_id: uuid.UUID) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
@@ -179,6 +180,20 @@ def update_conversation(
     now: datetime,
 ) -> tuple[Conversation, Changed]:
     """Apply ``change`` to a conversation (locked first); returns it and what really changed."""
+    return send_conversation_change(conn, project_id, conversation_id, change, now=now)()
+
+
+def send_conversation_change(
+    conn: Connection[Any],
+    project_id: uuid.UUID,
+    conversation_id: uuid.UUID,
+    change: ConversationChange,
+    *,
+    now: datetime,
+) -> Callable[[], tuple[Conversation, Changed]]:
+    """Lock the conversation (a read), then send ``change`` to it (a write); the call returned reads the
+    conversation as changed, and what really changed. In a pipeline, the write goes out with the statements
+    after it, and is read only when that call is made."""
     current = lock_conversation(conn, project_id, conversation_id)
     labels = list(current.labels) if change.labels is msgspec.UNSET else _labels(change.labels, "labels")
     for label in _labels(change.add_labels, "add_labels"):
@@ -214,17 +229,23 @@ def update_conversation(
                 "to": attributes.get(key),
             }
     if not changed:
-        return current, changed
+        return lambda: (current, changed)
     params = after | {
         "attributes": Jsonb(attributes),
         "project_id": project_id,
         "id": conversation_id,
         "now": now,
     }
-    with conn.cursor(row_factory=class_row(Conversation)) as cur:
-        updated = cur.execute(QUERIES["update_conversation"], params).fetchone()
-    assert updated is not None
-    return updated, changed
+    cur = conn.cursor(row_factory=class_row(Conversation))
+    cur.execute(QUERIES["update_conversation"], params)
+
+    def updated() -> tuple[Conversation, Changed]:
+        with cur:
+            row = cur.fetchone()
+        assert row is not None  # locked above, in this transaction
+        return row, changed
+
+    return updated
 
 
 def _labels(values: list[str], field: str) -> list[str]:

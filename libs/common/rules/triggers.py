@@ -17,9 +17,10 @@ on by the triggers service.
    (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS` (``failed``).
 
 Round trips are what a trigger costs (each one a wake-up of the database's backend and of the worker): a
-group's reads go out together and so do its writes; a leased trigger's transaction is one round trip for
-its BEGIN, the lease's lock, the rules' savepoint, their runs and the trigger's mark, then its actions' own
-statements, then the COMMIT.
+group's reads go out together and so do its writes; a leased trigger's transaction is a round trip for its
+BEGIN (psycopg waits for it), one for the lease's lock, the rules' savepoint, their runs, the trigger's mark
+and its actions' writes (an action that reads before it writes, a conversation's lock, adds its own), then
+the COMMIT.
 
 Each trigger is counted in ``whatstig_followup_triggers_total{type,outcome}`` once the batch committed, per
 rule it met: ``executed``, ``rejected``, ``not_matched``, ``delayed``; per trigger: ``no_rule`` (no active
@@ -36,7 +37,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
-from psycopg import Connection
+import psycopg
+from psycopg import Connection, Cursor
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -60,7 +62,15 @@ from libs.common.core.reasons import stored
 from libs.common.core.runtime import Runtime
 from libs.common.core.sql import load_queries
 from libs.common.followups.stops import count_stopped
-from libs.common.rules.actions import BUSINESS_ERRORS, Done, RuleRefusal, Subject, refusal_of, run_actions
+from libs.common.rules.actions import (
+    BUSINESS_ERRORS,
+    Done,
+    RuleRefusal,
+    Subject,
+    refusal_of,
+    run_actions,
+    send_actions,
+)
 from libs.common.rules.executions import ToSchedule, schedule
 from libs.common.rules.matching import matched, send_match
 from libs.common.rules.rules import RULES, ActiveRule
@@ -414,35 +424,41 @@ def _run(
     it processed; a rule that fails unexpectedly ends the attempt (:class:`Failed`): the rules that ran are
     kept and not run again when it is retried.
 
-    On the bet that every rule executes (the common case), the transaction's first round trip is its BEGIN,
-    the lease's lock, a savepoint, and the rule runs (``executed``) with the trigger's mark; then the rules'
-    actions run together, with no savepoint of their own. Should the lease be lost, or any rule be refused
-    or fail, that savepoint is rolled back (the runs and the mark with it); the rules then run again one by
-    one, each in a savepoint of its own (:func:`_run_each`), and what they did is written after them. What
-    is kept is always what rules run one by one would keep."""
+    On the bet that every rule executes (the common case), the transaction's first round trip is the
+    lease's lock, a savepoint, the rule runs (``executed``) with the trigger's mark, and the rules' actions
+    together, with no savepoint of their own: what an action only checks of its writes (a contact's tags, a
+    conversation's change) is read once that round trip is answered (:func:`send_actions`); an action that
+    reads first (a conversation's lock) adds a round trip of its own. Should the lease be lost, or any rule
+    be refused or fail, that savepoint is rolled back (the runs, the mark and the actions with it); the rules
+    then run again one by one, each in a savepoint of its own (:func:`_run_each`), and what they did is
+    written after them. What is kept is always what rules run one by one would keep."""
     lease = {"project_id": trigger.project_id, "id": trigger.id, "until": until, "attempts": trigger.attempts}
     executed = [_RuleRan(rule, done=Done()) for rule in rules]
     together = Savepoint(conn, "rules")
-    with buffered_pipeline(conn):
-        locked = conn.execute(QUERIES["lock_leased"], lease)
-        together.open()
-        rows = [_row(trigger, item, traces) for item in executed]
-        _write_runs(conn, trigger, rows, processed=True, now=now)
-    if locked.fetchone() is None:
-        together.rollback()
-        return None  # processed meanwhile, or taken over by another worker after the lease ran out
     subject = _subject(trigger)
-    failed: Failed | None = None
+    locked: Cursor[Any] | None = None
+    error: Exception | None = None
     try:
-        ran = [
-            _RuleRan(rule, done=run_actions(conn, rule.id, rule.actions, subject, now=now)) for rule in rules
-        ]
-    except Exception as exc:  # a refusal or a failure: each rule again in a savepoint of its own
+        with buffered_pipeline(conn):
+            locked = conn.execute(QUERIES["lock_leased"], lease)
+            together.open()
+            rows = [_row(trigger, item, traces) for item in executed]
+            _write_runs(conn, trigger, rows, processed=True, now=now)
+            sent = [(rule, send_actions(conn, rule.id, rule.actions, subject, now=now)) for rule in rules]
+        ran = [_RuleRan(rule, done=actions.checked()) for rule, actions in sent]
+    except Exception as exc:  # a refusal or a failure: each rule again in a savepoint of its own (below)
+        error = exc
+    held = _lease_held(locked, error)
+    if error is not None or not held:
         together.rollback()
+    if not held:
+        return None  # processed meanwhile, or taken over by another worker after the lease ran out
+    failed: Failed | None = None
+    if error is not None:
         TRIGGER_RULES_RUN_AGAIN.labels(trigger.type).inc()
         log.debug(
             "rules run again one by one",
-            extra={"trigger_id": trigger.id, "project_id": str(trigger.project_id), "error": repr(exc)},
+            extra={"trigger_id": trigger.id, "project_id": str(trigger.project_id), "error": repr(error)},
         )
         ran, failed = _run_each(conn, rules, subject, now)
         with buffered_pipeline(conn):
@@ -451,6 +467,19 @@ def _run(
     for item in ran:
         _count(trigger, item, processed)
     return failed
+
+
+def _lease_held(locked: Cursor[Any] | None, error: Exception | None) -> bool:
+    """Whether the lease's lock found the trigger still this worker's. When the lock has no result (the
+    transaction failed at it or before it, so no savepoint was opened), ``error`` is raised: the attempt
+    failed."""
+    try:
+        if locked is not None:
+            return locked.fetchone() is not None
+    except psycopg.Error:
+        pass
+    assert error is not None, "the lease's lock has a result unless the pipeline failed"
+    raise error
 
 
 def _write_runs(

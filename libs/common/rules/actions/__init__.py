@@ -16,12 +16,14 @@ sequence refuses, no conversation to act on, a message too long once filled in) 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, get_args
 
 from psycopg import Connection
 
 from libs.common.contracts.limits import MAX_RULE_ACTIONS
+from libs.common.core.db import buffered_pipeline
 from libs.common.core.errors import InvalidInput
 from libs.common.rules.actions.base import (
     BUSINESS_ERRORS,
@@ -29,6 +31,7 @@ from libs.common.rules.actions.base import (
     ActionRefusal,
     ActionRejected,
     BaseAction,
+    Check,
     Done,
     RuleRefusal,
     Subject,
@@ -68,6 +71,7 @@ __all__ = [
     "BaseAction",
     "ChangePriority",
     "ChangeStatus",
+    "Check",
     "Done",
     "EnrollInSequence",
     "RemoveContactTag",
@@ -75,6 +79,7 @@ __all__ = [
     "RuleRefusal",
     "SendMessage",
     "SendWebhook",
+    "Sent",
     "SnoozeUntil",
     "Subject",
     "action_type",
@@ -82,6 +87,7 @@ __all__ = [
     "form",
     "refusal_of",
     "run_actions",
+    "send_actions",
     "validate_actions",
 ]
 
@@ -133,11 +139,41 @@ def validate_actions(conn: Connection[Any], project_id: uuid.UUID, actions: list
     return actions
 
 
+@dataclass(frozen=True)
+class Sent:
+    """A rule's actions run with their writes sent, not yet read: what they did, and what is left to check."""
+
+    done: Done
+    checks: list[Check]
+
+    def checked(self) -> Done:
+        """Read what the actions left to check (raising what they would have raised); what they did."""
+        for check in self.checks:
+            check()
+        return self.done
+
+
+def send_actions(
+    conn: Connection[Any], rule_id: uuid.UUID, actions: list[Action], subject: Subject, *, now: datetime
+) -> Sent:
+    """Run a rule's actions in order, in the caller's transaction, leaving what they only check of their
+    writes to :meth:`Sent.checked`: in the caller's pipeline those writes go out with the statements after
+    them (a trigger's actions go with its first round trip). An action that reads before it writes (a
+    conversation's lock) still reads at once."""
+    done = Done()
+    checks: list[Check] = []
+    for action in actions:
+        check = action.run(conn, rule_id, subject, now, done)
+        if check is not None:
+            checks.append(check)
+    return Sent(done, checks)
+
+
 def run_actions(
     conn: Connection[Any], rule_id: uuid.UUID, actions: list[Action], subject: Subject, *, now: datetime
 ) -> Done:
-    """Run a rule's actions in order, in the caller's transaction (the caller holds a savepoint)."""
-    done = Done()
-    for action in actions:
-        action.run(conn, rule_id, subject, now, done)
-    return done
+    """Run a rule's actions in order, in the caller's transaction (the caller holds a savepoint): their
+    writes go out together, then each is checked."""
+    with buffered_pipeline(conn):
+        sent = send_actions(conn, rule_id, actions, subject, now=now)
+    return sent.checked()

@@ -6,6 +6,7 @@ trigger is about (:class:`Subject`), what the actions did (:class:`Done`), a bus
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -119,6 +120,11 @@ class Done:
     stopped: list[Stopped] = field(default_factory=list)
 
 
+#: What an action reads of its writes once they are sent: called after the rule's statements went out, it
+#: raises what the action would have raised had it read them at once.
+Check = Callable[[], object]
+
+
 class BaseAction(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
     """One action of a rule: a subclass is one kind (its ``tag``), its fields, what it checks when the rule
     is saved and what it does when the rule runs."""
@@ -128,8 +134,10 @@ class BaseAction(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_f
 
     def run(
         self, conn: Connection[Any], rule_id: uuid.UUID, subject: Subject, now: datetime, done: Done
-    ) -> None:
-        """Do it, in the caller's transaction; a business refusal raises :class:`ActionRejected`."""
+    ) -> Check | None:
+        """Do it, in the caller's transaction; a business refusal raises :class:`ActionRejected`. What it
+        only has to check of a write (that its row was there) it may leave to the :data:`Check` it returns,
+        so that the write goes out with the statements after it (``send_actions``)."""
         raise NotImplementedError
 
 

@@ -10,7 +10,7 @@ from psycopg import Connection
 
 from libs.common.contracts.limits import Tag
 from libs.common.platform import contacts
-from libs.common.rules.actions.base import ITEMS_BOUNDS, BaseAction, Done, Subject, check_items, form
+from libs.common.rules.actions.base import ITEMS_BOUNDS, BaseAction, Check, Done, Subject, check_items, form
 
 #: The tags of a tag action's input.
 _TAGS = form("Tags (comma separated)")
@@ -26,8 +26,8 @@ class AddContactTag(BaseAction, kw_only=True, tag="add_contact_tag"):
 
     def run(
         self, conn: Connection[Any], rule_id: uuid.UUID, subject: Subject, now: datetime, done: Done
-    ) -> None:
-        contacts.add_tags(conn, subject.project_id, subject.contact_id, self.tags)
+    ) -> Check:
+        return contacts.send_tags_change(conn, "add", subject.project_id, subject.contact_id, self.tags)
 
 
 class RemoveContactTag(BaseAction, kw_only=True, tag="remove_contact_tag"):
@@ -40,5 +40,5 @@ class RemoveContactTag(BaseAction, kw_only=True, tag="remove_contact_tag"):
 
     def run(
         self, conn: Connection[Any], rule_id: uuid.UUID, subject: Subject, now: datetime, done: Done
-    ) -> None:
-        contacts.remove_tags(conn, subject.project_id, subject.contact_id, self.tags)
+    ) -> Check:
+        return contacts.send_tags_change(conn, "remove", subject.project_id, subject.contact_id, self.tags)

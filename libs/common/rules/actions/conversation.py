@@ -21,6 +21,7 @@ from libs.common.rules.actions.base import (
     ITEMS_BOUNDS,
     Assignee,
     BaseAction,
+    Check,
     Done,
     Subject,
     check_assignee,
@@ -45,9 +46,11 @@ class _Change(BaseAction, kw_only=True):
 
     def run(
         self, conn: Connection[Any], rule_id: uuid.UUID, subject: Subject, now: datetime, done: Done
-    ) -> None:
+    ) -> Check:
         conversation_id = conversation_of(conn, subject)
-        conversations.update_conversation(conn, subject.project_id, conversation_id, self.change(), now=now)
+        return conversations.send_conversation_change(
+            conn, subject.project_id, conversation_id, self.change(), now=now
+        )
 
 
 class AddLabel(_Change, kw_only=True, tag="add_label"):
