@@ -411,7 +411,8 @@ def test_a_trigger_rolled_back_or_a_rule_that_failed_nudges_nobody(
         run_actions(*args, **kwargs)
         raise RuntimeError("the rule's next action failed")
 
-    monkeypatch.setattr(triggers, "run_actions", enroll_then_fail)
+    monkeypatch.setattr(triggers, "send_actions", enroll_then_fail)  # the rules together,
+    monkeypatch.setattr(triggers, "run_actions", enroll_then_fail)  # then one by one
     clock.advance(triggers.BACKOFF_MIN)
     processed = triggers.process_triggers(runtime.pool, runtime.clock, runtime=runtime)
     assert processed.outcomes[("contact.created", "retry")] == 1
