@@ -17,10 +17,10 @@ on by the triggers service.
    (``rule_runs``), and gives up after :data:`MAX_ATTEMPTS` (``failed``).
 
 Round trips are what a trigger costs (each one a wake-up of the database's backend and of the worker): a
-group's reads go out together and so do its writes; a leased trigger's transaction (a pipelined one:
-``core.db.pipelined_transaction``) is a round trip for its BEGIN, the lease's lock, the rules' savepoint,
-their runs, the trigger's mark and its actions' writes (an action that reads before it writes, a
-conversation's lock, adds its own), then one for its COMMIT.
+group's reads go out together and so do its writes; a leased trigger's transaction is a round trip for its
+BEGIN (psycopg waits for it), one for the lease's lock, the rules' savepoint, their runs, the trigger's mark
+and its actions' writes (an action that reads before it writes, a conversation's lock, adds its own), then
+the COMMIT.
 
 Each trigger is counted in ``whatstig_followup_triggers_total{type,outcome}`` once the batch committed, per
 rule it met: ``executed``, ``rejected``, ``not_matched``, ``delayed``; per trigger: ``no_rule`` (no active
@@ -425,8 +425,8 @@ def _run(
     it processed; a rule that fails unexpectedly ends the attempt (:class:`Failed`): the rules that ran are
     kept and not run again when it is retried.
 
-    On the bet that every rule executes (the common case), the transaction's first round trip is its BEGIN,
-    the lease's lock, a savepoint, the rule runs (``executed``) with the trigger's mark, and the rules' actions
+    On the bet that every rule executes (the common case), the transaction's first round trip is the
+    lease's lock, a savepoint, the rule runs (``executed``) with the trigger's mark, and the rules' actions
     together, with no savepoint of their own: what an action only checks of its writes (a contact's tags, a
     conversation's change) is read once that round trip is answered (:func:`send_actions`); an action that
     reads first (a conversation's lock) adds a round trip of its own. Should the lease be lost, or any rule
