@@ -239,7 +239,6 @@ class _Sweep(OwnTransactions[dict[str, Any]]):
 
     retry = RETRY
     refusals = BUSINESS_ERRORS
-    pipelined = True  # an execution's BEGIN goes with its lease's lock
     pool: ConnectionPool
     clock: Clock
     stale_after: timedelta
