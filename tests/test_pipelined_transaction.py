@@ -19,7 +19,7 @@ from psycopg import errors
 from psycopg.pq import Trace, TransactionStatus
 from psycopg_pool import ConnectionPool
 
-from libs.common.core.db import buffered_pipeline, pipelined_transaction
+from libs.common.core.db import pipelined_transaction
 
 TABLE = """
 CREATE TABLE IF NOT EXISTS pipelined (id integer PRIMARY KEY, note text);
@@ -201,49 +201,6 @@ def test_a_pipeline_inside_is_psycopg_s_own_and_the_outer_one_still_holds_back(t
             assert not _advisory_lock_held(table, 4444, within=0.3)
         idle_and_usable(conn)
     assert stored(table) == [(1, "inner")]
-
-
-def test_a_buffered_pipeline_inside_one_sends_nothing_as_it_opens_and_syncs_at_its_end(
-    table: ConnectionPool,
-) -> None:
-    """Inside a pipelined transaction (a job's), a buffered pipeline (a trigger's first round trip) adds no
-    round trip as it opens: the transaction's BEGIN goes with its statements; its end reads their results."""
-    with table.connection() as conn:
-        with pipelined_transaction(conn):
-            conn.execute("SELECT pg_advisory_xact_lock(4545)")
-            with buffered_pipeline(conn):
-                assert not _advisory_lock_held(table, 4545, within=0.3)  # nothing sent as it opened
-                inserted = conn.execute("INSERT INTO pipelined VALUES (1, 'inner') RETURNING id")
-            assert _advisory_lock_held(table, 4545, within=0)  # its end sent what was queued before it too
-            assert inserted.fetchone() == (1,)
-        with tempfile.TemporaryFile("w+") as trace:
-            conn.pgconn.trace(trace.fileno())
-            conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
-            with pipelined_transaction(conn), buffered_pipeline(conn):
-                conn.execute("INSERT INTO pipelined VALUES (2, 'inner') RETURNING id")
-            conn.pgconn.untrace()
-            os.fsync(trace.fileno())
-            trace.seek(0)
-            directions = [line.split("\t", 1)[0] for line in trace if line[:1] in ("F", "B")]
-        turns = sum(1 for before, after in itertools.pairwise(directions) if (before, after) == ("F", "B"))
-        assert turns == 2, directions  # BEGIN and the insert, then the COMMIT
-        idle_and_usable(conn)
-    assert stored(table) == [(1, "inner"), (2, "inner")]
-
-
-def test_the_error_of_a_buffered_pipeline_inside_one_is_raised_at_its_end(table: ConnectionPool) -> None:
-    with table.connection() as conn:
-        conn.execute("INSERT INTO pipelined VALUES (1, 'before')")
-        conn.commit()
-        reached = False
-        with pytest.raises(errors.InFailedSqlTransaction), pipelined_transaction(conn):
-            with pytest.raises(errors.UniqueViolation), buffered_pipeline(conn):
-                conn.execute("INSERT INTO pipelined VALUES (1, 'duplicate')")  # held back until the end
-            reached = True  # raised at the inner end, the outer pipeline goes on (the transaction failed)
-            conn.execute("INSERT INTO pipelined VALUES (2, 'after')")
-        assert reached
-        idle_and_usable(conn)
-    assert stored(table) == [(1, "before")]
 
 
 def test_a_savepoint_inside_syncs_what_was_held_back_however_large(table: ConnectionPool) -> None:

@@ -273,37 +273,13 @@ def buffered_pipeline(conn: psycopg.Connection[Any]) -> Iterator[Pipeline]:
     It replaces three steps of psycopg's pipeline (of the version range ``pyproject.toml`` allows):
     ``_communicate_gen`` (after each statement), ``_sync_gen`` (a transaction or pipeline opened inside)
     and ``_exit_gen``. tests/test_pipelined_transaction.py holds it to its behaviour. Every pipeline of
-    the domain is one of these.
-
-    One opened inside another buffered one (a trigger's first round trip inside its job's pipelined
-    transaction) is the outer one: what it queues follows what was queued before it, and its end syncs (its
-    results read, a statement's error raised there). psycopg's own pipeline opened inside another syncs as
-    it opens, so that a transaction block opened inside sees the connection's true status; none is opened
-    by this one."""
-    outer = conn._pipeline
-    if outer is not None and _buffered(outer):
-        try:
-            yield outer
-        except BaseException:
-            try:
-                outer.sync()  # what was queued is read; the block's own error is the one raised
-            except psycopg.Error as second:
-                log.warning("error ignored syncing a pipeline after an error", extra={"error": repr(second)})
-            raise
-        outer.sync()
-        return
+    the domain is one of these."""
     with conn.pipeline() as pipeline:
         if pipeline.level == 1:  # a pipeline opened inside another is the outer one, left as it is
             pipeline._communicate_gen = partial(_hand_to_libpq, pipeline)  # type: ignore[method-assign]
             pipeline._sync_gen = partial(_sync_and_fetch, pipeline)  # type: ignore[method-assign]
             pipeline._exit_gen = partial(_sync_and_fetch, pipeline)  # type: ignore[method-assign]
         yield pipeline
-
-
-def _buffered(pipeline: Pipeline) -> bool:
-    """Whether ``pipeline`` is a buffered one (:func:`buffered_pipeline`)."""
-    ended = pipeline._exit_gen
-    return isinstance(ended, partial) and ended.func is _sync_and_fetch
 
 
 def _hand_to_libpq(pipeline: Pipeline) -> PQGen[None]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Hashable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -207,21 +207,13 @@ def transaction(runtime: Runtime) -> Iterator[Connection[Any]]:
 
 
 @contextmanager
-def committed(
-    pool: ConnectionPool,
-    runtime: Runtime | None,
-    transaction: Callable[[Connection[Any]], AbstractContextManager[Any]] | None = None,
-) -> Iterator[Connection[Any]]:
+def committed(pool: ConnectionPool, runtime: Runtime | None) -> Iterator[Connection[Any]]:
     """A transaction on a connection of ``pool`` (a job's item in a transaction of its own): committed when
     the block ends (rolled back on an error), then the effects registered on it run with ``runtime``; with
-    no runtime (a benchmark's or a test's worker that does not look at them) they are dropped.
-    ``transaction``: how the block's transaction runs on the connection (``core.db.pipelined_transaction``:
-    its BEGIN with the first statements, its COMMIT with the last); by default psycopg's own, which waits
-    for its BEGIN."""
+    no runtime (a benchmark's or a test's worker that does not look at them) they are dropped."""
     with pool.connection() as conn:  # the pool's check dropped what an earlier user left on it
         try:
-            with transaction(conn) if transaction is not None else nullcontext():
-                yield conn
+            yield conn
         except BaseException:
             discard(conn)
             raise

@@ -58,7 +58,7 @@ from psycopg.rows import RowFactory
 from psycopg_pool import ConnectionPool
 
 from libs.common.core import effects
-from libs.common.core.db import buffered_pipeline, fetch_each, pipelined_transaction
+from libs.common.core.db import buffered_pipeline, fetch_each
 
 if TYPE_CHECKING:
     from libs.common.core.runtime import Runtime
@@ -258,12 +258,9 @@ class OwnTransactions(Queue[T, Connection[Any]]):
 
     pool: ConnectionPool
     runtime: Runtime | None = None
-    #: Each item's transaction in one buffered pipeline (``core.db.pipelined_transaction``): its BEGIN goes
-    #: with its first statements and its COMMIT with its last, where psycopg's own waits for its BEGIN.
-    pipelined: ClassVar[bool] = False
 
     def isolate(self) -> AbstractContextManager[Connection[Any]]:
-        return effects.committed(self.pool, self.runtime, pipelined_transaction if self.pipelined else None)
+        return effects.committed(self.pool, self.runtime)
 
 
 @dataclass

@@ -207,7 +207,6 @@ class _Batch(OwnTransactions[_ToRun]):
     """The triggers queue: a claimed batch, each leased trigger then run in a transaction of its own."""
 
     retry = RETRY
-    pipelined = True  # a trigger's BEGIN goes with its first round trip (:func:`_run`)
 
     def __init__(
         self, pool: ConnectionPool, now: datetime, processed: Processed, runtime: Runtime | None
