@@ -30,7 +30,10 @@ under cProfile; the 15 heaviest functions of their merged profile (by cumulative
 figures are the unprofiled runs' only.
 
 The last line is `triggers: events_per_s=<n> matched_per_s=<n> p99_ms_event_to_action=<n>
-neighbour_p99_ms=<n> neighbour_cold_p99_ms=<n>`.
+neighbour_p99_ms=<n> neighbour_cold_p99_ms=<n> worker_cpu_ms_per_event=<ms> backend_cpu_ms_per_event=<ms>`:
+the last two are the CPU an event of the throughput rounds cost the workers and their database backends
+(medians of the rounds; -1 for backends not on this machine): they leave out the time a process waited
+for a core, which the rates count.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from typing import Any
 import msgspec
 import psycopg
 
-from benchmarks.common import bench_database, percentile, start_all
+from benchmarks.common import bench_database, cpu_seconds, percentile, start_all
 from libs.common.contracts.limits import MAX_GROUP_CHILDREN
 from libs.common.contracts.platform_events import ConversationUpdated, InboundMessage, LeadCreated
 from libs.common.core.clock import SYSTEM_CLOCK
@@ -320,8 +323,12 @@ def _worker(
     url: str, ready: Any, go: Any, stop: Any, results: Any, idle_exit: bool, profile: str | None
 ) -> None:
     pool = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=1))
+    with pool.connection() as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()
+    backend_pid = int(backend[0]) if backend is not None else 0
     ready.release()
     go.wait()
+    own_started, backend_started = time.process_time(), cpu_seconds(backend_pid)
     profiler = cProfile.Profile() if profile is not None else None
     if profiler is not None:
         profiler.enable()
@@ -337,7 +344,9 @@ def _worker(
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(f"{profile}.{os.getpid()}")
-    results.put(finished)
+    backend_ended = cpu_seconds(backend_pid)
+    backend_used = backend_ended - backend_started if backend_started is not None and backend_ended else -1.0
+    results.put((finished, time.process_time() - own_started, backend_used))
     pool.close()
 
 
@@ -349,9 +358,11 @@ def _run_workers(
     during: Any = None,
     by_worker: list[Any] | None = None,
     profile: str | None = None,
+    cpu: list[float] | None = None,
 ) -> tuple[float, list[tuple[int, float]]]:
     """Run ``workers`` worker processes until they find nothing to do (``idle_exit``) or ``during`` has
-    returned; with ``profile``, each dumps its cProfile stats to ``<profile>.<pid>``."""
+    returned; with ``profile``, each dumps its cProfile stats to ``<profile>.<pid>``; ``cpu`` receives the
+    CPU seconds the workers used and their database backends used (-1: a backend not on this machine)."""
     context = multiprocessing.get_context("spawn")
     ready, go, stop, results = context.Semaphore(0), context.Event(), context.Event(), context.Queue()
     processes = [
@@ -365,7 +376,11 @@ def _run_workers(
         during()
         time.sleep(1.0)  # the last events' triggers
         stop.set()
-    lists = [results.get() for _ in processes]
+    reported = [results.get() for _ in processes]
+    lists = [items for items, _, _ in reported]
+    if cpu is not None:
+        backends = [used for _, _, used in reported]
+        cpu += [sum(own for _, own, _ in reported), sum(backends) if min(backends) >= 0 else -1.0]
     if by_worker is not None:
         by_worker += lists
     finished = [item for items in lists for item in items]
@@ -396,11 +411,13 @@ def main() -> None:
     with bench_database(BENCH_DATABASE) as url:
         project_id = _seed(url, args.contacts, args.rules)
         producer = _Producer(url, project_id, seed=1)
-        rates: list[tuple[float, float]] = []
+        rates: list[tuple[float, float, float, float]] = []
         for round_ in range(1, args.rounds + 1):
             rates.append(_drain_round(url, producer, args.events, args.workers, round_))
-        events_per_s = statistics.median(events for events, _ in rates)
-        matched_per_s = statistics.median(matched for _, matched in rates)
+        events_per_s = statistics.median(rate[0] for rate in rates)
+        matched_per_s = statistics.median(rate[1] for rate in rates)
+        worker_ms = statistics.median(rate[2] for rate in rates)
+        backend_ms = statistics.median(rate[3] for rate in rates)
         print(
             f"  drains: {events_per_s:.0f} events/s, {matched_per_s:.0f} rule runs/s,"
             f" medians of {args.rounds}"
@@ -429,7 +446,8 @@ def main() -> None:
     print(
         f"triggers: events_per_s={events_per_s:.0f} matched_per_s={matched_per_s:.0f}"
         f" p99_ms_event_to_action={p99:.0f} neighbour_p99_ms={neighbour_p99:.0f}"
-        f" neighbour_cold_p99_ms={cold_p99:.0f}"
+        f" neighbour_cold_p99_ms={cold_p99:.0f} worker_cpu_ms_per_event={worker_ms:.3f}"
+        f" backend_cpu_ms_per_event={backend_ms:.3f}"
     )
 
 
@@ -442,15 +460,19 @@ def _executed(url: str) -> int:
 
 def _drain_round(
     url: str, producer: _Producer, events: int, workers: int, round_: int
-) -> tuple[float, float]:
+) -> tuple[float, float, float, float]:
     """One throughput round: ``events`` events recorded through the real event path, then drained by
-    ``workers`` worker processes: (events/s, rule runs executed/s) over the drain."""
+    ``workers`` worker processes: (events/s, rule runs executed/s) over the drain, and the CPU an event cost
+    the workers and their backends (ms; -1: the backends are not on this machine), which leaves out the time
+    a process waited for a core."""
     executed_before = _executed(url)
     started = time.perf_counter()
     for _ in range(events):
         producer.one()
     recorded_s = time.perf_counter() - started
-    elapsed, _ = _run_workers(url, workers, idle_exit=True)
+    cpu: list[float] = []
+    elapsed, _ = _run_workers(url, workers, idle_exit=True, cpu=cpu)
+    worker_ms, backend_ms = cpu[0] * 1000 / events, cpu[1] * 1000 / events if cpu[1] >= 0 else -1.0
     with psycopg.connect(url) as conn:
         left = conn.execute("SELECT count(*) FROM followup_triggers WHERE processed_at IS NULL").fetchone()
     assert left is not None and left[0] == 0, f"{left} triggers left unprocessed"
@@ -458,10 +480,10 @@ def _drain_round(
     vacuumed_s = _vacuum(url)
     print(
         f"  round {round_}: {events} events recorded in {recorded_s:.1f} s, drained in {elapsed:.2f} s:"
-        f" {events / elapsed:.0f} events/s, {executed / elapsed:.0f} rule runs/s (then vacuumed in"
-        f" {vacuumed_s:.1f} s)"
+        f" {events / elapsed:.0f} events/s, {executed / elapsed:.0f} rule runs/s, CPU an event: workers"
+        f" {worker_ms:.3f} ms, backends {backend_ms:.3f} ms (then vacuumed in {vacuumed_s:.1f} s)"
     )
-    return events / elapsed, executed / elapsed
+    return events / elapsed, executed / elapsed, worker_ms, backend_ms
 
 
 def _vacuum(url: str) -> float:
