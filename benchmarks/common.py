@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from multiprocessing.process import BaseProcess
@@ -10,6 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg_pool import ConnectionPool
 
 from libs.common.core.migrate import migrate
 
@@ -68,6 +70,28 @@ def cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuUsed:
+    """The CPU a benchmark's worker process and its database backend (the one connection of ``pool``) use
+    from :meth:`start` on."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        with pool.connection() as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        self.backend_pid = int(row[0]) if row is not None else 0
+        self.own_started = 0.0
+        self.backend_started: float | None = None
+
+    def start(self) -> None:
+        self.own_started, self.backend_started = time.process_time(), cpu_seconds(self.backend_pid)
+
+    def seconds(self) -> tuple[float, float]:
+        """(the worker's CPU seconds, its backend's: -1 when the backend is not a process of this machine)."""
+        ended = cpu_seconds(self.backend_pid)
+        started = self.backend_started
+        backend = ended - started if started is not None and ended is not None else -1.0
+        return time.process_time() - self.own_started, backend
 
 
 def percentile(values: list[float], pct: float) -> float:

@@ -65,7 +65,7 @@ from urllib.parse import urlsplit
 import msgspec
 import psycopg
 
-from benchmarks.common import bench_database, cpu_seconds, percentile, rss_mb, start_all
+from benchmarks.common import CpuUsed, bench_database, percentile, rss_mb, start_all
 from benchmarks.seed import seed_due_enrollments, seed_history, seed_project, with_numbers
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
@@ -128,12 +128,10 @@ def _worker(
     settings = FollowupSettings()
     turns = RoundRobin()
     profiler = cProfile.Profile() if profile is not None else None
-    with pool.connection() as conn:
-        backend = conn.execute("SELECT pg_backend_pid()").fetchone()
-    backend_pid = int(backend[0]) if backend is not None else 0
+    used = CpuUsed(pool)
     ready.release()
     go.wait()
-    own_started, backend_started = time.process_time(), cpu_seconds(backend_pid)
+    used.start()
     if profiler is not None:
         profiler.enable()
     while True:
@@ -152,9 +150,7 @@ def _worker(
         profiler.disable()
         profiler.dump_stats(f"{profile}.{os.getpid()}")
     if cpu is not None:
-        backend_ended = cpu_seconds(backend_pid)
-        cpu[0] = time.process_time() - own_started
-        cpu[1] = backend_ended - backend_started if backend_started is not None and backend_ended else -1.0
+        cpu[0], cpu[1] = used.seconds()
     pool.close()
 
 

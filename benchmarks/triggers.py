@@ -57,7 +57,7 @@ from typing import Any
 import msgspec
 import psycopg
 
-from benchmarks.common import bench_database, cpu_seconds, percentile, start_all
+from benchmarks.common import CpuUsed, bench_database, percentile, start_all
 from libs.common.contracts.limits import MAX_GROUP_CHILDREN
 from libs.common.contracts.platform_events import ConversationUpdated, InboundMessage, LeadCreated
 from libs.common.core.clock import SYSTEM_CLOCK
@@ -323,12 +323,10 @@ def _worker(
     url: str, ready: Any, go: Any, stop: Any, results: Any, idle_exit: bool, profile: str | None
 ) -> None:
     pool = create_pool(DatabaseSettings(url=url, pool_min_size=1, pool_max_size=1))
-    with pool.connection() as conn:
-        backend = conn.execute("SELECT pg_backend_pid()").fetchone()
-    backend_pid = int(backend[0]) if backend is not None else 0
+    used = CpuUsed(pool)
     ready.release()
     go.wait()
-    own_started, backend_started = time.process_time(), cpu_seconds(backend_pid)
+    used.start()
     profiler = cProfile.Profile() if profile is not None else None
     if profiler is not None:
         profiler.enable()
@@ -344,9 +342,7 @@ def _worker(
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(f"{profile}.{os.getpid()}")
-    backend_ended = cpu_seconds(backend_pid)
-    backend_used = backend_ended - backend_started if backend_started is not None and backend_ended else -1.0
-    results.put((finished, time.process_time() - own_started, backend_used))
+    results.put((finished, *used.seconds()))
     pool.close()
 
 
