@@ -437,7 +437,6 @@ def pgbench_script() -> str:
             enrollment_id=enrollment,
             run_step="0",
             due_at="NULLIF(:next_run_at, '')::timestamptz",
-            ids=f"ARRAY[{enrollment}]",
             status="'completed'",
             note="NULL",
             step_index="1",

@@ -10,9 +10,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from libs.common.core.sql import numbered, parse_queries
+from libs.common.core.sql import numbered, of_one, parse_queries
 from libs.common.followups import release_state, transitions
 from libs.common.platform import send_lane
+from libs.common.rules import triggers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,6 +39,7 @@ COMPOSED = {
     "transitions.ADVANCE_STEP": transitions.ADVANCE_STEP,
     "transitions.FINISH": transitions.FINISH,
     "transitions.FINISH_STEP": transitions.FINISH_STEP,
+    "triggers.MARK_ONE_PROCESSED": triggers.MARK_ONE_PROCESSED,
 }
 #: Statements numbered once for a raw cursor (core.sql.numbered): psycopg does not convert them, so their
 #: length is free.
@@ -76,6 +78,18 @@ def test_numbering_gives_each_name_one_number_and_unescapes_percent() -> None:
     statement = numbered("SELECT %(a)s, %(b)s, %(a)s, 'x%%' FROM t WHERE id = %(c)s")
     assert statement.text == "SELECT $1, $2, $1, 'x%' FROM t WHERE id = $3"
     assert statement.values({"c": 3, "b": 2, "a": 1, "unused": 0}) == (1, 2, 3)
+
+
+def test_a_statement_over_ids_is_written_for_one_id() -> None:
+    statement = "UPDATE t SET x = 1 WHERE project_id = %(project_id)s AND id = ANY(%(ids)s)"
+    assert of_one(statement) == "UPDATE t SET x = 1 WHERE project_id = %(project_id)s AND id = %(id)s"
+    typed = "DELETE FROM t WHERE id = ANY(%(ids)s::bigint[]) AND project_id = %(project_id)s"
+    assert (
+        of_one(typed, "trigger_id")
+        == "DELETE FROM t WHERE id = %(trigger_id)s AND project_id = %(project_id)s"
+    )
+    with pytest.raises(ValueError, match="0 found"):
+        of_one("SELECT * FROM t WHERE id = %(id)s")  # nothing over ids: a mistake, not a no-op
 
 
 def test_the_loader_drops_the_indentation() -> None:

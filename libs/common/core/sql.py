@@ -41,6 +41,21 @@ def load_queries(package: str, filename: str = "queries.sql") -> dict[str, Liter
     return parse_queries(resources.files(package).joinpath(filename).read_text(encoding="utf-8"))
 
 
+_ANY_OF_IDS = re.compile(r"= ANY\(%\(ids\)s(?:::\w+\[\])?\)")
+
+
+def of_one(statement: LiteralString, one: LiteralString = "id") -> LiteralString:
+    """``statement``, written for an array of ids (``= ANY(%(ids)s)``), for one id (``= %(<one>)s``), for a
+    caller that always has one. A prepared statement is planned again at every execution when its generic
+    plan is estimated dearer than the plans for its values: an array parameter is estimated at ten rows,
+    one id at one row, so the array's form is never kept for one id (the database's CPU at every
+    execution, in a hot path). The form for one id is planned once per connection."""
+    written, found = _ANY_OF_IDS.subn(f"= %({one})s", statement)
+    if found != 1:
+        raise ValueError(f"one '= ANY(%(ids)s)' expected, {found} found in: {statement}")
+    return written
+
+
 def with_parts(statement: LiteralString, **parts: LiteralString) -> LiteralString:
     """``statement`` with ``parts`` (data-modifying statements of other modules, by name) run in its own
     execution as common table expressions: one statement where there were several, each part still written

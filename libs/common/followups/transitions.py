@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 from libs.common.contracts.events import FINISHED, EnrollmentConverted, EnrollmentExited, Event
 from libs.common.core.outbox import EVENTS_PART, events_params, write_events
 from libs.common.core.reasons import PolicyStopReason, PolicyWaitingReason
-from libs.common.core.sql import load_queries, with_parts
+from libs.common.core.sql import load_queries, of_one, with_parts
 from libs.common.followups.held import HeldValues
 
 QUERIES = load_queries("libs.common.followups", "transitions.sql")
@@ -34,7 +34,10 @@ QUERIES = load_queries("libs.common.followups", "transitions.sql")
 ADVANCE_STEP = with_parts(QUERIES["advance"], run=QUERIES["insert_step_run"], events=EVENTS_PART)
 #: A finish and its events in one statement, and with the run of the step that finished it.
 FINISH = with_parts(QUERIES["finish"], events=EVENTS_PART)
-FINISH_STEP = with_parts(QUERIES["finish"], run=QUERIES["insert_step_run"], events=EVENTS_PART)
+#: A released step's finish is of its one enrollment: planned once per connection (:func:`of_one`).
+FINISH_STEP = with_parts(
+    of_one(QUERIES["finish"], "enrollment_id"), run=QUERIES["insert_step_run"], events=EVENTS_PART
+)
 
 EnrollmentStatus = Literal["active", "paused", "completed", "stopped", "failed", "converted", "exited"]
 FinalStatus = Literal["completed", "stopped", "failed"]
@@ -326,7 +329,6 @@ def finish(
     ]
     params = {
         "project_id": project_id,
-        "ids": [e.id for e in enrollments],
         "status": status,
         "reason": reason,
         "note": note,
@@ -337,7 +339,7 @@ def finish(
         **events_params(project_id, [*preceding, *events], occurred_at=now),
     }
     if run is None:
-        conn.execute(FINISH, params)
+        conn.execute(FINISH, params | {"ids": [e.id for e in enrollments]})
     else:
         conn.execute(FINISH_STEP, params | run.params(enrollments[0].id))
 

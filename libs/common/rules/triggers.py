@@ -60,7 +60,7 @@ from libs.common.core.jobs import (
 from libs.common.core.metrics import FOLLOWUP_TRIGGERS, TRIGGER_RULES_RUN_AGAIN
 from libs.common.core.reasons import stored
 from libs.common.core.runtime import Runtime
-from libs.common.core.sql import load_queries
+from libs.common.core.sql import load_queries, of_one
 from libs.common.followups.stops import count_stopped
 from libs.common.rules.actions import (
     BUSINESS_ERRORS,
@@ -80,6 +80,8 @@ from libs.common.rules.trace import DelayedRun, Recorded, record_all
 log = logging.getLogger(__name__)
 
 QUERIES = load_queries("libs.common.rules", "triggers.sql")
+#: A trigger marked processed as it runs (the claim's settle marks many): planned once per connection.
+MARK_ONE_PROCESSED = of_one(QUERIES["mark_processed"])
 
 #: How a trigger whose rule keeps failing is retried: 30 s, doubling, at most an hour; given up after the
 #: fifth attempt.
@@ -490,7 +492,7 @@ def _write_runs(
     if runs:
         conn.execute(QUERIES["insert_rule_runs"], project | {"runs": Jsonb(runs)})
     if processed:
-        conn.execute(QUERIES["mark_processed"], project | {"ids": [trigger.id]})
+        conn.execute(MARK_ONE_PROCESSED, project | {"id": trigger.id})
 
 
 def _run_each(
