@@ -204,6 +204,12 @@ def _raw_server(answer: Callable[[socket.socket, threading.Event], None]) -> Ite
         listener.close()
 
 
+def _attempted(pool: ConnectionPool, project_id: uuid.UUID, delivery_id: uuid.UUID) -> tuple[int, str | None]:
+    """A delivery's attempts so far and its last error."""
+    delivery = _delivery(pool, project_id, delivery_id)
+    return delivery.attempts, delivery.last_error
+
+
 def _dripping(conn: socket.socket, stopped: threading.Event) -> None:
     """A byte every 0.3 s, forever: no single read waits long, the whole answer never ends."""
     for byte in b"HTTP/1.1 200 OK\r\nX-Padding: " + b"a" * 10_000:
@@ -231,8 +237,11 @@ def test_a_sleeping_and_a_dripping_endpoint_are_cut_at_the_deadline_while_anothe
             assert dispatcher.tick() == 3
             # Then A's delivery is delivered while B's endpoints still hold their connections (leased)
             wait_until(lambda: _delivery(pool, project.id, mine).status == "delivered", what="A delivered")
-            held = [_delivery(pool, other_project.id, d) for d in slow[:2]]
-            assert [(d.attempts, d.last_error) for d in held] == [(1, None), (1, None)]
+            # (each attempt leases its delivery in its own thread, which may start after A's was answered)
+            wait_until(
+                lambda: [_attempted(pool, other_project.id, d) for d in slow[:2]] == [(1, None), (1, None)],
+                what="B's first two deliveries leased, their attempts under way",
+            )
             # and B's two attempts end at the deadline although the dripping one never stopped sending
             for _ in range(3):
                 woken.acquire(timeout=10)
