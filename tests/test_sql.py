@@ -10,9 +10,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from libs.common.core.sql import numbered, of_one, parse_queries
+from libs.common.core.sql import OverIds, numbered, of_one, parse_queries
 from libs.common.followups import release_state, transitions
-from libs.common.platform import send_lane
+from libs.common.platform import messages, send_lane
 from libs.common.rules import triggers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,9 @@ COMPOSED = {
     "send_lane.CLAIM_QUEUED_MESSAGES": send_lane.CLAIM_QUEUED_MESSAGES,
     "send_lane.CLAIM_QUEUED_FOR_NUMBERS": send_lane.CLAIM_QUEUED_FOR_NUMBERS,
     "transitions.ADVANCE_STEP": transitions.ADVANCE_STEP,
-    "transitions.FINISH": transitions.FINISH,
+    "transitions.FINISH": transitions.FINISH.many,
+    "transitions.FINISH (one)": transitions.FINISH.one,
+    "messages.CANCEL_QUEUED (one)": messages.CANCEL_QUEUED.one,
     "transitions.FINISH_STEP": transitions.FINISH_STEP,
     "triggers.MARK_ONE_PROCESSED": triggers.MARK_ONE_PROCESSED,
 }
@@ -88,6 +90,9 @@ def test_a_statement_over_ids_is_written_for_one_id() -> None:
         of_one(typed, "trigger_id")
         == "DELETE FROM t WHERE id = %(trigger_id)s AND project_id = %(project_id)s"
     )
+    over_ids = OverIds.of(statement)
+    assert over_ids.bound({"project_id": 1}, [7]) == (over_ids.one, {"project_id": 1, "id": 7})
+    assert over_ids.bound({"project_id": 1}, (7, 8)) == (statement, {"project_id": 1, "ids": [7, 8]})
     with pytest.raises(ValueError, match="0 found"):
         of_one("SELECT * FROM t WHERE id = %(id)s")  # nothing over ids: a mistake, not a no-op
 

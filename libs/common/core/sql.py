@@ -8,7 +8,7 @@ from name to statement; domain code asks for ``QUERIES["claim_due_enrollment"]``
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any, LiteralString, NamedTuple
 
@@ -54,6 +54,25 @@ def of_one(statement: LiteralString, one: LiteralString = "id") -> LiteralString
     if found != 1:
         raise ValueError(f"one '= ANY(%(ids)s)' expected, {found} found in: {statement}")
     return written
+
+
+class OverIds(NamedTuple):
+    """A statement over ``%(ids)s`` (``= ANY(%(ids)s)``) in both forms: for any number of ids, and for one
+    (:func:`of_one`). The common case (a contact's one live enrollment, its one queued message) then runs
+    the form PostgreSQL plans once per connection."""
+
+    many: LiteralString
+    one: LiteralString
+
+    @classmethod
+    def of(cls, statement: LiteralString) -> OverIds:
+        return cls(statement, of_one(statement))
+
+    def bound(self, params: dict[str, Any], ids: Sequence[Any]) -> tuple[LiteralString, dict[str, Any]]:
+        """The form for ``ids`` and ``params`` with them (``id`` for one, ``ids`` for any other number)."""
+        if len(ids) == 1:
+            return self.one, params | {"id": ids[0]}
+        return self.many, params | {"ids": list(ids)}
 
 
 def with_parts(statement: LiteralString, **parts: LiteralString) -> LiteralString:

@@ -25,15 +25,16 @@ from psycopg.types.json import Jsonb
 from libs.common.contracts.events import FINISHED, EnrollmentConverted, EnrollmentExited, Event
 from libs.common.core.outbox import EVENTS_PART, events_params, write_events
 from libs.common.core.reasons import PolicyStopReason, PolicyWaitingReason
-from libs.common.core.sql import load_queries, of_one, with_parts
+from libs.common.core.sql import OverIds, load_queries, of_one, with_parts
 from libs.common.followups.held import HeldValues
 
 QUERIES = load_queries("libs.common.followups", "transitions.sql")
 #: A released step's run and events written in the statement that moves its enrollment on: one statement
 #: where there were three (the run, the move, the events).
 ADVANCE_STEP = with_parts(QUERIES["advance"], run=QUERIES["insert_step_run"], events=EVENTS_PART)
-#: A finish and its events in one statement, and with the run of the step that finished it.
-FINISH = with_parts(QUERIES["finish"], events=EVENTS_PART)
+#: A finish and its events in one statement (of most often one enrollment: a stopped contact's live one;
+#: :class:`~libs.common.core.sql.OverIds`), and with the run of the step that finished it.
+FINISH = OverIds.of(with_parts(QUERIES["finish"], events=EVENTS_PART))
 #: A released step's finish is of its one enrollment: planned once per connection (:func:`of_one`).
 FINISH_STEP = with_parts(
     of_one(QUERIES["finish"], "enrollment_id"), run=QUERIES["insert_step_run"], events=EVENTS_PART
@@ -339,7 +340,7 @@ def finish(
         **events_params(project_id, [*preceding, *events], occurred_at=now),
     }
     if run is None:
-        conn.execute(FINISH, params | {"ids": [e.id for e in enrollments]})
+        conn.execute(*FINISH.bound(params, [e.id for e in enrollments]))
     else:
         conn.execute(FINISH_STEP, params | run.params(enrollments[0].id))
 

@@ -18,10 +18,12 @@ from psycopg.types.json import Jsonb
 from libs.common.contracts.events import MessageFailed, MessageHuman, MessageQueued, MessageReceived
 from libs.common.core.errors import Busy, InvalidInput, NotFound
 from libs.common.core.outbox import write_events
-from libs.common.core.sql import load_queries
+from libs.common.core.sql import OverIds, load_queries
 from libs.common.platform.conversations import Conversation, create_conversation, get_conversation
 
 QUERIES = load_queries("libs.common.platform", "messages.sql")
+#: Cancelling a stopped contact's queued messages: most often one (:class:`~libs.common.core.sql.OverIds`).
+CANCEL_QUEUED = OverIds.of(QUERIES["cancel_queued"])
 
 #: Priority of follow-up messages in the send lane (lower is sooner).
 FOLLOWUP_PRIORITY = 5
@@ -272,9 +274,10 @@ def cancel_queued_messages(
     status event and a ``message.failed`` event (reason CANCELLED); returns the cancelled ids."""
     if not message_ids:
         return []
-    params = {"project_id": project_id, "ids": message_ids, "detail": stop_reason, "now": now}
+    params = {"project_id": project_id, "detail": stop_reason, "now": now}
+    statement, params = CANCEL_QUEUED.bound(params, message_ids)
     with conn.cursor(row_factory=class_row(_Cancelled)) as cur:
-        cancelled = cur.execute(QUERIES["cancel_queued"], params).fetchall()
+        cancelled = cur.execute(statement, params).fetchall()
     events = [
         MessageFailed(
             message_id=m.id,

@@ -1,7 +1,7 @@
-"""The release step's statements are planned once per connection: after PostgreSQL's first five custom plans
-of a prepared statement, it keeps the generic one when that costs no more. A statement whose generic plan is
-estimated dearer (``id = ANY(%(ids)s)`` for what is always one id: an array is estimated at ten rows) is
-planned again at every execution, in every step, on the database's CPU."""
+"""The release step's and the stop path's statements are planned once per connection: after PostgreSQL's first
+five custom plans of a prepared statement, it keeps the generic one when that costs no more. A statement whose
+generic plan is estimated dearer (``id = ANY(%(ids)s)`` for what is one id: an array is estimated at ten rows)
+is planned again at every execution, in every step or stop, on the database's CPU."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from libs.common.core.clock import ManualClock
 from libs.common.core.db import create_pool
 from libs.common.core.settings import DatabaseSettings
 from libs.common.followups.definition import MessageStep
+from libs.common.followups.stops import stop_followups_for_contact
 from tests.conftest import Project
 from tests.release_helpers import release_all, sequence
 
@@ -46,9 +47,9 @@ def _release_due(pool: ConnectionPool, clock: ManualClock) -> int:
     return released
 
 
-def test_each_statement_of_a_step_that_advances_or_finishes_is_planned_once(
-    one_connection: ConnectionPool, project: Project, clock: ManualClock
-) -> None:
+@pytest.fixture
+def due(one_connection: ConnectionPool, project: Project, clock: ManualClock) -> ConnectionPool:
+    """:data:`DUE` contacts whose two-step sequence's first step is due, among :data:`ENROLLED`."""
     pool = one_connection
     sequence_id = sequence(
         pool, project.id, MessageStep(text="Hi {{contact.name}}"), MessageStep(text="Again", delay_seconds=60)
@@ -62,22 +63,42 @@ def test_each_statement_of_a_step_that_advances_or_finishes_is_planned_once(
             {"now": clock.now(), "due": DUE},
         )
         conn.execute("ANALYZE")
-    assert _release_due(pool, clock) == DUE  # the first steps: each advances its enrollment
-    clock.advance(timedelta(seconds=60))
-    assert _release_due(pool, clock) == DUE  # the last steps: each finishes its enrollment
+    return pool
 
+
+def _replanned(pool: ConnectionPool, *written: str) -> list[tuple[str, int]]:
+    """The connection's statements run at least ``DUE - 10`` times that were planned again more than
+    PostgreSQL's first five times, with how many times; ``written``: what they must include between them
+    (the statements under test were prepared)."""
     with pool.connection() as conn:
         plans = conn.execute(
             "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
             " WHERE generic_plans + custom_plans >= %s",
             (DUE - 10,),
         ).fetchall()
-    assert plans, "the steps' statements were not prepared"
     statements = " ".join(statement for statement, _, _ in plans)
-    assert "INSERT INTO messages" in statements and "UPDATE followup_enrollments" in statements
-    replanned = [
-        (_shortened(statement), custom)
-        for statement, generic, custom in plans
-        if custom > 5  # PostgreSQL's first five are custom plans, whatever the statement
-    ]
-    assert replanned == [], replanned
+    assert all(part in statements for part in written), (written, statements)
+    return [(_shortened(statement), custom) for statement, _, custom in plans if custom > 5]
+
+
+def test_each_statement_of_a_step_that_advances_or_finishes_is_planned_once(
+    due: ConnectionPool, clock: ManualClock
+) -> None:
+    assert _release_due(due, clock) == DUE  # the first steps: each advances its enrollment
+    clock.advance(timedelta(seconds=60))
+    assert _release_due(due, clock) == DUE  # the last steps: each finishes its enrollment
+    assert _replanned(due, "INSERT INTO messages", "UPDATE followup_enrollments") == []
+
+
+def test_each_statement_of_a_stop_of_one_enrollment_and_one_queued_message_is_planned_once(
+    due: ConnectionPool, project: Project, clock: ManualClock
+) -> None:
+    assert _release_due(due, clock) == DUE  # each contact has one live enrollment and one queued message
+    with due.connection() as conn:
+        contacts = [row[0] for row in conn.execute("SELECT contact_id FROM messages WHERE status = 'QUEUED'")]
+    assert len(contacts) == DUE
+    for contact_id in contacts:
+        with due.connection() as conn:
+            stopped = stop_followups_for_contact(conn, project.id, contact_id, "reply", now=clock.now())
+        assert len(stopped.enrollment_ids) == 1 and len(stopped.cancelled_message_ids) == 1
+    assert _replanned(due, "UPDATE followup_enrollments", "UPDATE messages") == []
