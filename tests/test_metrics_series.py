@@ -10,6 +10,7 @@ from typing import Any
 from litestar.testing import TestClient
 
 from libs.common.ai.step import StepDue, run_step
+from libs.common.core.metrics import FOLLOWUP_STEPS, labelled
 from libs.common.core.runtime import Runtime
 from libs.common.followups.definition import AiStep, TemplateFallback
 from services.release.release import release_batch
@@ -93,3 +94,10 @@ def test_each_seed_metric_is_emitted_with_its_labels(
         assert any(labels.items() <= found.items() for found in matching), (
             f"/metrics has {name} but not with {labels}: {matching}"
         )
+
+
+def test_a_kept_child_is_the_metrics_own_child() -> None:
+    """core.metrics.labelled keeps ``labels()``'s child: the same series, counted where the metric counts."""
+    child = labelled(FOLLOWUP_STEPS, "skip", "only_if")
+    assert child is labelled(FOLLOWUP_STEPS, "skip", "only_if")
+    assert child is FOLLOWUP_STEPS.labels("skip", "only_if")

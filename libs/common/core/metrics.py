@@ -7,11 +7,13 @@ process's samples for the ``/metrics`` endpoint.
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 #: Label values are kept to closed sets (action, outcome, reason) so the series count stays bounded.
 FOLLOWUP_STEPS: Final = Counter(
@@ -206,3 +208,15 @@ def render() -> bytes:
     """The Prometheus text exposition of this process (or of all processes, in multiprocess mode)."""
     registry = exposition_registry()
     return generate_latest(registry) if registry is not None else generate_latest()
+
+
+def labelled(metric: MetricWrapperBase, *values: str) -> Any:
+    """``metric.labels(*values)``, the child kept: prometheus_client checks the values and takes a lock at
+    every ``labels()`` call, and a hot path (a release step) asks for the same few children again and again.
+    Every metric's label values are bounded categories, so the children kept are too."""
+    return _child(metric, values)
+
+
+@functools.cache
+def _child(metric: MetricWrapperBase, values: tuple[str, ...]) -> Any:
+    return metric.labels(*values)

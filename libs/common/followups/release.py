@@ -16,7 +16,7 @@ from psycopg_pool import ConnectionPool
 from libs.common.core.clock import Clock
 from libs.common.core.db import pipelined_transaction, server_unavailable
 from libs.common.core.jobs import FIRST_PROJECT
-from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS
+from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS, labelled
 from libs.common.core.settings import FollowupSettings
 from libs.common.followups.release_claim import due_projects as _due_projects
 from libs.common.followups.release_claim import seconds_until_due
@@ -101,14 +101,14 @@ def observe(released: Released) -> None:
         outcome = _category(released.reason) if released.reason else "sent"
     else:
         outcome = _category(released.reason or "none")
-    FOLLOWUP_STEPS.labels(released.action, outcome).inc()
+    labelled(FOLLOWUP_STEPS, released.action, outcome).inc()
     if released.lag_seconds is not None:
         FOLLOWUP_RELEASE_LAG.observe(released.lag_seconds)
     if released.finished == "stopped":
-        FOLLOWUP_FINISHED.labels("stopped", released.reason or "none").inc()
+        labelled(FOLLOWUP_FINISHED, "stopped", released.reason or "none").inc()
     elif released.finished is not None:
-        FOLLOWUP_FINISHED.labels(
-            released.finished, "error" if released.finished == "failed" else "none"
+        labelled(
+            FOLLOWUP_FINISHED, released.finished, "error" if released.finished == "failed" else "none"
         ).inc()
 
 
