@@ -213,7 +213,8 @@ def render() -> bytes:
 def labelled(metric: MetricWrapperBase, *values: str) -> Any:
     """``metric.labels(*values)``, the child kept: prometheus_client checks the values and takes a lock at
     every ``labels()`` call, and a hot path (a release step) asks for the same few children again and again.
-    Every metric's label values are bounded categories, so the children kept are too."""
+    Every metric's label values are bounded categories, so the children kept are too; no metric here is
+    ever cleared (a cleared metric's kept child would count apart from it)."""
     return _child(metric, values)
 
 
