@@ -74,7 +74,6 @@ from libs.common.core.loops import PollingLoop
 from libs.common.core.settings import DatabaseSettings, FollowupSettings, WorkerSettings
 from libs.common.followups import release_claim, release_state, transitions
 from libs.common.followups.project_settings import DEFAULTS, ProjectSettings, put_settings
-from libs.common.platform import messages as platform_messages
 from services.release import release
 
 BENCH_DATABASE = "followups_bench"
@@ -407,7 +406,6 @@ def pgbench_script() -> str:
     inside a pipeline (``\\gset``), so its ``BEGIN`` costs a round trip of its own, where the release path
     sends it with the claim.
     """
-    messages = platform_messages.QUERIES
     enrollment = "NULLIF(:id, '')::uuid"
     message = "NULLIF(:message_id, '')::uuid"
     conversation = "NULLIF(:open_conversation_id, '')::uuid"
@@ -420,9 +418,7 @@ def pgbench_script() -> str:
         _pgbench_statement(claimed, gset=True),
         "\\startpipeline",
         _pgbench_statement(
-            messages["insert_queued_message"],
-            id=message,
-            conversation_id=conversation,
+            transitions.FINISH_STEP_QUEUED,  # the message's writes and the move, as the release path
             followup_enrollment_id=enrollment,
             template_name="NULL",
             template_language="NULL",
@@ -431,9 +427,6 @@ def pgbench_script() -> str:
             shard="floor(random() * 8)::smallint",
             activity_kind="'followup_sent'",
             activity="'{}'",
-        ),
-        _pgbench_statement(
-            transitions.FINISH_STEP,
             enrollment_id=enrollment,
             run_step="0",
             due_at="NULLIF(:next_run_at, '')::timestamptz",

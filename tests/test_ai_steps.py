@@ -690,7 +690,7 @@ def test_a_second_pass_that_keeps_failing_backs_off_then_fails_the_enrollment(
     def explode(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(release_step, "queue_contact_message", explode)
+    monkeypatch.setattr(release_step, "message_to_queue", explode)
     for _ in range(6):
         leases: list[Released] = []
         release_batch(pool, clock, settings, ai_lease=LEASE, on_lease=leases.append)

@@ -98,7 +98,7 @@ def _run_every_event_path(
     def explode(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(release_step, "queue_contact_message", explode)
+    monkeypatch.setattr(release_step, "message_to_queue", explode)
     poisoned = make_contact(pool, project.id)
     make_enrollment(pool, clock, project.id, one_step, poisoned)
     release_batch(pool, clock, msgspec.structs.replace(settings, max_failures=1))

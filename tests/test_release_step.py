@@ -132,7 +132,7 @@ def test_a_poison_row_backs_off_exponentially_then_fails(
     def explode(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(release_step, "queue_contact_message", explode)
+    monkeypatch.setattr(release_step, "message_to_queue", explode)
     delays = []
     for _ in range(SETTINGS.max_failures - 1):
         started = clock.now()
@@ -175,7 +175,7 @@ def test_a_release_the_database_cut_is_not_the_enrollments_failure(
     def cut(*args: Any, **kwargs: Any) -> Any:
         raise lost
 
-    monkeypatch.setattr(release_step, "queue_contact_message", cut)
+    monkeypatch.setattr(release_step, "message_to_queue", cut)
     # When it is released, the error goes up to the loop (which backs off as a whole)
     with pytest.raises(type(lost)):
         release_one(pool, clock, SETTINGS)

@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from libs.common.core.sql import OverIds, numbered, of_one, parse_queries
+from libs.common.core.sql import OverIds, numbered, of_one, parse_queries, with_parts
 from libs.common.followups import release_state, transitions
 from libs.common.platform import messages, send_lane
 from libs.common.rules import triggers
@@ -41,6 +41,8 @@ COMPOSED = {
     "transitions.FINISH (one)": transitions.FINISH.one,
     "messages.CANCEL_QUEUED (one)": messages.CANCEL_QUEUED.one,
     "transitions.FINISH_STEP": transitions.FINISH_STEP,
+    "transitions.ADVANCE_STEP_QUEUED": transitions.ADVANCE_STEP_QUEUED,
+    "transitions.FINISH_STEP_QUEUED": transitions.FINISH_STEP_QUEUED,
     "triggers.MARK_ONE_PROCESSED": triggers.MARK_ONE_PROCESSED,
 }
 #: Statements numbered once for a raw cursor (core.sql.numbered): psycopg does not convert them, so their
@@ -95,6 +97,18 @@ def test_a_statement_over_ids_is_written_for_one_id() -> None:
     assert over_ids.bound({"project_id": 1}, (7, 8)) == (statement, {"project_id": 1, "ids": [7, 8]})
     with pytest.raises(ValueError, match="0 found"):
         of_one("SELECT * FROM t WHERE id = %(id)s")  # nothing over ids: a mistake, not a no-op
+
+
+def test_a_part_with_common_table_expressions_of_its_own_brings_them_up_beside_it() -> None:
+    part = (
+        "WITH a AS (\nINSERT INTO t VALUES (')(', 1) RETURNING id\n), b AS (SELECT (1))\nUPDATE u SET x = 1"
+    )
+    assert with_parts("WITH c AS (SELECT 1)\nDELETE FROM v", p=part) == (
+        "WITH a AS (\nINSERT INTO t VALUES (')(', 1) RETURNING id\n),\nb AS (SELECT (1)),\n"
+        "p AS (\nUPDATE u SET x = 1\n),\nc AS (SELECT 1)\nDELETE FROM v"
+    )
+    with pytest.raises(AssertionError, match="a name used twice"):
+        with_parts("WITH a AS (SELECT 1)\nDELETE FROM v", p=part)
 
 
 def test_the_loader_drops_the_indentation() -> None:

@@ -81,12 +81,44 @@ def with_parts(statement: LiteralString, **parts: LiteralString) -> LiteralStrin
     by the module that owns its table. A part runs whether or not the statement reads it (PostgreSQL runs a
     data-modifying ``WITH`` to completion once); every part sees the snapshot the statement started with,
     so no part may depend on another's rows. Their parameters share one namespace: the same name is the
-    same value."""
+    same value. A part that has common table expressions of its own (``WITH a AS (...) ...``) brings them
+    up beside it (PostgreSQL allows a data-modifying ``WITH`` only at the top): their names must differ
+    from the others'."""
     assert parts and not statement.startswith("WITH RECURSIVE"), statement
-    ctes = ",\n".join(f"{name} AS (\n{part}\n)" for name, part in parts.items())
+    ctes: list[str] = []
+    for name, part in parts.items():
+        own, body = _split_with(part)
+        ctes += [*own, f"{name} AS (\n{body}\n)"]
+    names = [cte.split(" AS (", 1)[0] for cte in [*ctes, *_split_with(statement)[0]]]
+    assert len(names) == len(set(names)), f"a name used twice: {names}"
+    joined = ",\n".join(ctes)
     if statement.startswith("WITH "):
-        return f"WITH {ctes},\n{statement.removeprefix('WITH ')}"
-    return f"WITH {ctes}\n{statement}"
+        return f"WITH {joined},\n{statement.removeprefix('WITH ')}"
+    return f"WITH {joined}\n{statement}"
+
+
+def _split_with(statement: str) -> tuple[list[str], str]:
+    """A statement's common table expressions (each ``name AS (...)``) and what follows them; none when it
+    does not start with ``WITH``. Parentheses inside quoted text are not counted."""
+    if not statement.startswith("WITH "):
+        return [], statement
+    ctes, depth, quoted, start = [], 0, False, len("WITH ")
+    for i, char in enumerate(statement):
+        if char == "'":
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                ctes.append(statement[start : i + 1].strip())
+                rest = statement[i + 1 :].lstrip()
+                if not rest.startswith(","):
+                    return ctes, rest
+                start = len(statement) - len(rest) + 1
+    raise ValueError(f"a WITH without its statement: {statement}")
 
 
 class Numbered(NamedTuple):

@@ -67,6 +67,7 @@ from libs.common.platform.messages import (
     LockedConversation,
     OutboundMessage,
     QueuedMessage,
+    message_to_queue,
     queue_contact_message,
 )
 
@@ -433,9 +434,9 @@ def _queue(
         if claim.state.open_conversation_id is not None
         else None
     )
-    queued, event = queue_step_message(
-        conn, of, content, sending.number_id, recorded, media, now, conversation=locked
-    )
+    message, event = _step_message(conn, of, content, sending.number_id, recorded, media)
+    # the message's writes go in the statement that moves the enrollment on (one statement fewer a step)
+    queued, writes = message_to_queue(conn, message, now=now, conversation=locked)
     constraints.after_queued(conn, row.project_id, sending, now)
     lag = max(0.0, (now - (row.step_due_at or row.next_run_at)).total_seconds())
     log.info(
@@ -449,7 +450,9 @@ def _queue(
         },
     )
     run = _run(claim, "queued", recorded)
-    finished = _advance(conn, claim, run, queued.message_id, [queued.event, event], queued.conversation_id)
+    finished = _advance(
+        conn, claim, run, queued.message_id, [queued.event, event], queued.conversation_id, message=writes
+    )
     return Released(claim.id, "queue", recorded, queued.message_id, lag_seconds=lag, finished=finished)
 
 
@@ -481,6 +484,20 @@ def queue_step_message(
     """Queue the step's message (its ``followup.step_queued`` event, with ``reason``, is returned for the
     caller to write with its own events). ``conversation``: the open conversation the caller already locked
     (the release state's read locks it), so queueing does not look for it again."""
+    message, event = _step_message(conn, of, content, number_id, reason, media)
+    queued = queue_contact_message(conn, message, now=now, conversation=conversation)
+    return queued, event
+
+
+def _step_message(
+    conn: Connection[Any],
+    of: StepOf,
+    content: StepContent,
+    number_id: uuid.UUID | None,
+    reason: str | None,
+    media: MessageStep | None,
+) -> tuple[OutboundMessage, StepQueued]:
+    """The step's message to queue, and its ``followup.step_queued`` event."""
     message_id = uuid.uuid4()
     # the step enters the contact's timeline (a followup_sent activity, the event's data) with its message
     event = StepQueued(
@@ -491,34 +508,29 @@ def queue_step_message(
         message_id=message_id,
         reason=reason,
     )
-    queued = queue_contact_message(
-        conn,
-        OutboundMessage(
-            project_id=of.project_id,
-            contact_id=of.contact_id,
-            body=content.body,
-            source="followup",
-            media_url=media.media_url if media else None,
-            media_kind=media.media_kind if media else None,
-            number_id=number_id,
-            conversation_id=of.conversation_id,
-            followup_enrollment_id=of.enrollment_id,
-            followup_step_index=of.step_index,
-            sequence_id=of.sequence_id,
-            sequence_version=(
-                version_number(conn, of.project_id, of.version_id) if of.sequence_id is not None else None
-            ),
-            campaign_id=of.campaign_id,
-            template_name=content.template.name if content.template else None,
-            template_language=content.template.language if content.template else None,
-            template_parameters=content.parameters,
-            activity=Activity("followup_sent", event),
-            id=message_id,
+    message = OutboundMessage(
+        project_id=of.project_id,
+        contact_id=of.contact_id,
+        body=content.body,
+        source="followup",
+        media_url=media.media_url if media else None,
+        media_kind=media.media_kind if media else None,
+        number_id=number_id,
+        conversation_id=of.conversation_id,
+        followup_enrollment_id=of.enrollment_id,
+        followup_step_index=of.step_index,
+        sequence_id=of.sequence_id,
+        sequence_version=(
+            version_number(conn, of.project_id, of.version_id) if of.sequence_id is not None else None
         ),
-        now=now,
-        conversation=conversation,
+        campaign_id=of.campaign_id,
+        template_name=content.template.name if content.template else None,
+        template_language=content.template.language if content.template else None,
+        template_parameters=content.parameters,
+        activity=Activity("followup_sent", event),
+        id=message_id,
     )
-    return queued, event
+    return message, event
 
 
 def _skip(
@@ -571,11 +583,13 @@ def _advance(
     conversation_id: uuid.UUID | None = None,
     *,
     target: int | None = None,
+    message: dict[str, Any] | None = None,
 ) -> FinalStatus | None:
     """Schedule the next step (the step's ``next``, or ``target``: where a path goes) from now, or complete
     the enrollment at the end of its path (returns ``completed`` then); the step's ``run`` and ``events``
-    are written in the same statement (with the completion's events). The conversation the step's message
-    went to becomes the enrollment's when it had none."""
+    are written in the same statement (with the completion's events), and the step's queued ``message``
+    (:func:`~libs.common.platform.messages.message_to_queue`'s writes) when there is one. The conversation
+    the step's message went to becomes the enrollment's when it had none."""
     definition = claim.definition
     next_index = graph.following(definition, claim.row.step_index) if target is None else target
     if next_index != graph.END:
@@ -597,6 +611,7 @@ def _advance(
             reply_step=graph.reply_step(definition, next_index),
             run=run,
             events=events,
+            message=message,
         )
         return None
     transitions.finish(
@@ -611,6 +626,7 @@ def _advance(
         conversation_id=conversation_id,
         preceding=events,
         run=run,
+        message=message,
     )
     return "completed"
 

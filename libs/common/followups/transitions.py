@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, LiteralString, Protocol
 
 import msgspec
 from psycopg import Connection
@@ -27,6 +27,7 @@ from libs.common.core.outbox import EVENTS_PART, events_params, write_events
 from libs.common.core.reasons import PolicyStopReason, PolicyWaitingReason
 from libs.common.core.sql import OverIds, load_queries, of_one, with_parts
 from libs.common.followups.held import HeldValues
+from libs.common.platform.messages import INSERT_QUEUED_MESSAGE
 
 QUERIES = load_queries("libs.common.followups", "transitions.sql")
 #: A released step's run and events written in the statement that moves its enrollment on: one statement
@@ -38,6 +39,18 @@ FINISH = OverIds.of(with_parts(QUERIES["finish"], events=EVENTS_PART))
 #: A released step's finish is of its one enrollment: planned once per connection (:func:`of_one`).
 FINISH_STEP = with_parts(
     of_one(QUERIES["finish"], "enrollment_id"), run=QUERIES["insert_step_run"], events=EVENTS_PART
+)
+#: The same two with the step's queued message written in them too (the platform's writes of it,
+#: :data:`~libs.common.platform.messages.INSERT_QUEUED_MESSAGE`): a step that queues a message is one
+#: statement fewer.
+ADVANCE_STEP_QUEUED = with_parts(
+    QUERIES["advance"], queued=INSERT_QUEUED_MESSAGE, run=QUERIES["insert_step_run"], events=EVENTS_PART
+)
+FINISH_STEP_QUEUED = with_parts(
+    of_one(QUERIES["finish"], "enrollment_id"),
+    queued=INSERT_QUEUED_MESSAGE,
+    run=QUERIES["insert_step_run"],
+    events=EVENTS_PART,
 )
 
 EnrollmentStatus = Literal["active", "paused", "completed", "stopped", "failed", "converted", "exited"]
@@ -198,12 +211,14 @@ def advance(
     events: Sequence[Event] = (),
     conversation_id: uuid.UUID | None = None,
     reply_step: int | None = None,
+    message: dict[str, Any] | None = None,
 ) -> None:
     """Write the released step's ``run`` (its primary key refuses a second run of the step) and its
     ``events``, and move to step ``step_index``, due at ``next_run_at``, in one statement;
     ``conversation_id`` (the one the step's message went to) becomes the enrollment's when it had none;
     ``reply_step``: a wait_for_reply step's reply path, kept while the enrollment waits there
-    (:func:`take_reply_path`)."""
+    (:func:`take_reply_path`); ``message``: the step's queued message's writes, in the same statement
+    (:func:`with_message`)."""
     params = {
         "project_id": project_id,
         "id": enrollment_id,
@@ -216,7 +231,20 @@ def advance(
         **run.params(enrollment_id),
         **events_params(project_id, events, occurred_at=now),
     }
-    conn.execute(ADVANCE_STEP, params)
+    conn.execute(*with_message(ADVANCE_STEP, ADVANCE_STEP_QUEUED, params, message))
+
+
+def with_message(
+    statement: LiteralString, queued: LiteralString, params: dict[str, Any], message: dict[str, Any] | None
+) -> tuple[LiteralString, dict[str, Any]]:
+    """``statement`` and ``params``, or, with a queued ``message``'s writes, ``queued`` (the same with the
+    message's writes in it) and the parameters of both: the names they share hold the same values (the
+    message's id, its conversation, now)."""
+    if message is None:
+        return statement, params
+    shared = message.keys() & params.keys()
+    assert all(params[name] == message[name] for name in shared), (shared, params, message)
+    return queued, message | params
 
 
 def take_reply_path(
@@ -312,17 +340,20 @@ def finish(
     conversation_id: uuid.UUID | None = None,
     preceding: Sequence[Event] = (),
     run: StepRun | None = None,
+    message: dict[str, Any] | None = None,
 ) -> None:
     """Finish live enrollments with a status and reason, and write their ``followup.<status>`` events, in
     one statement.
 
     ``step_index``, ``message_id`` and ``conversation_id`` fold the last step's advance into a completion,
-    and ``run`` that step's run (one enrollment); ``preceding`` are events of the same transaction still to
-    be written, written first.
+    ``run`` that step's run (one enrollment) and ``message`` its queued message's writes
+    (:func:`with_message`); ``preceding`` are events of the same transaction still to be written, written
+    first.
     """
     if not enrollments:
         return
     assert run is None or len(enrollments) == 1, "a step's run finishes its own enrollment"
+    assert message is None or run is not None, "a step's message is written with its run"
     event = FINISHED[status]
     events = [
         event(enrollment_id=e.id, sequence_id=e.sequence_id, contact_id=e.contact_id, reason=reason)
@@ -342,7 +373,8 @@ def finish(
     if run is None:
         conn.execute(*FINISH.bound(params, [e.id for e in enrollments]))
     else:
-        conn.execute(FINISH_STEP, params | run.params(enrollments[0].id))
+        params |= run.params(enrollments[0].id)
+        conn.execute(*with_message(FINISH_STEP, FINISH_STEP_QUEUED, params, message))
 
 
 class Met(msgspec.Struct, frozen=True):

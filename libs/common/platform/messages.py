@@ -113,6 +113,27 @@ def queue_contact_message(
     status event, counts it in the project's monthly usage and, when the message brings one, writes its
     activity. The ``message.queued`` event is returned for the caller to write with its own events.
     """
+    queued, params = message_to_queue(conn, message, now=now, conversation=conversation)
+    conn.execute(INSERT_QUEUED_MESSAGE, params)
+    return queued
+
+
+#: The queued message's writes (:func:`queue_contact_message`), also a part of a caller's own statement
+#: (:func:`~libs.common.core.sql.with_parts`: the release step writes them with its move).
+INSERT_QUEUED_MESSAGE = QUERIES["insert_queued_message"]
+
+
+def message_to_queue(
+    conn: Connection[Any],
+    message: OutboundMessage,
+    *,
+    now: datetime,
+    conversation: LockedConversation | None = None,
+) -> tuple[QueuedMessage, dict[str, Any]]:
+    """:func:`queue_contact_message` but its writes: the conversation found (or made), then the queued
+    message and the parameters of :data:`INSERT_QUEUED_MESSAGE`, for the caller to write in its own
+    statement (the message's id, its conversation and ``now`` under the names the caller's statement may
+    share: ``message_id``, ``conversation_id``, ``now``)."""
     params: dict[str, Any] = {
         "project_id": message.project_id,
         "contact_id": message.contact_id,
@@ -135,7 +156,7 @@ def queue_contact_message(
     message_id = message.id
     activity = message.activity
     params |= {
-        "id": message_id,
+        "message_id": message_id,
         "conversation_id": conversation_id,
         "number_id": number_id,
         "source": message.source,
@@ -160,7 +181,6 @@ def queue_contact_message(
         "activity_kind": activity.kind if activity is not None else None,
         "activity": _encode(activity.data).decode() if activity is not None else None,
     }
-    conn.execute(QUERIES["insert_queued_message"], params)
     event = MessageQueued(
         message_id=message_id,
         conversation_id=conversation_id,
@@ -170,7 +190,7 @@ def queue_contact_message(
         priority=message.priority,
         followup_enrollment_id=message.followup_enrollment_id,
     )
-    return QueuedMessage(message_id, conversation_id, event)
+    return QueuedMessage(message_id, conversation_id, event), params
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ WITH message AS (
         campaign_id, rule_id, rule_execution_id, template_name, template_language, template_parameters,
         created_at, status_changed_at
     ) VALUES (
-        %(id)s, %(project_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s, 'outbound', 'QUEUED',
+        %(message_id)s, %(project_id)s, %(contact_id)s, %(conversation_id)s, %(number_id)s, 'outbound', 'QUEUED',
         %(source)s, %(priority)s, %(body)s, %(media_url)s, %(media_kind)s, %(followup_enrollment_id)s,
         %(followup_step_index)s, %(sequence_id)s, %(sequence_version)s, %(campaign_id)s, %(rule_id)s,
         %(rule_execution_id)s, %(template_name)s, %(template_language)s, %(template_parameters)s, %(now)s,
@@ -50,7 +50,7 @@ WITH message AS (
     WHERE %(activity_kind)s::text IS NOT NULL
 )
 UPDATE conversations
-SET last_outgoing_message_id = %(id)s, last_outgoing_at = %(now)s, updated_at = %(now)s
+SET last_outgoing_message_id = %(message_id)s, last_outgoing_at = %(now)s, updated_at = %(now)s
 WHERE project_id = %(project_id)s AND id = %(conversation_id)s
 
 -- name: message_by_provider_id
