@@ -23,11 +23,12 @@ from libs.common.followups.release_step import (
     TEMPLATE_REASON,
     StepContent,
     StepOf,
-    queue_step_message,
+    step_message,
     template_parameters,
 )
 from libs.common.followups.sequences import version_definition
 from libs.common.followups.templates import RenderContext
+from libs.common.platform.messages import queue_contact_message
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ def retry_as_template(
         failed.conversation_id,
     )
     content = StepContent(None, template, parameters)
-    queued, event = queue_step_message(conn, of, content, failed.number_id, TEMPLATE_REASON, None, now)
+    message, event = step_message(conn, of, content, failed.number_id, TEMPLATE_REASON, None)
+    queued = queue_contact_message(conn, message, now=now)
     retry_id = queued.message_id
     conn.execute(
         QUERIES["rerun_step"],

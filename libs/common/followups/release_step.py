@@ -7,9 +7,9 @@
     timing    rescheduled -> defer; reminder past grace -> skip; only_if not met -> skip
     sending   constraints (send window, consent, number, pacing, quotas, caps): see _sending_constraints
     render    missing vars.* / anchor.* -> skip
-    queue     queue_contact_message (with its followup_sent activity) -> the step run, followup.step_queued
-              and the advance in one statement (to the step's next: the following one, a later one by id,
-              or the end)
+    queue     the message (with its followup_sent activity: messages.message_to_queue), the step run,
+              followup.step_queued and the advance in one statement (to the step's next: the following
+              one, a later one by id, or the end)
     route     a branch, a wait for a reply or a split sends nothing: after the checks, its path is decided
               (:mod:`~libs.common.followups.release_route`), its step run is ``branched``, and the
               enrollment moves down the path
@@ -66,9 +66,7 @@ from libs.common.platform.messages import (
     ConversationBusy,
     LockedConversation,
     OutboundMessage,
-    QueuedMessage,
     message_to_queue,
-    queue_contact_message,
 )
 
 log = logging.getLogger(__name__)
@@ -434,7 +432,7 @@ def _queue(
         if claim.state.open_conversation_id is not None
         else None
     )
-    message, event = _step_message(conn, of, content, sending.number_id, recorded, media)
+    message, event = step_message(conn, of, content, sending.number_id, recorded, media)
     # the message's writes go in the statement that moves the enrollment on (one statement fewer a step)
     queued, writes = message_to_queue(conn, message, now=now, conversation=locked)
     constraints.after_queued(conn, row.project_id, sending, now)
@@ -470,26 +468,7 @@ class StepOf:
     conversation_id: uuid.UUID | None
 
 
-def queue_step_message(
-    conn: Connection[Any],
-    of: StepOf,
-    content: StepContent,
-    number_id: uuid.UUID | None,
-    reason: str | None,
-    media: MessageStep | None,
-    now: datetime,
-    *,
-    conversation: LockedConversation | None = None,
-) -> tuple[QueuedMessage, StepQueued]:
-    """Queue the step's message (its ``followup.step_queued`` event, with ``reason``, is returned for the
-    caller to write with its own events). ``conversation``: the open conversation the caller already locked
-    (the release state's read locks it), so queueing does not look for it again."""
-    message, event = _step_message(conn, of, content, number_id, reason, media)
-    queued = queue_contact_message(conn, message, now=now, conversation=conversation)
-    return queued, event
-
-
-def _step_message(
+def step_message(
     conn: Connection[Any],
     of: StepOf,
     content: StepContent,
@@ -497,7 +476,9 @@ def _step_message(
     reason: str | None,
     media: MessageStep | None,
 ) -> tuple[OutboundMessage, StepQueued]:
-    """The step's message to queue, and its ``followup.step_queued`` event."""
+    """The step's message to queue (:func:`~libs.common.platform.messages.queue_contact_message`, or its
+    writes in the caller's statement), and its ``followup.step_queued`` event (with ``reason``), for the
+    caller to write with its own events."""
     message_id = uuid.uuid4()
     # the step enters the contact's timeline (a followup_sent activity, the event's data) with its message
     event = StepQueued(
