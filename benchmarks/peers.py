@@ -64,7 +64,7 @@ from dramatiq.worker import DELAY_QUEUE_PREFETCH
 
 from benchmarks import release as release_bench
 from benchmarks.common import bench_database, rss_mb, start_all
-from benchmarks.seed import seed_due_enrollments, seed_project
+from benchmarks.seed import reset, seed_due_enrollments, seed_project
 from libs.common.followups.stops import stop_followups_for_contact
 
 BENCH_DATABASE = "followups_bench_peers"
@@ -425,7 +425,7 @@ def stop_latency(url: str, project_id: uuid.UUID, contacts: list[uuid.UUID]) -> 
 def run_ours_pending(url: str, pending: int, delay_hours: float, samples: int) -> dict[str, Any]:
     """``pending`` enrollments due in ``delay_hours``; one release worker running its loop: its RSS and the
     stop path's latency."""
-    release_bench._reset(url)
+    reset(url)
     due_at = datetime.now(UTC) + timedelta(hours=delay_hours)
     with psycopg.connect(url) as conn:
         project_id, sequence_id = seed_project(conn)

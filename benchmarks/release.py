@@ -4,7 +4,10 @@
    database of its own), runs W release worker processes until all are released, and prints steps/s and
    the p50/p99 release lag (queued time minus due time, as the lag histogram measures it).
 2. The ceiling: pgbench runs the same release transaction's statements, generated from the release
-   path's own named queries, as a script with W clients over a fresh seed of N enrollments.
+   path's own named queries, as a script with W clients over a fresh seed of N enrollments; and the same
+   statements through psycopg alone, as the release path sends them, with W processes and no product
+   code (:mod:`benchmarks.release_ceiling`): how much of the release's distance to pgbench is the driver's.
+   Steps 1 and 2 run in turn, R rounds.
 3. The claim cost: the median claim latency with 1,000,000 not-yet-due active enrollments in the table
    over the same with 10,000 (the partial claim index should keep it flat).
 
@@ -32,8 +35,8 @@
 Every seed of due enrollments comes with a message history (each contact wrote once and was answered, two
 days before) and is analysed: the tables and their statistics are a running system's, not empty ones.
 
-The last line is `release: steps_per_s=<n> ceiling_tps=<n> ratio=<r> lag_p99_ms=<n>
-worker_cpu_ms_per_step=<ms> backend_cpu_ms_per_step=<ms> claim_ratio_1m_10k=<r>
+The last line is `release: steps_per_s=<n> ceiling_tps=<n> ratio=<r> driver_tps=<n> driver_ratio=<r>
+lag_p99_ms=<n> worker_cpu_ms_per_step=<ms> backend_cpu_ms_per_step=<ms> claim_ratio_1m_10k=<r>
 constrained_steps_per_s=<n> constrained_ratio=<r> paced_steps_per_s=<n> paced_ceiling=<n> paced_ratio=<r>
 lag_p99_ms_steady=<n> steps_per_s_5k=<n> steps_per_s_100k=<n> backlog_ratio_100k_5k=<r>
 small_project_lag_p99_ms=<n> big_project_steps_per_s=<n> fair_drain_ratio=<r>`.
@@ -51,68 +54,27 @@ import glob
 import multiprocessing
 import os
 import pstats
-import re
-import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
-import msgspec
 import psycopg
 
 from benchmarks.common import CpuUsed, bench_database, percentile, rss_mb, start_all
-from benchmarks.seed import seed_due_enrollments, seed_history, seed_project, with_numbers
+from benchmarks.release_ceiling import run_ceiling, run_driver, statement_costs
+from benchmarks.seed import NUMBERS, reset, seed_due, seed_due_enrollments, seed_history, seed_project
 from libs.common.core.clock import SYSTEM_CLOCK
 from libs.common.core.db import create_pool
 from libs.common.core.jobs import RoundRobin
 from libs.common.core.loops import PollingLoop
 from libs.common.core.settings import DatabaseSettings, FollowupSettings, WorkerSettings
-from libs.common.followups import release_claim, release_state, transitions
-from libs.common.followups.project_settings import DEFAULTS, ProjectSettings, put_settings
+from libs.common.followups import release_claim
 from services.release import release
 
 BENCH_DATABASE = "followups_bench"
-
-#: Tables a fresh seed empties.
-_SEEDED = (
-    "projects, contacts, conversations, messages, followup_enrollments, outbox, activities, numbers,"
-    " followup_settings, followup_instance_pacing, usage_counters"
-)
-
-
-def _reset(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {_SEEDED} CASCADE")
-        conn.execute("VACUUM ANALYZE")
-
-
-#: Sending numbers of the constrained and paced runs.
-NUMBERS = 20
-
-
-def _seed(url: str, count: int, settings: dict[str, Any] | None = None) -> None:
-    """``count`` due enrollments; with ``settings``, those follow-up settings and NUMBERS connected numbers
-    that the contacts' conversations are spread over."""
-    with psycopg.connect(url) as conn:
-        project_id, sequence_id = seed_project(conn)
-        seed_due_enrollments(conn, project_id, sequence_id, count, due_at=datetime.now(UTC))
-        seed_history(conn, project_id, before=datetime.now(UTC))
-        if settings is not None:
-            with_numbers(conn, project_id, NUMBERS)
-            put_settings(
-                conn,
-                project_id,
-                msgspec.convert(settings, ProjectSettings),
-                now=datetime.now(UTC),
-                ai_token_cap=None,
-            )
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("ANALYZE")
 
 
 def _worker(
@@ -163,8 +125,8 @@ def run_release(
     """Release ``count`` due enrollments with ``workers`` processes; (steps/s, p50 lag ms, p99 lag ms).
     With ``profile``, the workers run under cProfile (see :func:`_worker`). The CPU a step cost (the
     workers', their backends') is appended to :data:`LAST_CPU_MS_PER_STEP`."""
-    _reset(url)
-    _seed(url, count, settings)
+    reset(url)
+    seed_due(url, count, settings)
     context = multiprocessing.get_context("spawn")
     ready, go = context.Semaphore(0), context.Event()
     cpus = [context.Array("d", 2) for _ in range(workers)]
@@ -257,7 +219,7 @@ def _await_runs(url: str, total: int, timeout: float) -> None:
 
 def run_steady(url: str, rate: int, seconds: int, workers: int, *, next_due: bool = True) -> float:
     """Steps falling due at ``rate``/s for ``seconds``, released by ``workers`` loops: the lag p99 (ms)."""
-    _reset(url)
+    reset(url)
     total = rate * seconds
     with psycopg.connect(url) as conn:
         project_id, sequence_id = seed_project(conn)
@@ -292,7 +254,7 @@ def run_fairness(
     """One project with ``big`` steps due at once and ``small_projects`` projects receiving ``rate`` steps a
     second between them for ``seconds``, released by ``workers`` loops: (the small projects' lag p99 in ms,
     the big project's steps/s)."""
-    _reset(url)
+    reset(url)
     trickle = rate * seconds
     with psycopg.connect(url) as conn:
         big_id, sequence_id = seed_project(conn)
@@ -340,188 +302,12 @@ def _fairness_keys(small_lag_p99: float, big_rate: float, single_rate: float) ->
     )
 
 
-# --- the pure-SQL ceiling -------------------------------------------------------------------------------
-
-#: Parameters that are constants in a one-step release (the release path binds the same values).
-_CONSTANTS = {
-    "now": "now()",
-    "occurred_at": "now()",
-    "source": "'followup'",
-    "priority": "5",
-    "body": "'Hello bench'",
-    "media_url": "NULL",
-    "media_kind": "NULL",
-    "outcome": "'queued'",
-    "reason": "NULL",
-    "run_reason": "NULL",
-    "data": "'{}'::jsonb",
-    "followup_step_index": "0",
-    "default_recipient_gap": str(DEFAULTS.min_recipient_gap_seconds),
-    "sequence_version": "NULL",
-    "campaign_id": "NULL",
-    "rule_id": "NULL",
-    "rule_execution_id": "NULL",
-    "values": "NULL",
-}
-
-#: The types of the values carried from one statement's results to the next (pgbench passes text).
-_TYPES = {
-    "id": "uuid",
-    "project_id": "uuid",
-    "sequence_id": "uuid",
-    "contact_id": "uuid",
-    "conversation_id": "uuid",
-    "number_id": "uuid",
-    "message_id": "uuid",
-    "last_message_id": "uuid",
-    "enrolled_at": "timestamptz",
-    "last_step_at": "timestamptz",
-    "next_run_at": "timestamptz",
-}
-
-
-def _pgbench_statement(sql: str, gset: bool = False, **overrides: str) -> str:
-    """``sql`` with each ``%(name)s`` replaced by a constant, an override, or a variable set by \\gset."""
-
-    def substitute(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name in overrides:
-            return overrides[name]
-        if name in _CONSTANTS:
-            return _CONSTANTS[name]
-        return f"NULLIF(:{name}, '')::{_TYPES[name]}"
-
-    body = re.sub(r"%\((\w+)\)s", substitute, sql)
-    body = re.sub(r"--[^\n]*", "", body)  # a comment at a line's end would swallow the rest once joined
-    body = " ".join(line.strip() for line in body.splitlines() if line.strip())
-    return body + (" \\gset" if gset else ";")
-
-
-def pgbench_script() -> str:
-    """The release transaction of a one-step sequence as a pgbench script, from the release path's SQL.
-
-    Like the release path, it claims and reads the contact's state in one statement (which locks the
-    conversation the message threads into), then sends every write and the COMMIT in one pipeline. The
-    message id the release path makes in Python comes from that read here. pgbench cannot read a result
-    inside a pipeline (``\\gset``), so its ``BEGIN`` costs a round trip of its own, where the release path
-    sends it with the claim.
-    """
-    enrollment = "NULLIF(:id, '')::uuid"
-    message = "NULLIF(:message_id, '')::uuid"
-    conversation = "NULLIF(:open_conversation_id, '')::uuid"
-    # the claim and the state in one statement, as the release path reads them
-    fused = release_state.CLAIM_WITH_STATE.named
-    claimed = fused.replace("SELECT e.*", "SELECT gen_random_uuid() AS message_id, e.*", 1)
-    assert claimed != fused
-    statements = [
-        "BEGIN;",
-        _pgbench_statement(claimed, gset=True),
-        "\\startpipeline",
-        _pgbench_statement(
-            transitions.FINISH_STEP_QUEUED,  # the message's writes and the move, as the release path
-            followup_enrollment_id=enrollment,
-            template_name="NULL",
-            template_language="NULL",
-            template_parameters="NULL",
-            month="date_trunc('month', now())::date",
-            shard="floor(random() * 8)::smallint",
-            activity_kind="'followup_sent'",
-            activity="'{}'",
-            enrollment_id=enrollment,
-            run_step="0",
-            due_at="NULLIF(:next_run_at, '')::timestamptz",
-            status="'completed'",
-            note="NULL",
-            step_index="1",
-            message_id=message,
-            conversation_id=conversation,
-            events="jsonb_build_array("
-            "jsonb_build_object('type', 'message.queued', 'aggregate_type', 'message',"
-            f" 'aggregate_id', {message}, 'data', '{{}}'::jsonb),"
-            f" jsonb_build_object('type', 'followup.step_queued', 'aggregate_type', 'followup_enrollment',"
-            f" 'aggregate_id', {enrollment}, 'data', '{{}}'::jsonb),"
-            f" jsonb_build_object('type', 'followup.completed', 'aggregate_type', 'followup_enrollment',"
-            f" 'aggregate_id', {enrollment}, 'data', '{{}}'::jsonb))::text",
-        ),
-        "COMMIT;",
-        "\\endpipeline",
-    ]
-    return "\n".join(statements) + "\n"
-
-
-def run_ceiling(url: str, count: int, clients: int) -> float:
-    """pgbench over the same statements: transactions per second."""
-    return _pgbench(url, count, clients, pgbench_script())[0]
-
-
-def statement_costs(url: str, count: int, clients: int) -> list[tuple[float, str]]:
-    """The release transaction's statements one at a time (no pipeline), each with its mean latency (ms)
-    as pgbench reports it: where the step's time in PostgreSQL goes (with one client: each statement's own
-    cost and a round trip, no waiting on another transaction)."""
-    script = pgbench_script().replace("\\startpipeline\n", "").replace("\\endpipeline\n", "")
-    report = _pgbench(url, count, clients, script, per_statement=True)[1]
-    costs = []
-    for line in report.splitlines():
-        match = re.match(r"\s+([\d.]+)\s+\d+\s+(\S.*)$", line) or re.match(r"\s+([\d.]+)\s+(\S.*)$", line)
-        if match and not match.group(2).startswith("\\"):
-            costs.append((float(match.group(1)), match.group(2)))
-    return costs
-
-
-def _pgbench(
-    url: str, count: int, clients: int, script_text: str, *, per_statement: bool = False
-) -> tuple[float, str]:
-    """pgbench runs ``script_text`` ``count`` times over ``clients`` over a fresh seed of ``count``
-    enrollments: (tps, pgbench's report)."""
-    pgbench = shutil.which("pgbench")
-    if pgbench is None:
-        raise SystemExit("pgbench is needed for the ceiling (Debian: postgresql-client)")
-    _reset(url)
-    _seed(url, count)
-    with psycopg.connect(url) as conn:
-        project = conn.execute("SELECT id FROM projects").fetchone()
-    assert project is not None
-    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
-        script.write(script_text)
-    parts = urlsplit(url)
-    env = os.environ | {"PGPASSWORD": parts.password or ""}
-    result = subprocess.run(
-        [
-            pgbench,
-            "-n",
-            *(["-r"] if per_statement else []),
-            "-M",
-            "prepared",
-            "-c",
-            str(clients),
-            "-j",
-            str(clients),
-            "-t",
-            str(count // clients),
-            "-f",
-            script.name,
-            "-D",
-            f"project_id={project[0]}",
-            url,  # the whole URL: a server on a socket (the embedded one's ?host=) too
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    os.unlink(script.name)
-    match = re.search(r"tps = ([\d.]+)", result.stdout)
-    if result.returncode != 0 or match is None or "failed transactions: 0 " not in result.stdout:
-        raise SystemExit(f"pgbench failed:\n{result.stdout}\n{result.stderr}")
-    return float(match.group(1)), result.stdout
-
-
 # --- the claim at scale ---------------------------------------------------------------------------------
 
 
 def claim_latency(url: str, not_due: int, due: int, samples: int = 300) -> float:
     """Median claim latency (ms) with ``not_due`` active enrollments not yet due and ``due`` due ones."""
-    _reset(url)
+    reset(url)
     now = datetime.now(UTC)
     with psycopg.connect(url) as conn:
         project_id, sequence_id = seed_project(conn)
@@ -789,13 +575,17 @@ class InTurn:
     plain: list[tuple[float, float, float]] = field(default_factory=list)
     constrained: list[float] = field(default_factory=list)
     ceilings: list[float] = field(default_factory=list)
+    #: psycopg alone over the same statements: (transactions/s, its clients' CPU ms a transaction, their
+    #: backends').
+    drivers: list[tuple[float, float, float | None]] = field(default_factory=list)
     #: The plain runs' CPU per step, in ms: the workers', their backends' (None: not on this machine).
     cpu: list[tuple[float, float | None]] = field(default_factory=list)
 
 
 def run_in_turn(url: str, args: argparse.Namespace, *, constrained: bool, ceiling: bool = True) -> InTurn:
     """The release path, then (``constrained``) the same with every constraint configured, then
-    (``ceiling``) its pgbench ceiling, in turn for ``args.rounds`` rounds."""
+    (``ceiling``) its pgbench ceiling and the same statements through psycopg alone, in turn for
+    ``args.rounds`` rounds."""
     runs = InTurn()
     for _ in range(args.rounds):
         runs.plain.append(run_release(url, args.enrollments, args.workers))
@@ -804,6 +594,7 @@ def run_in_turn(url: str, args: argparse.Namespace, *, constrained: bool, ceilin
             runs.constrained.append(run_release(url, args.enrollments, args.workers, _open_constraints())[0])
         if ceiling:
             runs.ceilings.append(run_ceiling(url, args.enrollments, args.workers))
+            runs.drivers.append(run_driver(url, args.enrollments, args.workers))
     steps_per_s, lag_p50, lag_p99 = sorted(runs.plain)[len(runs.plain) // 2]
     print(f"  release path: {steps_per_s:.0f} steps/s, lag p50 {lag_p50:.0f} ms, p99 {lag_p99:.0f} ms")
     if constrained:
@@ -814,10 +605,19 @@ def run_in_turn(url: str, args: argparse.Namespace, *, constrained: bool, ceilin
         )
     if not ceiling:
         return runs
-    in_turn = " ".join(f"{p[0]:.0f}/{c:.0f}" for p, c in zip(runs.plain, runs.ceilings, strict=True))
+    in_turn = " ".join(
+        f"{p[0]:.0f}/{d[0]:.0f}/{c:.0f}"
+        for p, d, c in zip(runs.plain, runs.drivers, runs.ceilings, strict=True)
+    )
     print(
         f"  pgbench ceiling (same statements, {args.workers} clients): {statistics.median(runs.ceilings):.0f}"
-        f" tps (runs in turn, release/pgbench: {in_turn})"
+        f" tps (runs in turn, release/psycopg alone/pgbench: {in_turn})"
+    )
+    driver_tps, driver_ms, driver_backend_ms = sorted(runs.drivers)[len(runs.drivers) // 2]
+    backend = f", its backends {driver_backend_ms:.3f} ms" if driver_backend_ms is not None else ""
+    print(
+        f"  psycopg alone (same statements, same pipeline, no product code): {driver_tps:.0f} tps;"
+        f" CPU a transaction: its clients {driver_ms:.3f} ms{backend}"
     )
     return runs
 
@@ -830,11 +630,15 @@ def _constrained_keys(runs: InTurn) -> str:
 
 
 def _ratio_keys(runs: InTurn, *, lag: bool = False) -> str:
-    """The release figure, its ceiling (medians) and the median of the rounds' ratios."""
+    """The release figure, its ceiling, psycopg alone (medians) and the medians of the rounds' ratios (to
+    pgbench)."""
     steps_per_s, _, lag_p99 = sorted(runs.plain)[len(runs.plain) // 2]
     ratio = statistics.median(p[0] / c for p, c in zip(runs.plain, runs.ceilings, strict=True))
     ceiling = statistics.median(runs.ceilings)
     keys = f"steps_per_s={steps_per_s:.0f} ceiling_tps={ceiling:.0f} ratio={ratio:.2f}"
+    driver = statistics.median(d[0] for d in runs.drivers)
+    driver_ratio = statistics.median(d[0] / c for d, c in zip(runs.drivers, runs.ceilings, strict=True))
+    keys += f" driver_tps={driver:.0f} driver_ratio={driver_ratio:.2f}"
     return keys + (f" lag_p99_ms={lag_p99:.0f}" if lag else "") + _cpu_keys(runs)
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
+import psycopg
 from psycopg import Connection
 
 from libs.common.followups.definition import Definition, MessageStep
+from libs.common.followups.project_settings import ProjectSettings, put_settings
 from libs.common.followups.sequences import SequenceCreate, create_sequence, publish_sequence
 from libs.common.platform.projects import create_project
 
@@ -110,3 +113,42 @@ def with_numbers(conn: Connection[Any], project_id: uuid.UUID, count: int) -> No
         """,
         {"project_id": project_id, "count": count},
     )
+
+
+#: Tables a fresh seed empties.
+_SEEDED = (
+    "projects, contacts, conversations, messages, followup_enrollments, outbox, activities, numbers,"
+    " followup_settings, followup_instance_pacing, usage_counters"
+)
+
+
+def reset(url: str) -> None:
+    """Empty what a seed fills, then vacuum and analyse: each run starts from the same tables."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {_SEEDED} CASCADE")
+        conn.execute("VACUUM ANALYZE")
+
+
+#: Sending numbers of the constrained and paced runs.
+NUMBERS = 20
+
+
+def seed_due(url: str, count: int, settings: dict[str, Any] | None = None) -> None:
+    """A fresh seed (after :func:`reset`) of ``count`` due enrollments of one project, with its message
+    history, analysed; with ``settings``, those follow-up settings and NUMBERS connected numbers
+    that the contacts' conversations are spread over."""
+    with psycopg.connect(url) as conn:
+        project_id, sequence_id = seed_project(conn)
+        seed_due_enrollments(conn, project_id, sequence_id, count, due_at=datetime.now(UTC))
+        seed_history(conn, project_id, before=datetime.now(UTC))
+        if settings is not None:
+            with_numbers(conn, project_id, NUMBERS)
+            put_settings(
+                conn,
+                project_id,
+                msgspec.convert(settings, ProjectSettings),
+                now=datetime.now(UTC),
+                ai_token_cap=None,
+            )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE")

@@ -1,7 +1,8 @@
 """The benchmarks keep working as the code under them changes: a small run of the release benchmark's
-backlog, ratio (its pgbench ceiling), scale and profile parts, of the partitions benchmark, of the outbox
-benchmark and of the preview benchmark, through their command lines, print their lines with their keys
-(figures are not judged here: performance is measured by running the benchmarks, never by tests)."""
+backlog, ratio (its pgbench ceiling and psycopg alone), scale and profile parts, of the partitions
+benchmark, of the outbox benchmark and of the preview benchmark, through their command lines, print their
+lines with their keys (figures are not judged here: performance is measured by running the benchmarks,
+never by tests)."""
 
 from __future__ import annotations
 
@@ -52,9 +53,11 @@ def test_the_release_benchmarks_backlog_part_drains_both_backlogs_and_prints_its
     ), output
 
 
-def test_the_release_benchmarks_ratio_runs_the_release_and_its_pgbench_ceiling_in_turn(
+def test_the_release_benchmarks_ratio_runs_the_release_its_pgbench_ceiling_and_psycopg_alone_in_turn(
     server_url: str,
 ) -> None:
+    # psycopg alone runs the pgbench script's statements: the run fails if one does not prepare or does not
+    # finish every enrollment (its step runs are counted)
     output = run_benchmark(
         server_url,
         "release",
@@ -62,11 +65,16 @@ def test_the_release_benchmarks_ratio_runs_the_release_and_its_pgbench_ceiling_i
         *("--ratio-only", "-n", "300", "-w", "1", "--rounds", "2"),
     )
     assert re.fullmatch(
-        r"release: steps_per_s=\d+ ceiling_tps=\d+ ratio=\d+\.\d\d"
+        r"release: steps_per_s=\d+ ceiling_tps=\d+ ratio=\d+\.\d\d driver_tps=\d+ driver_ratio=\d+\.\d\d"
         r" worker_cpu_ms_per_step=\d+\.\d{3} backend_cpu_ms_per_step=\d+\.\d{3}",
         last_line(output),
     ), output
-    assert re.search(r"runs in turn, release/pgbench: \d+/\d+ \d+/\d+\)", output), output
+    assert re.search(r"runs in turn, release/psycopg alone/pgbench: \d+/\d+/\d+ \d+/\d+/\d+\)", output), (
+        output
+    )
+    assert re.search(r"psycopg alone .*: \d+ tps; CPU a transaction: its clients \d+\.\d{3} ms", output), (
+        output
+    )
 
 
 def test_the_release_benchmarks_scale_part_prints_the_claim_ratio_and_a_workers_rss_at_both_sizes(
