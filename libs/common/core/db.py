@@ -51,6 +51,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from libs.common.core import effects
 from libs.common.core.errors import DatabaseUnavailable, FollowupsError, InvalidInput
 from libs.common.core.outage import Outage
+from libs.common.core.queued import queue_command
 from libs.common.core.settings import DatabaseSettings
 
 log = logging.getLogger(__name__)
@@ -321,9 +322,9 @@ def pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Con
     conn.autocommit = True  # psycopg then starts nothing itself: BEGIN and COMMIT are sent as statements
     try:
         with buffered_pipeline(conn):
-            conn.execute("BEGIN")
+            queue_command(conn, "BEGIN")
             yield conn
-            conn.execute("COMMIT")
+            queue_command(conn, "COMMIT")
     except BaseException:
         if not conn.closed:
             try:

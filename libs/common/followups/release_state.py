@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg import Connection, Cursor, RawCursor
+from psycopg import Connection
+from psycopg.pq.abc import PGresult
 from psycopg.rows import RowMaker, class_row
 
+from libs.common.core.queued import read_row
 from libs.common.core.sql import load_queries, numbered
 from libs.common.followups import release_claim
 from libs.common.followups.constraints import ConstraintState
@@ -102,13 +104,12 @@ def claim_release(
         "now": now,
         "default_recipient_gap": DEFAULTS.min_recipient_gap_seconds,
     }
-    with RawCursor(conn, row_factory=_claimed_with_state) as cur:
-        return cur.execute(CLAIM_WITH_STATE.text, CLAIM_WITH_STATE.values(params)).fetchone()
+    return read_row(conn, CLAIM_WITH_STATE, params, _claimed_with_state)
 
 
-def _claimed_with_state(cursor: Cursor[Any]) -> RowMaker[tuple[ClaimedEnrollment, ReadWithClaim]]:
+def _claimed_with_state(result: PGresult) -> RowMaker[tuple[ClaimedEnrollment, ReadWithClaim]]:
     """The row maker of :data:`CLAIM_WITH_STATE`: the claimed row, and the state after ``contact_locked``."""
-    columns = _columns(cursor)
+    columns = _columns(result)
     claim, state, split = columns.claim, columns.state, len(columns.claim)
 
     def make(values: Sequence[Any]) -> tuple[ClaimedEnrollment, ReadWithClaim]:
@@ -130,13 +131,13 @@ class _Columns:
 _COLUMNS: dict[int, _Columns] = {}
 
 
-def _columns(cursor: Cursor[Any]) -> _Columns:
-    """:data:`CLAIM_WITH_STATE`'s column names, read once: psycopg would describe its 60 columns at every
-    claim."""
-    count = cursor.pgresult.nfields if cursor.pgresult else 0
+def _columns(result: PGresult) -> _Columns:
+    """:data:`CLAIM_WITH_STATE`'s column names, read once (its 60 columns are not described at every
+    claim)."""
+    count = result.nfields
     found = _COLUMNS.get(count)
     if found is None:
-        names = tuple(column.name for column in cursor.description or ())
+        names = tuple((result.fname(i) or b"").decode() for i in range(count))
         split = names.index("contact_locked") if names else 0
         found = _COLUMNS[count] = _Columns(names[:split], names[split + 1 :])
     return found

@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import FINISHED, EnrollmentConverted, EnrollmentExited, Event
 from libs.common.core.outbox import EVENTS_PART, events_params, write_events
+from libs.common.core.queued import queue_write
 from libs.common.core.reasons import PolicyStopReason, PolicyWaitingReason
 from libs.common.core.sql import OverIds, load_queries, of_one, with_parts
 from libs.common.followups.held import HeldValues
@@ -231,7 +232,7 @@ def advance(
         **run.params(enrollment_id),
         **events_params(project_id, events, occurred_at=now),
     }
-    conn.execute(*with_message(ADVANCE_STEP, ADVANCE_STEP_QUEUED, params, message))
+    queue_write(conn, *with_message(ADVANCE_STEP, ADVANCE_STEP_QUEUED, params, message))
 
 
 def with_message(
@@ -371,10 +372,10 @@ def finish(
         **events_params(project_id, [*preceding, *events], occurred_at=now),
     }
     if run is None:
-        conn.execute(*FINISH.bound(params, [e.id for e in enrollments]))
+        queue_write(conn, *FINISH.bound(params, [e.id for e in enrollments]))
     else:
         params |= run.params(enrollments[0].id)
-        conn.execute(*with_message(FINISH_STEP, FINISH_STEP_QUEUED, params, message))
+        queue_write(conn, *with_message(FINISH_STEP, FINISH_STEP_QUEUED, params, message))
 
 
 class Met(msgspec.Struct, frozen=True):

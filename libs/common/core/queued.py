@@ -1,0 +1,198 @@
+"""Statements queued straight into a connection's pipeline, without a cursor: the hot path's own.
+
+A psycopg cursor costs about 50 µs of the client's CPU a statement beyond what libpq and the adapters do:
+the cursor and its transformer are made anew, the query is looked up in the conversion and preparation
+caches, and each result passes through the pipeline's and the cursor's Python layers. The release step runs
+four statements a transaction; its worker spent more CPU on them than its product code.
+``make bench-release`` runs the same statements through psycopg alone (``driver_tps``) to show it.
+
+Here a statement is numbered once (:func:`~libs.common.core.sql.numbered`), its values dumped by a
+transformer kept for the connection, and it is queued into the open pipeline as libpq calls, with its place
+in the pipeline's result queue. It is prepared at its first use on the connection by the connection's own
+preparation cache, as a cursor's statement is: psycopg's deallocations (a rollback, a statement that drops
+or alters, the cache's own limit) cover it too. The pipeline then sends and reads it with everything else,
+in order: an error is raised at the next read or at the pipeline's end, as for psycopg's own statements in
+a pipeline. Outside a pipeline, a statement runs through a raw cursor (the same statement, the same rows).
+It relies on the pipeline's and the preparation cache's inner steps, of the psycopg versions
+``pyproject.toml`` allows (as :func:`~libs.common.core.db.buffered_pipeline` does).
+
+- :func:`queue_command`: a statement without parameters or rows (``BEGIN``, ``COMMIT``).
+- :func:`queue_write`: a statement whose rows are not read.
+- :func:`read_row`: a statement's first row (None: no row), made by a row maker built from its result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, LiteralString, NamedTuple, TypeVar
+from weakref import WeakKeyDictionary
+
+from psycopg import Connection, RawCursor
+from psycopg import errors as pgerrors
+from psycopg._preparing import Prepare
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.pq import ExecStatus
+from psycopg.pq.abc import PGresult
+from psycopg.rows import RowMaker
+
+from libs.common.core.sql import Numbered, numbered
+
+R = TypeVar("R")
+
+#: Makes the row maker of a statement's result (its columns are read from the result).
+RowMakerFor = Callable[[PGresult], RowMaker[R]]
+
+
+class _Connection:
+    """What this module keeps for one connection: a transformer on its adapters (kept beside the
+    connection, it must not keep it alive) and its encoding."""
+
+    def __init__(self, conn: Connection[Any]) -> None:
+        self.transformer = Transformer(conn.adapters)
+        self.encoding = conn.info.encoding
+
+
+_CONNECTIONS: WeakKeyDictionary[Connection[Any], _Connection] = WeakKeyDictionary()
+
+
+class _Statement(NamedTuple):
+    """A numbered statement with its parameters' types, as psycopg's preparation cache keys it (the
+    ``query`` and ``types`` of its ``PostgresQuery``)."""
+
+    query: bytes
+    types: tuple[int, ...]
+
+
+#: Statements numbered once, by their text, and their text in bytes.
+_NUMBERED: dict[str, tuple[Numbered, bytes]] = {}
+
+
+def _state(conn: Connection[Any]) -> _Connection:
+    state = _CONNECTIONS.get(conn)
+    if state is None:
+        state = _CONNECTIONS[conn] = _Connection(conn)
+    return state
+
+
+def _numbered(statement: LiteralString | Numbered) -> tuple[Numbered, bytes]:
+    key = statement.text if isinstance(statement, Numbered) else statement
+    found = _NUMBERED.get(key)
+    if found is None:
+        query = statement if isinstance(statement, Numbered) else numbered(statement)
+        found = _NUMBERED[key] = (query, query.text.encode())
+    return found
+
+
+class _Result:
+    """A statement's place in the pipeline's result queue (where psycopg puts a cursor): checks its result
+    and keeps it."""
+
+    __slots__ = ("_conn", "encoding", "result")
+
+    def __init__(self, conn: Connection[Any], encoding: str) -> None:
+        self._conn = conn  # psycopg validates a statement it prepared on the connection it reaches here
+        self.encoding = encoding
+        self.result: PGresult | None = None
+
+    def _check_results(self, results: list[PGresult]) -> None:
+        (result,) = results
+        if result.status == ExecStatus.FATAL_ERROR:
+            raise pgerrors.error_from_result(result, encoding=self.encoding)
+        if result.status == ExecStatus.PIPELINE_ABORTED:
+            raise pgerrors.PipelineAborted("pipeline aborted")
+
+    def _set_results(self, results: list[PGresult]) -> None:
+        self.result = results[0]
+
+
+def queue_command(conn: Connection[Any], command: LiteralString) -> None:
+    """``command`` (no parameters, no rows: ``BEGIN``, ``COMMIT``) queued into ``conn``'s pipeline, or run
+    at once outside one."""
+    pipeline = conn._pipeline
+    if pipeline is None:
+        conn.execute(command)
+        return
+    with conn.lock:
+        pipeline.command_queue.append(partial(conn.pgconn.send_query_params, command.encode(), None))
+        pipeline.result_queue.append(None)  # psycopg checks its result
+        conn.wait(pipeline._communicate_gen())
+
+
+def queue_write(
+    conn: Connection[Any], statement: LiteralString | Numbered, params: Mapping[str, Any]
+) -> None:
+    """``statement`` queued into ``conn``'s pipeline with ``params`` (by name), its rows not read; run at
+    once outside a pipeline."""
+    _queue(conn, statement, params)
+
+
+def read_row(
+    conn: Connection[Any],
+    statement: LiteralString | Numbered,
+    params: Mapping[str, Any],
+    make_row: RowMakerFor[R],
+) -> R | None:
+    """``statement``'s first row with ``params`` (by name), made by ``make_row(result)``'s row maker; None
+    when it returns no row. In a pipeline, what was queued before it is sent with it and read first."""
+    state = _state(conn)
+    pipeline = conn._pipeline
+    if pipeline is None:
+        query, _ = _numbered(statement)
+        with RawCursor(conn) as cur:
+            cur.execute(query.text, query.values(params))
+            result = cur.pgresult
+    else:
+        slot = _queue(conn, statement, params)
+        assert slot is not None
+        with conn.lock:
+            while slot.result is None:
+                conn.wait(pipeline._fetch_gen(flush=True))
+        result = slot.result
+    if result is None or result.ntuples == 0:
+        return None
+    transformer = state.transformer
+    transformer.set_pgresult(result)
+    return transformer.load_row(0, make_row(result))
+
+
+def _queue(
+    conn: Connection[Any], statement: LiteralString | Numbered, params: Mapping[str, Any]
+) -> _Result | None:
+    """``statement`` with ``params`` queued, prepared as psycopg's cursors are (by the connection's own
+    preparation cache, at first use): its place in the result queue; run through a raw cursor outside a
+    pipeline (None then)."""
+    query, text = _numbered(statement)
+    values = query.values(params)
+    pipeline = conn._pipeline
+    if pipeline is None:
+        with RawCursor(conn) as cur:
+            cur.execute(query.text, values)
+        return None
+    state = _state(conn)
+    transformer = state.transformer
+    pgconn = conn.pgconn
+    cache = conn._prepared
+    with conn.lock:
+        dumped = transformer.dump_sequence(values, [PyFormat.AUTO] * len(values))
+        types, formats = transformer.types, transformer.formats
+        assert types is not None and formats is not None  # set by the dump
+        key = _Statement(text, types)
+        conn.wait(cache.maintain_gen(conn))  # what the cache let go of is deallocated first (in the pipeline)
+        prepare, name = cache.get(key, prepare=True)  # type: ignore[arg-type]  # its query and types
+        if prepare is Prepare.NO:  # the connection prepares nothing (prepare_threshold None)
+            pipeline.command_queue.append(
+                partial(pgconn.send_query_params, text, dumped, param_types=types, param_formats=formats)
+            )
+        else:
+            if prepare is Prepare.SHOULD:
+                pipeline.command_queue.append(partial(pgconn.send_prepare, name, text, param_types=types))
+                pipeline.result_queue.append(None)
+            pipeline.command_queue.append(
+                partial(pgconn.send_query_prepared, name, dumped, param_formats=formats)
+            )
+        added = cache.maybe_add_to_cache(key, prepare, name)  # type: ignore[arg-type]
+        slot = _Result(conn, state.encoding)
+        pipeline.result_queue.append((slot, (added, prepare, name) if added is not None else None))  # type: ignore[arg-type]
+        conn.wait(pipeline._communicate_gen())
+    return slot
