@@ -22,15 +22,19 @@ import subprocess
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+import msgspec
 import psycopg
 from psycopg.rows import dict_row
 
 from benchmarks.common import CpuUsed, start_all
 from benchmarks.seed import reset, seed_due
+from libs.common.contracts.events import FINISHED, Event, MessageQueued, StepQueued
 from libs.common.core.db import create_pool, pipelined_transaction
+from libs.common.core.outbox import events_params
 from libs.common.core.settings import DatabaseSettings
 from libs.common.followups import release_state, transitions
 from libs.common.followups.project_settings import DEFAULTS
@@ -41,7 +45,7 @@ _CONSTANTS = {
     "occurred_at": "now()",
     "source": "'followup'",
     "priority": "5",
-    "body": "'Hello bench'",
+    "body": "('Hello ' || :name::text)",  # the seed's step, "Hello {{contact.name}}", as rendered
     "media_url": "NULL",
     "media_kind": "NULL",
     "outcome": "'queued'",
@@ -50,7 +54,7 @@ _CONSTANTS = {
     "data": "'{}'::jsonb",
     "followup_step_index": "0",
     "default_recipient_gap": str(DEFAULTS.min_recipient_gap_seconds),
-    "sequence_version": "NULL",
+    "sequence_version": "1",
     "campaign_id": "NULL",
     "rule_id": "NULL",
     "rule_execution_id": "NULL",
@@ -90,6 +94,53 @@ def _pgbench_statement(sql: str, gset: bool = False, **overrides: str) -> str:
     return body + (" \\gset" if gset else ";")
 
 
+#: Stand-in ids of the sample events, each spliced with the pgbench variable that holds the real one.
+_STAND_INS = {
+    uuid.UUID(int=1): "message_id",
+    uuid.UUID(int=2): "id",
+    uuid.UUID(int=3): "contact_id",
+    uuid.UUID(int=4): "sequence_id",
+    uuid.UUID(int=5): "open_conversation_id",
+}
+_SAMPLE_AT = datetime(2026, 1, 1, tzinfo=UTC)
+
+#: The events a one-step release writes (the message queued, the step queued, the enrollment completed),
+#: as the release path makes them, with the stand-in ids.
+_SAMPLE_EVENTS: list[Event] = [
+    MessageQueued(
+        message_id=uuid.UUID(int=1),
+        conversation_id=uuid.UUID(int=5),
+        contact_id=uuid.UUID(int=3),
+        number_id=None,
+        source="followup",
+        priority=5,
+        followup_enrollment_id=uuid.UUID(int=2),
+    ),
+    StepQueued(
+        enrollment_id=uuid.UUID(int=2),
+        sequence_id=uuid.UUID(int=4),
+        contact_id=uuid.UUID(int=3),
+        step_index=0,
+        message_id=uuid.UUID(int=1),
+        reason=None,
+    ),
+    FINISHED["completed"](
+        enrollment_id=uuid.UUID(int=2), sequence_id=uuid.UUID(int=4), contact_id=uuid.UUID(int=3), reason=None
+    ),
+]
+
+
+def _written(text: str) -> str:
+    """A JSON text the release path sends as a parameter, as a pgbench expression: the text, with each
+    stand-in id spliced from the variable holding the real one, so that the server builds and parses the
+    same document at each transaction and writes the same bytes."""
+    # a space after each key (stored the same in jsonb): pgbench would take ``:null`` for a variable
+    literal = "'" + text.replace('":', '": ').replace("'", "''") + "'"
+    for stand_in, variable in _STAND_INS.items():
+        literal = literal.replace(str(stand_in), f"' || :{variable}::text || '")
+    return f"({literal})"
+
+
 def pgbench_script() -> str:
     """The release transaction of a one-step sequence as a pgbench script, from the release path's SQL.
 
@@ -119,7 +170,7 @@ def pgbench_script() -> str:
             month="date_trunc('month', now())::date",
             shard="floor(random() * 8)::smallint",
             activity_kind="'followup_sent'",
-            activity="'{}'",
+            activity=_written(msgspec.json.encode(_SAMPLE_EVENTS[1]).decode()),  # the step's, as its activity
             enrollment_id=enrollment,
             run_step="0",
             due_at="NULLIF(:next_run_at, '')::timestamptz",
@@ -128,13 +179,9 @@ def pgbench_script() -> str:
             step_index="1",
             message_id=message,
             conversation_id=conversation,
-            events="jsonb_build_array("
-            "jsonb_build_object('type', 'message.queued', 'aggregate_type', 'message',"
-            f" 'aggregate_id', {message}, 'data', '{{}}'::jsonb),"
-            f" jsonb_build_object('type', 'followup.step_queued', 'aggregate_type', 'followup_enrollment',"
-            f" 'aggregate_id', {enrollment}, 'data', '{{}}'::jsonb),"
-            f" jsonb_build_object('type', 'followup.completed', 'aggregate_type', 'followup_enrollment',"
-            f" 'aggregate_id', {enrollment}, 'data', '{{}}'::jsonb))::text",
+            events=_written(
+                events_params(uuid.UUID(int=0), _SAMPLE_EVENTS, occurred_at=_SAMPLE_AT)["events"]
+            ),
         ),
         "COMMIT;",
         "\\endpipeline",
@@ -225,7 +272,13 @@ def driver_statements() -> tuple[str, str]:
 
 def _named(statement: str) -> str:
     """``statement`` with pgbench's ``:name`` as psycopg's ``%(name)s`` (a cast's ``::`` is kept)."""
-    return re.sub(r"(?<![:\w]):([a-z_]+)", r"%(\1)s", statement.replace("%", "%%"))
+    return re.sub(_VARIABLE, r"%(\1)s", statement.replace("%", "%%"))
+
+
+#: A pgbench variable of the script (not a cast's ``::``, nor a ``:`` inside the JSON it writes).
+_VARIABLE = re.compile(
+    rf"(?<![:\w]):({'|'.join(sorted({*_TYPES, 'open_conversation_id', 'name'}, key=len, reverse=True))})\b"
+)
 
 
 def _driver_worker(url: str, project_id: str, ready: Any, go: Any, cpu: Any) -> None:

@@ -1,6 +1,7 @@
 """The release loop's work: release due enrollments one transaction at a time (the domain's
-:func:`~libs.common.followups.release.release_on`: claim, step, commit, count), up to a batch, in turns
-across projects, on one connection held for the batch (no pool checkout per step).
+:class:`~libs.common.followups.release.Chain`: claim, step, commit, count; each COMMIT sent with the next
+claim), up to a batch, in turns across projects, on one connection held for the batch (no pool checkout per
+step).
 
 A batch walks the projects with due enrollments from where this loop's previous batch stopped (a
 :class:`~libs.common.core.jobs.RoundRobin`, wrapping around), at most a batch's size of them, and releases
@@ -21,7 +22,7 @@ from psycopg_pool import ConnectionPool
 from libs.common.core.clock import Clock
 from libs.common.core.jobs import RoundRobin
 from libs.common.core.settings import FollowupSettings
-from libs.common.followups.release import due_projects, release_on, release_one, seconds_until_next_due
+from libs.common.followups.release import Chain, due_projects, release_one, seconds_until_next_due
 from libs.common.followups.release_step import Released
 
 __all__ = ["release_batch", "release_one", "seconds_until_next_due"]
@@ -51,18 +52,27 @@ def release_batch(
     served: list[uuid.UUID] = []
     with pool.connection() as conn:  # one connection for the batch: a transaction per step on it
         projects = due_projects(conn, clock, after=turns.after, projects=limit)
-        for project_id in projects:
-            served.append(project_id)
-            # an even share of what is left of the batch (what a project with fewer due steps leaves goes
-            # to the ones after it); the batch is one turn: the next one walks again, so a project whose
-            # step fell due meanwhile waits a turn at most, not a backlog
-            share = min(TURN, math.ceil((limit - handled) / (len(projects) - len(served) + 1)))
-            for _ in range(share):
-                released = release_on(conn, clock, settings, ai_lease, project_id=project_id)
-                if released is None:
-                    break  # none of the project's due enrollments is left (or free)
-                if released.action == "lease" and on_lease is not None:
-                    on_lease(released)
-                handled += 1
+        # each step's COMMIT travels with the next step's claim: one round trip a step (Chain)
+        with Chain(conn, clock, settings, ai_lease) as chain:
+            for project_id in projects:
+                served.append(project_id)
+                # an even share of what is left of the batch (what a project with fewer due steps leaves goes
+                # to the ones after it); the batch is one turn: the next one walks again, so a project whose
+                # step fell due meanwhile waits a turn at most, not a backlog
+                share = min(TURN, math.ceil((limit - handled) / (len(projects) - len(served) + 1)))
+                for _ in range(share):
+                    released = chain.release(project_id)
+                    _leased(chain, on_lease)
+                    if released is None:
+                        break  # none of the project's due enrollments is left (or free)
+                    handled += 1
+        _leased(chain, on_lease)
     turns.served(served)
     return handled
+
+
+def _leased(chain: Chain, on_lease: Callable[[Released], None] | None) -> None:
+    """Each AI step the chain committed as leased, handed to ``on_lease`` (the model is called after)."""
+    for released in chain.take_committed():
+        if released.action == "lease" and on_lease is not None:
+            on_lease(released)

@@ -84,9 +84,9 @@ def _numbered(statement: LiteralString | Numbered) -> tuple[Numbered, bytes]:
     return found
 
 
-class _Result:
+class Queued:
     """A statement's place in the pipeline's result queue (where psycopg puts a cursor): checks its result
-    and keeps it."""
+    and keeps it (None until read, and when it failed)."""
 
     __slots__ = ("_conn", "encoding", "result")
 
@@ -105,18 +105,25 @@ class _Result:
     def _set_results(self, results: list[PGresult]) -> None:
         self.result = results[0]
 
+    def went_through(self, command: bytes) -> bool:
+        """Whether the statement was read back done, as ``command`` (its command tag: ``COMMIT``; a
+        ``COMMIT`` of a failed transaction reads ``ROLLBACK``)."""
+        return self.result is not None and (self.result.command_status or b"").startswith(command)
 
-def queue_command(conn: Connection[Any], command: LiteralString) -> None:
-    """``command`` (no parameters, no rows: ``BEGIN``, ``COMMIT``) queued into ``conn``'s pipeline, or run
-    at once outside one."""
+
+def queue_command(conn: Connection[Any], command: LiteralString) -> Queued | None:
+    """``command`` (no parameters, no rows: ``BEGIN``, ``COMMIT``) queued into ``conn``'s pipeline (its
+    place in the result queue: whether it went through, once read), or run at once outside one (None)."""
     pipeline = conn._pipeline
     if pipeline is None:
         conn.execute(command)
-        return
+        return None
+    slot = Queued(conn, _state(conn).encoding)
     with conn.lock:
         pipeline.command_queue.append(partial(conn.pgconn.send_query_params, command.encode(), None))
-        pipeline.result_queue.append(None)  # psycopg checks its result
+        pipeline.result_queue.append((slot, None))  # type: ignore[arg-type]
         conn.wait(pipeline._communicate_gen())
+    return slot
 
 
 def queue_write(
@@ -158,7 +165,7 @@ def read_row(
 
 def _queue(
     conn: Connection[Any], statement: LiteralString | Numbered, params: Mapping[str, Any]
-) -> _Result | None:
+) -> Queued | None:
     """``statement`` with ``params`` queued, prepared as psycopg's cursors are (by the connection's own
     preparation cache, at first use): its place in the result queue; run through a raw cursor outside a
     pipeline (None then)."""
@@ -192,7 +199,7 @@ def _queue(
                 partial(pgconn.send_query_prepared, name, dumped, param_formats=formats)
             )
         added = cache.maybe_add_to_cache(key, prepare, name)  # type: ignore[arg-type]
-        slot = _Result(conn, state.encoding)
+        slot = Queued(conn, state.encoding)
         pipeline.result_queue.append((slot, (added, prepare, name) if added is not None else None))  # type: ignore[arg-type]
         conn.wait(pipeline._communicate_gen())
     return slot

@@ -7,16 +7,21 @@ release its step (:mod:`~libs.common.followups.release_step`), commit, then coun
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from contextlib import ExitStack, suppress
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from psycopg import Connection
+from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
-from libs.common.core.db import pipelined_transaction, server_unavailable
+from libs.common.core.db import buffered_pipeline, server_unavailable
 from libs.common.core.jobs import FIRST_PROJECT
 from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS, labelled
+from libs.common.core.queued import Queued, queue_command
 from libs.common.core.settings import FollowupSettings
 from libs.common.followups.release_claim import due_projects as _due_projects
 from libs.common.followups.release_claim import seconds_until_due
@@ -50,33 +55,161 @@ def release_on(
     *,
     project_id: uuid.UUID | None = None,
 ) -> Released | None:
-    """:func:`release_one` on a connection the caller holds (idle): a burst of claims keeps one connection
-    (the release loop's batch) instead of a checkout each. Its own transaction, committed here."""
-    now = clock.now()
-    claimed: tuple[uuid.UUID, uuid.UUID] | None = None  # (project, enrollment)
-    try:
-        # one pipeline: a statement whose result is read waits for it; BEGIN travels with the claim, and
-        # the writes that follow the last read travel together with the COMMIT in one round trip
-        with pipelined_transaction(conn):
-            if project_id is None:
-                first = _due_projects(conn, now, after=FIRST_PROJECT, projects=1)
-                if not first:
-                    return None
-                project_id = first[0]
-            found = claim_release(conn, project_id, now)  # the claim and the contact's state
-            if found is None:
-                return None
-            row, read = found
-            claimed = (row.project_id, row.id)
-            released = release_claimed(conn, row, settings, now=now, ai_lease=ai_lease, read=read)
-    except Exception as exc:
-        # the database went away mid-release: not the enrollment's fault (no failure counted, no back-off);
-        # the transaction is gone with the connection, and the loop tries again once the server is back
-        if claimed is None or server_unavailable(exc):
-            raise
-        released = record_failure(conn, *claimed, exc, now, settings)
-    observe(released)
+    """:func:`release_one` on a connection the caller holds (idle): one step, in a transaction of its own,
+    committed here (and counted: :func:`observe`)."""
+    if project_id is None:
+        first = due_projects(conn, clock, after=FIRST_PROJECT, projects=1)
+        if not first:
+            return None
+        project_id = first[0]
+    with Chain(conn, clock, settings, ai_lease) as chain:
+        if chain.release(project_id) is None:
+            return None
+    (released,) = chain.take_committed()
     return released
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A released step whose COMMIT is sent, not yet read back."""
+
+    released: Released
+    commit: Queued | None
+    project_id: uuid.UUID
+    now: datetime
+
+
+class Chain:
+    """Steps released on one connection (the release loop's batch), each in a transaction of its own, each
+    COMMIT sent with the next step's ``BEGIN`` and claim: a step costs one round trip, where a transaction
+    alone costs two (its read, then its writes with its COMMIT). Every step is still one transaction,
+    committed synchronously, with the same statements and locks; a step is counted (:func:`observe`) and
+    handed back (:meth:`take_committed`) once its COMMIT is read back.
+
+    A step whose COMMIT fails (or whose writes did: the COMMIT then reads nothing) is found at the next
+    read; the statements sent after it in the same round trip did not run (PostgreSQL skips them once one
+    fails). Its failure is recorded (:func:`~libs.common.followups.release_step.record_failure`: backed off,
+    or failed after FOLLOWUP_MAX_FAILURES), and the next step is claimed again. A step that fails before its
+    COMMIT rolls back alone. The database gone: raised (nothing is counted against a step), the connection
+    closed. Used as a context manager: its end reads back the last COMMIT."""
+
+    def __init__(
+        self, conn: Connection[Any], clock: Clock, settings: FollowupSettings, ai_lease: timedelta | None
+    ) -> None:
+        self.conn, self.clock, self.settings, self.ai_lease = conn, clock, settings, ai_lease
+        self._pipeline: ExitStack | None = None
+        self._autocommit = conn.autocommit
+        self._pending: _Pending | None = None
+        self._committed: list[Released] = []
+
+    def __enter__(self) -> Chain:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self._settle()
+        else:
+            self._abort()
+        if not self.conn.closed and self.conn.info.transaction_status == TransactionStatus.IDLE:
+            self.conn.autocommit = self._autocommit
+
+    def take_committed(self) -> list[Released]:
+        """The steps committed (or their failures recorded) since the last call, in order."""
+        taken, self._committed = self._committed, []
+        return taken
+
+    def release(self, project_id: uuid.UUID) -> Released | None:
+        """Claim the project's oldest due enrollment and release its step, its COMMIT sent with the next
+        claim (or at the end); None when none is due. What it did is returned before it is committed: the
+        caller counts it once :meth:`take_committed` hands it back."""
+        now = self.clock.now()
+        self._open()
+        queue_command(self.conn, "BEGIN")
+        try:
+            found = claim_release(self.conn, project_id, now)  # the claim and the contact's state
+        except Exception as exc:
+            pending, self._pending = self._pending, None
+            self._abort()
+            if pending is None or _committed(pending):
+                if pending is not None:
+                    self._commit(pending.released)
+                raise  # the claim's own failure (the database gone: the loop tries again)
+            self._failed(pending, exc)  # the step before did not commit: this claim never ran
+            return self.release(project_id)
+        if self._pending is not None:
+            self._commit(self._pending.released)
+            self._pending = None
+        if found is None:
+            queue_command(self.conn, "COMMIT")
+            return None
+        row, read = found
+        try:
+            released = release_claimed(
+                self.conn, row, self.settings, now=now, ai_lease=self.ai_lease, read=read
+            )
+        except Exception as exc:
+            self._abort()
+            self._failed(_Pending(Released(row.id, "retry"), None, row.project_id, now), exc)
+            return self._committed[-1]
+        self._pending = _Pending(released, queue_command(self.conn, "COMMIT"), row.project_id, now)
+        return released
+
+    def _open(self) -> None:
+        if self._pipeline is None:
+            self.conn.autocommit = True  # psycopg then starts nothing itself: BEGIN and COMMIT are ours
+            stack = ExitStack()
+            stack.enter_context(buffered_pipeline(self.conn))
+            self._pipeline = stack
+
+    def _settle(self) -> None:
+        """The pipeline's end: the last COMMIT read back."""
+        pending, self._pending = self._pending, None
+        try:
+            if self._pipeline is not None:
+                stack, self._pipeline = self._pipeline, None
+                stack.close()
+        except Exception as exc:
+            self._abort()
+            if pending is None or _committed(pending):
+                raise
+            self._failed(pending, exc)
+            return
+        if pending is not None:
+            self._commit(pending.released)
+
+    def _abort(self) -> None:
+        """Leave the pipeline (what it still held is read and dropped) and roll back; a connection whose
+        state cannot be restored is closed (the pool drops it)."""
+        conn = self.conn
+        if self._pipeline is not None:
+            stack, self._pipeline = self._pipeline, None
+            with suppress(Exception):
+                stack.close()
+        if not conn.closed:
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                conn.close()
+        if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.close()
+
+    def _failed(self, pending: _Pending, exc: Exception) -> None:
+        """A step that did not commit: its failure recorded (or, the database gone, raised)."""
+        if self.conn.closed or server_unavailable(exc):
+            raise exc
+        released = record_failure(
+            self.conn, pending.project_id, pending.released.enrollment_id, exc, pending.now, self.settings
+        )
+        self._commit(released)
+
+    def _commit(self, released: Released) -> None:
+        observe(released)
+        self._committed.append(released)
+
+
+def _committed(pending: _Pending) -> bool:
+    """Whether the step's COMMIT was read back done (not skipped after a failure, nor rolled back)."""
+    return pending.commit is not None and pending.commit.went_through(b"COMMIT")
 
 
 def due_projects(conn: Connection[Any], clock: Clock, *, after: uuid.UUID, projects: int) -> list[uuid.UUID]:

@@ -439,11 +439,12 @@ def _queue(
     lag = max(0.0, (now - (row.step_due_at or row.next_run_at)).total_seconds())
     log.info(
         "step queued",
+        # the ids as they are: the formatter writes them (msgspec's UUIDs in JSON), and nothing when unlogged
         extra={
-            "project_id": str(row.project_id),
-            "enrollment_id": str(claim.id),
+            "project_id": row.project_id,
+            "enrollment_id": claim.id,
             "step_index": row.step_index,
-            "message_id": str(queued.message_id),
+            "message_id": queued.message_id,
             "lag_seconds": round(lag, 3),
         },
     )

@@ -1,0 +1,121 @@
+"""The release batch's chain (libs.common.followups.release.Chain): each step is a transaction of its own,
+its COMMIT sent with the next step's claim, so a batch of N steps costs N + 1 round trips. A step whose
+COMMIT fails is found at the next read, wherever it sits in the batch: its failure is recorded (backed off,
+nothing of it kept), the claim sent behind it did not run and is made again, and every other step of the
+batch is released once and counted once."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+import uuid
+from datetime import timedelta
+
+import pytest
+from psycopg.pq import Trace
+from psycopg_pool import ConnectionPool
+
+from libs.common.core.clock import ManualClock
+from libs.common.core.metrics import FOLLOWUP_STEPS, labelled
+from libs.common.core.settings import FollowupSettings
+from libs.common.followups.release import Chain
+from services.release.release import release_batch
+from tests.conftest import Project
+from tests.factories import make_contact, make_enrollment, make_sequence
+from tests.helpers import rows
+
+SETTINGS = FollowupSettings()
+
+#: Refuses, at COMMIT (a deferred constraint trigger), the step run of the enrollment named in
+#: refused_commit.
+REFUSE_AT_COMMIT = """
+CREATE TABLE refused_commit (enrollment_id uuid PRIMARY KEY);
+CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM refused_commit WHERE enrollment_id = NEW.enrollment_id) THEN
+        RAISE EXCEPTION 'refused at commit';
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON followup_step_runs
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit();
+"""
+
+
+def due_enrollments(
+    pool: ConnectionPool, clock: ManualClock, project: Project, count: int
+) -> list[uuid.UUID]:
+    """``count`` enrollments in a one-step sequence, due one second apart (claimed in that order)."""
+    sequence = make_sequence(pool, project.id)
+    ids = []
+    for _ in range(count):
+        ids.append(make_enrollment(pool, clock, project.id, sequence, make_contact(pool, project.id)).id)
+        clock.advance(timedelta(seconds=1))
+    return ids
+
+
+def released(pool: ConnectionPool) -> dict[uuid.UUID, tuple[str, int]]:
+    return {
+        enrollment: (status, failures)
+        for enrollment, status, failures in rows(
+            pool, "SELECT id, status, failure_count FROM followup_enrollments"
+        )
+    }
+
+
+def test_a_batch_of_steps_costs_one_round_trip_a_step_and_one_more(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    due_enrollments(pool, clock, project, 4)
+    with pool.connection() as conn:  # each contact's conversation open (no step opens one: no read of it)
+        conn.execute(
+            "INSERT INTO conversations (project_id, contact_id) SELECT project_id, id FROM contacts"
+            " WHERE project_id = %s",
+            (project.id,),
+        )
+    with pool.connection() as conn, tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+        with Chain(conn, clock, SETTINGS, None) as chain:
+            outcomes = [chain.release(project.id) for _ in range(4)]
+        conn.pgconn.untrace()
+        os.fsync(trace.fileno())
+        trace.seek(0)
+        directions = [d for line in trace if (d := line.split("\t", 1)[0]) in ("F", "B")]
+    turns = sum(1 for before, after in itertools.pairwise(directions) if (before, after) == ("F", "B"))
+    assert turns == 5, directions
+    assert [o.action if o else None for o in outcomes] == ["queue"] * 4
+    assert [r.action for r in chain.take_committed()] == ["queue"] * 4
+    assert set(released(pool).values()) == {("completed", 0)}
+    assert rows(pool, "SELECT count(*) FROM messages") == [(4,)]
+
+
+@pytest.mark.parametrize("refused", [0, 2, 4], ids=["first", "middle", "last"])
+def test_a_step_whose_commit_fails_is_backed_off_and_every_other_step_is_released_once(
+    pool: ConnectionPool, clock: ManualClock, project: Project, refused: int
+) -> None:
+    ids = due_enrollments(pool, clock, project, 5)
+    with pool.connection() as conn:
+        conn.execute(REFUSE_AT_COMMIT)
+        conn.execute("INSERT INTO refused_commit VALUES (%s)", (ids[refused],))
+    queued_before = labelled(FOLLOWUP_STEPS, "queue", "sent")._value.get()
+    retried_before = labelled(FOLLOWUP_STEPS, "retry", "error")._value.get()
+
+    assert release_batch(pool, clock, SETTINGS, limit=100) == 5
+
+    state = released(pool)
+    assert state.pop(ids[refused]) == ("active", 1)  # its failure counted: backed off, not released
+    assert set(state.values()) == {("completed", 0)}
+    (error,) = rows(pool, "SELECT last_error FROM followup_enrollments WHERE id = %s", ids[refused])
+    assert error[0].startswith("RaiseException: refused at commit"), error
+    # nothing of the refused step is kept, and each other step was written once
+    assert rows(pool, "SELECT count(*) FROM followup_step_runs WHERE enrollment_id = %s", ids[refused]) == [
+        (0,)
+    ]
+    assert rows(pool, "SELECT count(*), count(DISTINCT followup_enrollment_id) FROM messages") == [(4, 4)]
+    # counted once each, once committed (or once the failure was recorded)
+    assert labelled(FOLLOWUP_STEPS, "queue", "sent")._value.get() - queued_before == 4
+    assert labelled(FOLLOWUP_STEPS, "retry", "error")._value.get() - retried_before == 1
+    # backed off: not due again before its back-off
+    assert release_batch(pool, clock, SETTINGS, limit=100) == 0
