@@ -1,18 +1,21 @@
 """The release takes turns across projects: a batch walks the projects with due steps from where the loop's
-previous batch stopped and releases an even share of each, every claim naming its project, so one project's
-backlog never delays another project's due step by more than a turn."""
+previous batch stopped and releases an even share of each (a turn), then walks them again, every claim naming
+its project, so one project's backlog never delays another project's due step by more than a turn."""
 
 from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
+import pytest
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
 from libs.common.core.jobs import RoundRobin
 from libs.common.followups import release_claim
 from libs.common.followups.definition import MessageStep
+from libs.common.followups.release import Chain
 from libs.common.platform.projects import create_project
 from services.release.release import TURN, release_batch, release_one
 from tests.factories import make_contact, make_enrollment, make_sequence
@@ -37,24 +40,42 @@ def _released(pool: ConnectionPool) -> dict[uuid.UUID, int]:
     return dict(rows(pool, "SELECT project_id, count(*) FROM followup_step_runs GROUP BY project_id"))
 
 
-def test_a_big_backlog_keeps_no_other_projects_step_out_of_the_first_batch(
-    pool: ConnectionPool, clock: ManualClock
+def test_a_big_backlog_keeps_no_other_projects_step_out_of_the_first_turn(
+    pool: ConnectionPool, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given one project with 60 due steps and three with one each
     big, *small = _projects(pool, 4)
     _enroll(pool, clock, big, 60)
     for project_id in small:
         _enroll(pool, clock, project_id, 1)
-    # When one batch of 12 is released (one turn: the big project first in the walk, its share a quarter)
-    assert release_batch(pool, clock, SETTINGS, limit=12) == 6
-    # Then every small project's step went in it, and the big project had its share
+    released_before: list[dict[uuid.UUID, int]] = []  # at each walk of the projects: each one's steps so far
+    steps: dict[uuid.UUID, int] = {}
+    walk, release = Chain.due_projects, Chain.release
+
+    def walked(chain: Chain, **kwargs: Any) -> list[uuid.UUID]:
+        released_before.append(dict(steps))
+        return walk(chain, **kwargs)
+
+    def released_one(chain: Chain, project_id: uuid.UUID) -> Any:
+        done = release(chain, project_id)
+        if done is not None:
+            steps[project_id] = steps.get(project_id, 0) + 1
+        return done
+
+    monkeypatch.setattr(Chain, "due_projects", walked)
+    monkeypatch.setattr(Chain, "release", released_one)
+    # When one batch of 12 is released: the first turn gives the big project a quarter of it (3) and each
+    # small project its step, the second turn (the projects walked again) gives the big one what is left
+    assert release_batch(pool, clock, SETTINGS, limit=12) == 12
+    assert released_before[:2] == [{}, {big: 3, **dict.fromkeys(small, 1)}]
     released = _released(pool)
     assert {project_id: released.get(project_id) for project_id in small} == dict.fromkeys(small, 1)
-    assert released[big] == 3
-    # and the next batch is the big project's: what the others leave of a batch goes to the ones after them
-    assert release_batch(pool, clock, SETTINGS, limit=12) == 12
-    # but a batch is one turn of at most TURN steps a project, so that the next walk comes soon
-    assert release_batch(pool, clock, SETTINGS, limit=100) == TURN
+    assert released[big] == 9
+    # and a turn is at most TURN steps a project, so that the next walk comes soon: the 51 left take four
+    # turns (then a walk that finds nothing)
+    released_before.clear()
+    assert release_batch(pool, clock, SETTINGS, limit=100) == 51
+    assert [counts[big] for counts in released_before] == [9, 9 + TURN, 9 + 2 * TURN, 9 + 3 * TURN, 60]
 
 
 def test_turns_go_round_from_where_the_last_batch_stopped(pool: ConnectionPool, clock: ManualClock) -> None:

@@ -7,10 +7,11 @@ release its step (:mod:`~libs.common.followups.release_step`), commit, then coun
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import Connection
@@ -27,6 +28,8 @@ from libs.common.followups.release_claim import due_projects as _due_projects
 from libs.common.followups.release_claim import seconds_until_due
 from libs.common.followups.release_state import claim_release
 from libs.common.followups.release_step import Released, record_failure, release_claimed
+
+R = TypeVar("R")
 
 
 def release_one(
@@ -123,22 +126,8 @@ class Chain:
         claim (or at the end); None when none is due. What it did is returned before it is committed: the
         caller counts it once :meth:`take_committed` hands it back."""
         now = self.clock.now()
-        self._open()
-        queue_command(self.conn, "BEGIN")
-        try:
-            found = claim_release(self.conn, project_id, now)  # the claim and the contact's state
-        except Exception as exc:
-            pending, self._pending = self._pending, None
-            self._abort()
-            if pending is None or _committed(pending):
-                if pending is not None:
-                    self._commit(pending.released)
-                raise  # the claim's own failure (the database gone: the loop tries again)
-            self._failed(pending, exc)  # the step before did not commit: this claim never ran
-            return self.release(project_id)
-        if self._pending is not None:
-            self._commit(self._pending.released)
-            self._pending = None
+        # the claim and the contact's state
+        found = self._begin_and_read(lambda: claim_release(self.conn, project_id, now))
         if found is None:
             queue_command(self.conn, "COMMIT")
             return None
@@ -153,6 +142,36 @@ class Chain:
             return self._committed[-1]
         self._pending = _Pending(released, queue_command(self.conn, "COMMIT"), row.project_id, now)
         return released
+
+    def due_projects(self, *, after: uuid.UUID, projects: int) -> list[uuid.UUID]:
+        """The projects with a due enrollment, in turns from ``after`` (at most ``projects``): read in a
+        transaction of its own, sent with the last step's COMMIT."""
+        now = self.clock.now()
+        due = self._begin_and_read(lambda: _due_projects(self.conn, now, after=after, projects=projects))
+        queue_command(self.conn, "COMMIT")
+        return due
+
+    def _begin_and_read(self, read: Callable[[], R]) -> R:
+        """A transaction's ``BEGIN`` and its first ``read``, sent with the COMMIT before them, whose step is
+        then counted, or, when that COMMIT did not go through, whose failure is recorded (the read, which
+        did not run, is made again)."""
+        self._open()
+        queue_command(self.conn, "BEGIN")
+        try:
+            result = read()
+        except Exception as exc:
+            pending, self._pending = self._pending, None
+            self._abort()
+            if pending is None or _committed(pending):
+                if pending is not None:
+                    self._commit(pending.released)
+                raise  # the read's own failure (the database gone: the loop tries again)
+            self._failed(pending, exc)  # the step before did not commit: this read never ran
+            return self._begin_and_read(read)
+        if self._pending is not None:
+            self._commit(self._pending.released)
+            self._pending = None
+        return result
 
     def _open(self) -> None:
         if self._pipeline is None:
