@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -50,6 +50,27 @@ def start_all(processes: Iterable[BaseProcess], ready: Any) -> None:
         process.start()
     for _ in started:
         ready.acquire()
+
+
+def run_until_done(processes: Sequence[BaseProcess], ready: Any, go: Any) -> float:
+    """Start each process, wait until each is ready (:func:`start_all`), signal ``go`` and wait until every
+    one exited: the seconds from the signal to the last exit."""
+    start_all(processes, ready)
+    started = time.perf_counter()
+    go.set()
+    for process in processes:
+        process.join()
+    return time.perf_counter() - started
+
+
+def cpu_ms_per(cpus: Iterable[Any], count: int) -> tuple[float, float | None]:
+    """What processes left in their shared pairs of doubles (their CPU seconds, their backends': -1 when
+    not on this machine; :class:`CpuUsed`), in ms per one of ``count`` items: (theirs, their backends' or
+    None)."""
+    pairs = [(cpu[0], cpu[1]) for cpu in cpus]
+    own = sum(used for used, _ in pairs) * 1000 / count
+    backends = [used for _, used in pairs]
+    return own, sum(backends) * 1000 / count if all(used >= 0 for used in backends) else None
 
 
 def rss_mb(pid: int) -> float:

@@ -66,6 +66,7 @@ from benchmarks import release as release_bench
 from benchmarks.common import bench_database, rss_mb, start_all
 from benchmarks.seed import reset, seed_due_enrollments, seed_project
 from libs.common.followups.stops import stop_followups_for_contact
+from libs.common.platform.contacts import lock_contact
 
 BENCH_DATABASE = "followups_bench_peers"
 
@@ -414,7 +415,7 @@ def stop_latency(url: str, project_id: uuid.UUID, contacts: list[uuid.UUID]) -> 
     with psycopg.connect(url) as conn:
         for contact_id in contacts:
             started = time.perf_counter()
-            conn.execute("SELECT 1 FROM contacts WHERE id = %s FOR UPDATE", (contact_id,))
+            lock_contact(conn, project_id, contact_id)  # as a reply locks it: by its project's key
             stopped = stop_followups_for_contact(conn, project_id, contact_id, "reply", now=datetime.now(UTC))
             conn.commit()
             timings.append((time.perf_counter() - started) * 1000)

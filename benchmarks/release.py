@@ -5,8 +5,8 @@
    the p50/p99 release lag (queued time minus due time, as the lag histogram measures it).
 2. The ceiling: pgbench runs the same release transaction's statements, generated from the release
    path's own named queries, as a script with W clients over a fresh seed of N enrollments; and the same
-   statements through psycopg alone, as the release path sends them, with W processes and no product
-   code (:mod:`benchmarks.release_ceiling`): how much of the release's distance to pgbench is the driver's.
+   statements through psycopg's cursors alone, a transaction in one pipeline, with W processes and no
+   product code (:mod:`benchmarks.release_ceiling`): what the driver's cursors allow on this machine.
    Steps 1 and 2 run in turn, R rounds.
 3. The claim cost: the median claim latency with 1,000,000 not-yet-due active enrollments in the table
    over the same with 10,000 (the partial claim index should keep it flat).
@@ -63,7 +63,15 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.common import CpuUsed, bench_database, percentile, rss_mb, start_all
+from benchmarks.common import (
+    CpuUsed,
+    bench_database,
+    cpu_ms_per,
+    percentile,
+    rss_mb,
+    run_until_done,
+    start_all,
+)
 from benchmarks.release_ceiling import run_ceiling, run_driver, statement_costs
 from benchmarks.seed import NUMBERS, reset, seed_due, seed_due_enrollments, seed_history, seed_project
 from libs.common.core.clock import SYSTEM_CLOCK
@@ -131,12 +139,7 @@ def run_release(
     ready, go = context.Semaphore(0), context.Event()
     cpus = [context.Array("d", 2) for _ in range(workers)]
     processes = [context.Process(target=_worker, args=(url, ready, go, profile, None, cpu)) for cpu in cpus]
-    start_all(processes, ready)
-    started = time.perf_counter()
-    go.set()
-    for process in processes:
-        process.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_until_done(processes, ready, go)
     with psycopg.connect(url) as conn:
         released = conn.execute("SELECT count(*) FROM followup_step_runs").fetchone()
         lags = [
@@ -146,9 +149,7 @@ def run_release(
             )
         ]
     assert released is not None and released[0] == count, f"released {released} of {count}"
-    worker_ms = sum(cpu[0] for cpu in cpus) * 1000 / count
-    backend_ms = sum(cpu[1] for cpu in cpus) * 1000 / count if all(cpu[1] >= 0 for cpu in cpus) else None
-    LAST_CPU_MS_PER_STEP.append((worker_ms, backend_ms))
+    LAST_CPU_MS_PER_STEP.append(cpu_ms_per(cpus, count))
     return count / elapsed, percentile(lags, 50), percentile(lags, 99)
 
 
@@ -616,7 +617,7 @@ def run_in_turn(url: str, args: argparse.Namespace, *, constrained: bool, ceilin
     driver_tps, driver_ms, driver_backend_ms = sorted(runs.drivers)[len(runs.drivers) // 2]
     backend = f", its backends {driver_backend_ms:.3f} ms" if driver_backend_ms is not None else ""
     print(
-        f"  psycopg alone (same statements, same pipeline, no product code): {driver_tps:.0f} tps;"
+        f"  psycopg alone (same statements, through cursors, no product code): {driver_tps:.0f} tps;"
         f" CPU a transaction: its clients {driver_ms:.3f} ms{backend}"
     )
     return runs

@@ -4,10 +4,11 @@
   generated from the release path's own named queries, run by W clients. Its client is C: nearly all of
   its CPU is the server's.
 - **psycopg alone** (``driver_tps``): the same script's statements sent by W Python processes through
-  psycopg as the release path sends them (one pipeline, the claim with its ``BEGIN``, the writes with the
-  ``COMMIT``: two round trips), with no product code between them: no checks, rendering, events or
-  metrics. What the driver alone allows on this machine, so the release's distance to pgbench splits into
-  the driver's part and the product's.
+  psycopg's cursors, a transaction in one pipeline (:func:`~libs.common.core.db.pipelined_transaction`:
+  the claim with its ``BEGIN``, the writes with the ``COMMIT``, two round trips), with no product code
+  between them: no checks, rendering, events or metrics. What psycopg's cursors allow on this machine;
+  the release path goes around them (:mod:`libs.common.core.queued`) and chains its steps (one round trip
+  a step: :class:`libs.common.followups.release.Chain`), so it can pass this figure.
 
 Each leg runs over a fresh seed of N due enrollments (:func:`benchmarks.seed.seed_due`).
 """
@@ -20,7 +21,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +30,7 @@ import msgspec
 import psycopg
 from psycopg.rows import dict_row
 
-from benchmarks.common import CpuUsed, start_all
+from benchmarks.common import CpuUsed, cpu_ms_per, run_until_done
 from benchmarks.seed import reset, seed_due
 from libs.common.contracts.events import FINISHED, Event, MessageQueued, StepQueued
 from libs.common.core.db import create_pool, pipelined_transaction
@@ -318,15 +318,8 @@ def run_driver(url: str, count: int, clients: int) -> tuple[float, float, float 
     processes = [
         context.Process(target=_driver_worker, args=(url, str(project[0]), ready, go, cpu)) for cpu in cpus
     ]
-    start_all(processes, ready)
-    started = time.perf_counter()
-    go.set()
-    for process in processes:
-        process.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_until_done(processes, ready, go)
     with psycopg.connect(url) as conn:
         ran = conn.execute("SELECT count(*) FROM followup_step_runs").fetchone()
     assert ran is not None and ran[0] == count, f"psycopg alone ran {ran} of {count}"
-    backends = [cpu[1] for cpu in cpus]
-    backend_ms = sum(backends) * 1000 / count if all(b >= 0 for b in backends) else None
-    return count / elapsed, sum(cpu[0] for cpu in cpus) * 1000 / count, backend_ms
+    return (count / elapsed, *cpu_ms_per(cpus, count))

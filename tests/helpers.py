@@ -1,13 +1,16 @@
-"""Helpers shared by tests: waiting on a condition, reading rows, Dramatiq workers on the StubBroker, worker
-processes, an events consumer bound to the topic exchange, and the ingress actors on the StubBroker."""
+"""Helpers shared by tests: waiting on a condition, reading rows, counting a connection's round trips,
+Dramatiq workers on the StubBroker, worker processes, an events consumer bound to the topic exchange, and
+the ingress actors on the StubBroker."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -16,7 +19,9 @@ from typing import Any, TypeVar
 
 import dramatiq
 import pika
+import psycopg
 from dramatiq.brokers.stub import StubBroker
+from psycopg.pq import Trace
 from psycopg_pool import ConnectionPool
 
 from libs.common.contracts import actors
@@ -50,6 +55,29 @@ def rows(pool: ConnectionPool, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     """Every row ``sql`` returns, run on a connection of ``pool`` (its own transaction)."""
     with pool.connection() as conn:
         return conn.execute(sql, params).fetchall()
+
+
+class RoundTrips:
+    """The round trips a connection makes inside a ``with`` block, from libpq's trace of it (a round trip:
+    the client's messages, then the server's answers): :attr:`count` once the block ended."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.count = -1
+        self._trace = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed at the block's end
+
+    def __enter__(self) -> RoundTrips:
+        self.conn.pgconn.trace(self._trace.fileno())
+        self.conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.conn.pgconn.untrace()
+        os.fsync(self._trace.fileno())
+        self._trace.seek(0)
+        directions = [d for line in self._trace if (d := line.split("\t", 1)[0]) in ("F", "B")]
+        self._trace.close()
+        self.count = sum(1 for pair in itertools.pairwise(directions) if pair == ("F", "B"))
 
 
 def stub_worker(broker: dramatiq.Broker, queues: Iterable[str], threads: int = 1) -> dramatiq.Worker:

@@ -6,9 +6,6 @@ connection)."""
 
 from __future__ import annotations
 
-import itertools
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -16,10 +13,11 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import errors
-from psycopg.pq import Trace, TransactionStatus
+from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.db import pipelined_transaction
+from tests.helpers import RoundTrips
 
 TABLE = """
 CREATE TABLE IF NOT EXISTS pipelined (id integer PRIMARY KEY, note text);
@@ -111,20 +109,11 @@ def test_a_read_then_writes_cost_two_round_trips(table: ConnectionPool) -> None:
             with pipelined_transaction(conn):
                 conn.execute("SELECT count(*) FROM pipelined").fetchone()
                 conn.execute("INSERT INTO pipelined VALUES (%s, 'w') ON CONFLICT (id) DO NOTHING", (1,))
-        with tempfile.TemporaryFile("w+") as trace:
-            conn.pgconn.trace(trace.fileno())
-            conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
-            with pipelined_transaction(conn):
-                conn.execute("SELECT count(*) FROM pipelined").fetchone()
-                conn.execute("INSERT INTO pipelined VALUES (%s, 'w') ON CONFLICT (id) DO NOTHING", (2,))
-                conn.execute("UPDATE pipelined SET note = 'x' WHERE id = 1")
-            conn.pgconn.untrace()
-            os.fsync(trace.fileno())
-            trace.seek(0)
-            directions = [line.split("\t", 1)[0] for line in trace if line[:1] in ("F", "B")]
-        # a round trip: the client's messages, then the server's answers
-        turns = sum(1 for before, after in itertools.pairwise(directions) if (before, after) == ("F", "B"))
-        assert turns == 2, directions
+        with RoundTrips(conn) as trips, pipelined_transaction(conn):
+            conn.execute("SELECT count(*) FROM pipelined").fetchone()
+            conn.execute("INSERT INTO pipelined VALUES (%s, 'w') ON CONFLICT (id) DO NOTHING", (2,))
+            conn.execute("UPDATE pipelined SET note = 'x' WHERE id = 1")
+        assert trips.count == 2
     assert stored(table) == [(1, "x"), (2, "w")]
 
 

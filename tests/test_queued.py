@@ -7,9 +7,6 @@ one."""
 from __future__ import annotations
 
 import gc
-import itertools
-import os
-import tempfile
 import uuid
 import weakref
 from datetime import UTC, datetime
@@ -18,7 +15,6 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 from psycopg import errors
-from psycopg.pq import Trace
 from psycopg.pq.abc import PGresult
 from psycopg.rows import RowMaker
 from psycopg.types.json import Jsonb
@@ -28,6 +24,7 @@ from libs.common.core import queued
 from libs.common.core.db import buffered_pipeline, pipelined_transaction
 from libs.common.core.queued import queue_command, queue_write, read_row
 from libs.common.core.sql import numbered
+from tests.helpers import RoundTrips
 
 TABLE = """
 CREATE TABLE IF NOT EXISTS queued_probe (
@@ -154,19 +151,11 @@ def test_begin_and_commit_and_the_statements_cost_the_reads_round_trips_plus_one
     with table.connection() as conn:
         with pipelined_transaction(conn):
             queue_write(conn, INSERT, params(1))
-        with tempfile.TemporaryFile("w+") as trace:
-            conn.pgconn.trace(trace.fileno())
-            conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
-            with pipelined_transaction(conn):
-                read_row(conn, READ, {"id": 1}, as_dict)
-                queue_write(conn, INSERT, params(2))
-                queue_write(conn, "UPDATE queued_probe SET tags = %(tags)s WHERE id = 1", {"tags": ["x"]})
-            conn.pgconn.untrace()
-            os.fsync(trace.fileno())
-            trace.seek(0)
-            directions = [line.split("\t", 1)[0] for line in trace if line[:1] in ("F", "B")]
-        turns = sum(1 for before, after in itertools.pairwise(directions) if (before, after) == ("F", "B"))
-        assert turns == 2, directions
+        with RoundTrips(conn) as trips, pipelined_transaction(conn):
+            read_row(conn, READ, {"id": 1}, as_dict)
+            queue_write(conn, INSERT, params(2))
+            queue_write(conn, "UPDATE queued_probe SET tags = %(tags)s WHERE id = 1", {"tags": ["x"]})
+        assert trips.count == 2
         assert conn.execute("SELECT id, tags FROM queued_probe ORDER BY id").fetchall() == [
             (1, ["x"]),
             (2, ["a", "b"]),

@@ -6,14 +6,10 @@ batch is released once and counted once."""
 
 from __future__ import annotations
 
-import itertools
-import os
-import tempfile
 import uuid
 from datetime import timedelta
 
 import pytest
-from psycopg.pq import Trace
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
@@ -23,7 +19,7 @@ from libs.common.followups.release import Chain
 from services.release.release import release_batch
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
-from tests.helpers import rows
+from tests.helpers import RoundTrips, rows
 
 SETTINGS = FollowupSettings()
 
@@ -74,17 +70,9 @@ def test_a_batch_of_steps_costs_one_round_trip_a_step_and_one_more(
             " WHERE project_id = %s",
             (project.id,),
         )
-    with pool.connection() as conn, tempfile.TemporaryFile("w+") as trace:
-        conn.pgconn.trace(trace.fileno())
-        conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
-        with Chain(conn, clock, SETTINGS, None) as chain:
-            outcomes = [chain.release(project.id) for _ in range(4)]
-        conn.pgconn.untrace()
-        os.fsync(trace.fileno())
-        trace.seek(0)
-        directions = [d for line in trace if (d := line.split("\t", 1)[0]) in ("F", "B")]
-    turns = sum(1 for before, after in itertools.pairwise(directions) if (before, after) == ("F", "B"))
-    assert turns == 5, directions
+    with pool.connection() as conn, RoundTrips(conn) as trips, Chain(conn, clock, SETTINGS, None) as chain:
+        outcomes = [chain.release(project.id) for _ in range(4)]
+    assert trips.count == 5
     assert [o.action if o else None for o in outcomes] == ["queue"] * 4
     assert [r.action for r in chain.take_committed()] == ["queue"] * 4
     assert set(released(pool).values()) == {("completed", 0)}
