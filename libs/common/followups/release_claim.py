@@ -22,7 +22,7 @@ from libs.common.core.sql import load_queries
 QUERIES = load_queries("libs.common.followups", "release_claim.sql")
 
 
-class ClaimedEnrollment(msgspec.Struct, kw_only=True, frozen=True):
+class ClaimedEnrollment(msgspec.Struct, frozen=True):
     """The claimed enrollment: what the release step reads of it."""
 
     id: uuid.UUID

@@ -112,8 +112,13 @@ def _claimed_with_state(result: PGresult) -> RowMaker[tuple[ClaimedEnrollment, R
     columns = _columns(result)
     claim, state, split = columns.claim, columns.state, len(columns.claim)
 
+    positional = claim == ClaimedEnrollment.__struct_fields__
+
     def make(values: Sequence[Any]) -> tuple[ClaimedEnrollment, ReadWithClaim]:
-        row = ClaimedEnrollment(**dict(zip(claim, values[:split], strict=True)))
+        if positional:
+            row = ClaimedEnrollment(*values[:split])
+        else:
+            row = ClaimedEnrollment(**dict(zip(claim, values[:split], strict=True)))
         if values[split]:
             return row, ReadWithClaim(None)
         return row, ReadWithClaim(ReleaseState(**dict(zip(state, values[split + 1 :], strict=True))))
