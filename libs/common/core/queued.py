@@ -28,7 +28,7 @@ from functools import partial
 from typing import Any, LiteralString, NamedTuple, TypeVar
 from weakref import WeakKeyDictionary
 
-from psycopg import Connection, RawCursor
+from psycopg import Connection, Pipeline, RawCursor
 from psycopg import errors as pgerrors
 from psycopg._preparing import Prepare
 from psycopg.adapt import PyFormat, Transformer
@@ -122,7 +122,7 @@ def queue_command(conn: Connection[Any], command: LiteralString) -> Queued | Non
     with conn.lock:
         pipeline.command_queue.append(partial(conn.pgconn.send_query_params, command.encode(), None))
         pipeline.result_queue.append((slot, None))  # type: ignore[arg-type]
-        conn.wait(pipeline._communicate_gen())
+        _hand_over(pipeline)
     return slot
 
 
@@ -185,7 +185,8 @@ def _queue(
         types, formats = transformer.types, transformer.formats
         assert types is not None and formats is not None  # set by the dump
         key = _Statement(text, types)
-        conn.wait(cache.maintain_gen(conn))  # what the cache let go of is deallocated first (in the pipeline)
+        if cache._to_flush:  # what the cache let go of is deallocated first (in the pipeline)
+            conn.wait(cache.maintain_gen(conn))
         prepare, name = cache.get(key, prepare=True)  # type: ignore[arg-type]  # its query and types
         if prepare is Prepare.NO:  # the connection prepares nothing (prepare_threshold None)
             pipeline.command_queue.append(
@@ -201,5 +202,14 @@ def _queue(
         added = cache.maybe_add_to_cache(key, prepare, name)  # type: ignore[arg-type]
         slot = Queued(conn, state.encoding)
         pipeline.result_queue.append((slot, (added, prepare, name) if added is not None else None))  # type: ignore[arg-type]
-        conn.wait(pipeline._communicate_gen())
+        _hand_over(pipeline)
     return slot
+
+
+def _hand_over(pipeline: Pipeline) -> None:
+    """What the pipeline queued handed to libpq, in order, which holds it in its buffer (written at the next
+    read, or at the pipeline's end): what a buffered pipeline's own step does
+    (:func:`~libs.common.core.db.buffered_pipeline`), without a generator to wait on."""
+    queue = pipeline.command_queue
+    while queue:
+        queue.popleft()()
