@@ -51,7 +51,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from libs.common.core import effects
 from libs.common.core.errors import DatabaseUnavailable, FollowupsError, InvalidInput
 from libs.common.core.outage import Outage
-from libs.common.core.queued import queue_command
+from libs.common.core.queued import hand_over, queue_command
 from libs.common.core.settings import DatabaseSettings
 
 log = logging.getLogger(__name__)
@@ -267,7 +267,7 @@ def buffered_pipeline(conn: psycopg.Connection[Any]) -> Iterator[Pipeline]:
     read (with psycopg's flush request) and at the end (with the sync). psycopg's own pipeline writes each
     statement as it is queued, after waiting for the socket; on loopback TCP each write also runs the
     server's side of the stack and wakes its backend. A transaction of five statements and two round trips
-    (the release step) then costs two writes instead of eight. What is sent, its order and its results do
+    then costs two writes instead of eight. What is sent, its order and its results do
     not change; a statement's error is raised at the next read or at the end (psycopg's own pipeline raises
     it at whichever later statement happens to find its result).
 
@@ -284,12 +284,10 @@ def buffered_pipeline(conn: psycopg.Connection[Any]) -> Iterator[Pipeline]:
 
 
 def _hand_to_libpq(pipeline: Pipeline) -> PQGen[None]:
-    """The queued statements handed to libpq, which holds them in its output buffer (in pipeline mode it
-    writes only past its threshold, 64 kB, without waiting); they are written when a result is read or at
-    the pipeline's end. Results are read and matched to their statements then, in order."""
-    queue = pipeline.command_queue
-    while queue:
-        queue.popleft()()
+    """The pipeline's step after each statement: what was queued handed to libpq (:func:`hand_over`), written
+    when a result is read or at the pipeline's end; results are read and matched to their statements then,
+    in order."""
+    hand_over(pipeline)
     yield from ()
 
 
@@ -326,17 +324,26 @@ def pipelined_transaction(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Con
             yield conn
             queue_command(conn, "COMMIT")
     except BaseException:
-        if not conn.closed:
-            try:
-                conn.rollback()
-            except psycopg.Error:
-                conn.close()  # the error raised below says why
+        roll_back(conn)
         raise
     finally:
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             conn.autocommit = autocommit
         else:
             conn.close()
+
+
+def roll_back(conn: psycopg.Connection[Any]) -> None:
+    """Roll back what ``conn`` has in progress after a failure; a connection whose state cannot be restored
+    (the server went away, or it is still in a transaction) is closed, so the pool drops it (the failure
+    being handled says why)."""
+    if not conn.closed:
+        try:
+            conn.rollback()
+        except psycopg.Error:
+            conn.close()
+    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.close()
 
 
 def server_unavailable(exc: BaseException) -> bool:

@@ -122,7 +122,7 @@ def queue_command(conn: Connection[Any], command: LiteralString) -> Queued | Non
     with conn.lock:
         pipeline.command_queue.append(partial(conn.pgconn.send_query_params, command.encode(), None))
         pipeline.result_queue.append((slot, None))  # type: ignore[arg-type]
-        _hand_over(pipeline)
+        hand_over(pipeline)
     return slot
 
 
@@ -145,10 +145,7 @@ def read_row(
     state = _state(conn)
     pipeline = conn._pipeline
     if pipeline is None:
-        query, _ = _numbered(statement)
-        with RawCursor(conn) as cur:
-            cur.execute(query.text, query.values(params))
-            result = cur.pgresult
+        result = _run_now(conn, statement, params)
     else:
         slot = _queue(conn, statement, params)
         assert slot is not None
@@ -169,13 +166,12 @@ def _queue(
     """``statement`` with ``params`` queued, prepared as psycopg's cursors are (by the connection's own
     preparation cache, at first use): its place in the result queue; run through a raw cursor outside a
     pipeline (None then)."""
-    query, text = _numbered(statement)
-    values = query.values(params)
     pipeline = conn._pipeline
     if pipeline is None:
-        with RawCursor(conn) as cur:
-            cur.execute(query.text, values)
+        _run_now(conn, statement, params)
         return None
+    query, text = _numbered(statement)
+    values = query.values(params)
     state = _state(conn)
     transformer = state.transformer
     pgconn = conn.pgconn
@@ -202,14 +198,24 @@ def _queue(
         added = cache.maybe_add_to_cache(key, prepare, name)  # type: ignore[arg-type]
         slot = Queued(conn, state.encoding)
         pipeline.result_queue.append((slot, (added, prepare, name) if added is not None else None))  # type: ignore[arg-type]
-        _hand_over(pipeline)
+        hand_over(pipeline)
     return slot
 
 
-def _hand_over(pipeline: Pipeline) -> None:
-    """What the pipeline queued handed to libpq, in order, which holds it in its buffer (written at the next
-    read, or at the pipeline's end): what a buffered pipeline's own step does
-    (:func:`~libs.common.core.db.buffered_pipeline`), without a generator to wait on."""
+def _run_now(
+    conn: Connection[Any], statement: LiteralString | Numbered, params: Mapping[str, Any]
+) -> PGresult | None:
+    """``statement`` run at once through a raw cursor (outside a pipeline): its result."""
+    query, _ = _numbered(statement)
+    with RawCursor(conn) as cur:
+        cur.execute(query.text, query.values(params))
+        return cur.pgresult
+
+
+def hand_over(pipeline: Pipeline) -> None:
+    """What the pipeline queued handed to libpq, in order, which holds it in its buffer (in pipeline mode it
+    writes only past its threshold, 64 kB, without waiting): written when a result is read or at the
+    pipeline's end, as a buffered pipeline does (:func:`~libs.common.core.db.buffered_pipeline`)."""
     queue = pipeline.command_queue
     while queue:
         queue.popleft()()

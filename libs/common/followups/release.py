@@ -1,8 +1,9 @@
-"""The release of one due enrollment: claim a project's oldest (:mod:`~libs.common.followups.release_claim`),
+"""The release of due enrollments: claim a project's oldest (:mod:`~libs.common.followups.release_claim`),
 release its step (:mod:`~libs.common.followups.release_step`), commit, then count what happened
-(:func:`observe`). The release service's loop walks the projects with due enrollments in turns
-(:func:`due_projects`) and calls :func:`release_one` for each, until nothing is due, then sleeps
-:func:`seconds_until_next_due`."""
+(:func:`observe`), one transaction a step. The release service's batch runs its steps as a :class:`Chain`
+(each COMMIT sent with the next step's claim, or the next walk of the projects with due enrollments);
+:func:`release_one` releases one step; the loop sleeps :func:`seconds_until_next_due` when nothing is
+due."""
 
 from __future__ import annotations
 
@@ -13,13 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-import psycopg
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import Clock
-from libs.common.core.db import buffered_pipeline, server_unavailable
+from libs.common.core.db import buffered_pipeline, roll_back, server_unavailable
 from libs.common.core.jobs import FIRST_PROJECT
 from libs.common.core.metrics import FOLLOWUP_FINISHED, FOLLOWUP_RELEASE_LAG, FOLLOWUP_STEPS, labelled
 from libs.common.core.queued import Queued, queue_command
@@ -138,7 +138,7 @@ class Chain:
             )
         except Exception as exc:
             self._abort()
-            self._failed(_Pending(Released(row.id, "retry"), None, row.project_id, now), exc)
+            self._failed(row.project_id, row.id, now, exc)
             return self._committed[-1]
         self._pending = _Pending(released, queue_command(self.conn, "COMMIT"), row.project_id, now)
         return released
@@ -166,7 +166,7 @@ class Chain:
                 if pending is not None:
                     self._commit(pending.released)
                 raise  # the read's own failure (the database gone: the loop tries again)
-            self._failed(pending, exc)  # the step before did not commit: this read never ran
+            self._failed_pending(pending, exc)  # the step before did not commit: this read never ran
             return self._begin_and_read(read)
         if self._pending is not None:
             self._commit(self._pending.released)
@@ -191,7 +191,7 @@ class Chain:
             self._abort()
             if pending is None or _committed(pending):
                 raise
-            self._failed(pending, exc)
+            self._failed_pending(pending, exc)
             return
         if pending is not None:
             self._commit(pending.released)
@@ -199,27 +199,21 @@ class Chain:
     def _abort(self) -> None:
         """Leave the pipeline (what it still held is read and dropped) and roll back; a connection whose
         state cannot be restored is closed (the pool drops it)."""
-        conn = self.conn
         if self._pipeline is not None:
             stack, self._pipeline = self._pipeline, None
-            with suppress(Exception):
+            with suppress(Exception):  # the failure being handled is raised or recorded already
                 stack.close()
-        if not conn.closed:
-            try:
-                conn.rollback()
-            except psycopg.Error:
-                conn.close()
-        if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
-            conn.close()
+        roll_back(self.conn)
 
-    def _failed(self, pending: _Pending, exc: Exception) -> None:
+    def _failed_pending(self, pending: _Pending, exc: Exception) -> None:
+        """The step whose COMMIT was sent did not commit: :meth:`_failed`."""
+        self._failed(pending.project_id, pending.released.enrollment_id, pending.now, exc)
+
+    def _failed(self, project_id: uuid.UUID, enrollment_id: uuid.UUID, now: datetime, exc: Exception) -> None:
         """A step that did not commit: its failure recorded (or, the database gone, raised)."""
         if self.conn.closed or server_unavailable(exc):
             raise exc
-        released = record_failure(
-            self.conn, pending.project_id, pending.released.enrollment_id, exc, pending.now, self.settings
-        )
-        self._commit(released)
+        self._commit(record_failure(self.conn, project_id, enrollment_id, exc, now, self.settings))
 
     def _commit(self, released: Released) -> None:
         observe(released)
