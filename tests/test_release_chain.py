@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
+import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -107,3 +108,23 @@ def test_a_step_whose_commit_fails_is_backed_off_and_every_other_step_is_release
     assert labelled(FOLLOWUP_STEPS, "retry", "error")._value.get() - retried_before == 1
     # backed off: not due again before its back-off
     assert release_batch(pool, clock, SETTINGS, limit=100) == 0
+
+
+def test_a_chain_whose_connection_is_cut_before_its_last_commit_counts_no_failure_against_the_step(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    (enrollment,) = due_enrollments(pool, clock, project, 1)
+    clock.advance(timedelta(seconds=1))
+    with pool.connection() as conn:
+        pid = conn.info.backend_pid
+        with pytest.raises(psycopg.OperationalError), Chain(conn, clock, SETTINGS, None) as chain:
+            assert chain.release(project.id) is not None  # its COMMIT queued, not sent yet
+            with pool.connection() as other:
+                other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        assert conn.closed  # the pool drops it
+        assert chain.take_committed() == []  # nothing counted
+    # the step's transaction died with the connection: nothing of it kept, no failure counted, due again
+    assert released(pool) == {enrollment: ("active", 0)}
+    assert rows(pool, "SELECT count(*) FROM messages") == [(0,)]
+    assert release_batch(pool, clock, SETTINGS, limit=10) == 1
+    assert released(pool) == {enrollment: ("completed", 0)}
