@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import msgspec
 import pytest
 
 from libs.common.core.reasons import stored
@@ -32,7 +32,7 @@ def context(**changes: Any) -> RenderContext:
         contact_phone="+5511999990000",
         contact_attributes={"plan": "pro", "address": {"city": "Recife"}},
     )
-    return dataclasses.replace(base, **changes)
+    return msgspec.structs.replace(base, **changes)
 
 
 def text(source: str, **changes: Any) -> str | None:

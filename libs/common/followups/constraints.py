@@ -41,7 +41,6 @@ counts the recipient it lets through.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, time, timedelta, tzinfo
 from typing import Any, Literal
 
@@ -74,8 +73,7 @@ CAP_PERIOD = timedelta(hours=24)
 ConstraintSkip = Literal["no_consent", "outside_service_window"]
 
 
-@dataclass(frozen=True)
-class Hold:
+class Hold(msgspec.Struct, frozen=True):
     """Do not send now: defer to ``until``, skip, or pause, for ``reason``."""
 
     action: Literal["defer", "skip", "pause"]
@@ -89,8 +87,7 @@ class Hold:
     values: HeldValues | None = None
 
 
-@dataclass(frozen=True)
-class Sending:
+class Sending(msgspec.Struct, frozen=True):
     """How to send: from ``number_id``, as ``template`` (outside the service window) or free-form."""
 
     number_id: uuid.UUID | None
@@ -99,8 +96,9 @@ class Sending:
     send_delay_ms: int = 0
 
 
-class ConstraintState(msgspec.Struct, kw_only=True, frozen=True):
-    """The columns of ``release_state`` the constraints read (settings and counts)."""
+class ConstraintState(msgspec.Struct, frozen=True):
+    """The columns of ``release_state`` the constraints read (settings and counts); every one is read, so
+    none has a default (the release step makes it by position)."""
 
     timezone: str | None
     project_timezone: str
@@ -117,26 +115,25 @@ class ConstraintState(msgspec.Struct, kw_only=True, frozen=True):
     consent_mode: str
     service_window: str
     max_per_contact_24h: int | None
-    max_per_contact_day: int | None = None
+    max_per_contact_day: int | None
     send_delay_ms: int
     max_in_flight_per_number: int | None
     monthly_message_quota: int | None
     max_send_lane_backlog: int | None
     #: The least time between two messages to the contact, and when it was last sent one (read only
     #: when the gap is set).
-    min_recipient_gap_seconds: int = 0
-    last_outbound_at: datetime | None = None
+    min_recipient_gap_seconds: int
+    last_outbound_at: datetime | None
     #: Until when the provider refuses the contact marketing messages (131049), if it did.
-    marketing_limited_until: datetime | None = None
+    marketing_limited_until: datetime | None
     #: The chosen number's business portfolio (its messaging limit), if it has one.
-    portfolio_id: uuid.UUID | None = None
+    portfolio_id: uuid.UUID | None
     #: The number's pacing widened by a rate limit, and when (:mod:`~libs.common.followups.pacing`).
-    widened_gap_ms: int = 0
-    widened_at: datetime | None = None
+    widened_gap_ms: int
+    widened_at: datetime | None
 
 
-@dataclass(frozen=True)
-class Claimed:
+class Claimed(msgspec.Struct, frozen=True):
     """What the constraints need to know of the claimed enrollment."""
 
     id: uuid.UUID

@@ -10,10 +10,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+import msgspec
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
@@ -72,8 +72,7 @@ def release_on(
     return released
 
 
-@dataclass(frozen=True)
-class _Pending:
+class _Pending(msgspec.Struct, frozen=True):
     """A released step whose COMMIT is sent, not yet read back."""
 
     released: Released

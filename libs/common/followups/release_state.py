@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
+import msgspec
 from psycopg import Connection
 from psycopg.pq.abc import PGresult
 from psycopg.rows import RowMaker, class_row
@@ -28,7 +30,7 @@ from libs.common.followups.release_claim import ClaimedEnrollment
 QUERIES = load_queries("libs.common.followups", "release_state.sql")
 
 
-class ReleaseState(ConstraintState, kw_only=True, frozen=True):
+class ReleaseState(ConstraintState, frozen=True):
     """The contact's state (read under its share lock), its project's, its sequence's, and what the
     sending constraints read."""
 
@@ -85,8 +87,7 @@ CLAIM_WITH_STATE = numbered(
 )
 
 
-@dataclass(frozen=True)
-class ReadWithClaim:
+class ReadWithClaim(msgspec.Struct, frozen=True):
     """The contact's state as :data:`CLAIM_WITH_STATE` read it (None: the contact was locked by another
     transaction)."""
 
@@ -108,41 +109,47 @@ def claim_release(
 
 
 def _claimed_with_state(result: PGresult) -> RowMaker[tuple[ClaimedEnrollment, ReadWithClaim]]:
-    """The row maker of :data:`CLAIM_WITH_STATE`: the claimed row, and the state after ``contact_locked``."""
+    """The row maker of :data:`CLAIM_WITH_STATE`: the claimed row, and the state after ``contact_locked``,
+    each made by position."""
     columns = _columns(result)
-    claim, state, split = columns.claim, columns.state, len(columns.claim)
-
-    positional = claim == ClaimedEnrollment.__struct_fields__
+    claim_values, locked, state_values = columns.claim, columns.locked, columns.state
 
     def make(values: Sequence[Any]) -> tuple[ClaimedEnrollment, ReadWithClaim]:
-        if positional:
-            row = ClaimedEnrollment(*values[:split])
-        else:
-            row = ClaimedEnrollment(**dict(zip(claim, values[:split], strict=True)))
-        if values[split]:
+        row = ClaimedEnrollment(*claim_values(values))
+        if values[locked]:
             return row, ReadWithClaim(None)
-        return row, ReadWithClaim(ReleaseState(**dict(zip(state, values[split + 1 :], strict=True))))
+        return row, ReadWithClaim(ReleaseState(*state_values(values)))
 
     return make
 
 
 @dataclass(frozen=True)
 class _Columns:
-    claim: tuple[str, ...]
-    state: tuple[str, ...]
+    """Where :data:`CLAIM_WITH_STATE`'s row holds what: each picker takes a row's values in its struct's
+    field order."""
+
+    claim: Callable[[Sequence[Any]], tuple[Any, ...]]
+    locked: int
+    state: Callable[[Sequence[Any]], tuple[Any, ...]]
 
 
-#: :data:`CLAIM_WITH_STATE`'s column names by their count (one entry: the statement's columns never change).
+#: :data:`CLAIM_WITH_STATE`'s columns by their count (one entry: the statement's columns never change).
 _COLUMNS: dict[int, _Columns] = {}
 
 
 def _columns(result: PGresult) -> _Columns:
-    """:data:`CLAIM_WITH_STATE`'s column names, read once (its 60 columns are not described at every
-    claim)."""
+    """:data:`CLAIM_WITH_STATE`'s columns, read once (its 60 columns are not described at every claim): the
+    claimed row's before ``contact_locked``, the state's after it (a field without its column: KeyError)."""
     count = result.nfields
     found = _COLUMNS.get(count)
     if found is None:
-        names = tuple((result.fname(i) or b"").decode() for i in range(count))
-        split = names.index("contact_locked") if names else 0
-        found = _COLUMNS[count] = _Columns(names[:split], names[split + 1 :])
+        names = [(result.fname(i) or b"").decode() for i in range(count)]
+        locked = names.index("contact_locked")
+        claim = {name: i for i, name in enumerate(names[:locked])}
+        state = {name: i for i, name in enumerate(names) if i > locked}
+        found = _COLUMNS[count] = _Columns(
+            itemgetter(*(claim[name] for name in ClaimedEnrollment.__struct_fields__)),
+            locked,
+            itemgetter(*(state[name] for name in ReleaseState.__struct_fields__)),
+        )
     return found

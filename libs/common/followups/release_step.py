@@ -107,8 +107,7 @@ StepRunReason = Literal[
 ]
 
 
-@dataclass(frozen=True)
-class Released:
+class Released(msgspec.Struct, frozen=True):
     """What one release transaction did: queue, skip, defer, pause, stop, retry or fail."""
 
     enrollment_id: uuid.UUID
@@ -125,8 +124,7 @@ class Released:
     step_index: int | None = None
 
 
-@dataclass(frozen=True)
-class _Claim:
+class _Claim(msgspec.Struct, frozen=True):
     """The claimed enrollment, its contact's state, and the step due."""
 
     row: ClaimedEnrollment
@@ -336,8 +334,7 @@ def _replied_since(state: ReleaseState, moment: datetime | None) -> bool:
     return state.replied_at is not None and (moment is None or state.replied_at > moment)
 
 
-@dataclass(frozen=True)
-class StepContent:
+class StepContent(msgspec.Struct, frozen=True):
     """What a step sends: a free-form text, or an approved WhatsApp template with its parameters."""
 
     body: str | None
@@ -455,8 +452,7 @@ def _queue(
     return Released(claim.id, "queue", recorded, queued.message_id, lag_seconds=lag, finished=finished)
 
 
-@dataclass(frozen=True)
-class StepOf:
+class StepOf(msgspec.Struct, frozen=True):
     """The enrollment's step a follow-up message is for."""
 
     project_id: uuid.UUID

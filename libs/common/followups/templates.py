@@ -47,6 +47,8 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import msgspec
+
 from libs.common.contracts.limits import MAX_MESSAGE_LENGTH
 
 __all__ = [
@@ -147,8 +149,7 @@ class Template:
         }
 
 
-@dataclass(frozen=True)
-class RenderContext:
+class RenderContext(msgspec.Struct, frozen=True):
     """What a template can draw on for one enrollment."""
 
     variables: Mapping[str, Any]
@@ -163,8 +164,7 @@ class RenderContext:
     contact_attributes: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class Rendered:
+class Rendered(msgspec.Struct, frozen=True):
     """Either the text to send, or why the step is skipped (and the missing placeholder's path)."""
 
     text: str | None

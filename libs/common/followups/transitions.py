@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, LiteralString, Protocol
 
@@ -175,8 +174,7 @@ class EnrollmentRef(Protocol):
 StepOutcome = Literal["queued", "skipped", "branched"]
 
 
-@dataclass(frozen=True)
-class StepRun:
+class StepRun(msgspec.Struct, frozen=True):
     """A released step's run (``followup_step_runs``): queued, skipped or branched, its reason as stored
     (with its detail) and, for a step held back, the values its check compared. Written by the transition
     that follows it, in its statement."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -38,8 +38,7 @@ class ConversationBusy(Busy):
     """The contact's open conversation is locked by another transaction: try again in a moment."""
 
 
-@dataclass(frozen=True)
-class Activity:
+class Activity(msgspec.Struct, frozen=True):
     """An entry of the contact's timeline that a queued message brings (a follow-up's ``followup_sent``):
     its kind and its data (anything msgspec encodes as a JSON object)."""
 
@@ -47,8 +46,7 @@ class Activity:
     data: Any
 
 
-@dataclass(frozen=True)
-class OutboundMessage:
+class OutboundMessage(msgspec.Struct, frozen=True):
     project_id: uuid.UUID
     contact_id: uuid.UUID
     #: The text (None for a template message).
@@ -78,11 +76,10 @@ class OutboundMessage:
     activity: Activity | None = None
     #: The message's id, made here (a sender that names the message in its activity makes it first), so
     #: nothing waits for the insert's result: under a pipeline the writes that follow travel with it.
-    id: uuid.UUID = field(default_factory=uuid.uuid4)
+    id: uuid.UUID = msgspec.field(default_factory=uuid.uuid4)
 
 
-@dataclass(frozen=True)
-class LockedConversation:
+class LockedConversation(msgspec.Struct, frozen=True):
     """The open conversation a message threads into, already locked by the caller with the same choice as
     ``lock_open_conversation`` (the release step's state read locks it with the contact's state, saving
     the round trip)."""
@@ -91,8 +88,7 @@ class LockedConversation:
     number_id: uuid.UUID | None
 
 
-@dataclass(frozen=True)
-class QueuedMessage:
+class QueuedMessage(msgspec.Struct, frozen=True):
     message_id: uuid.UUID
     conversation_id: uuid.UUID
     #: The ``message.queued`` event; the caller writes it, with its own events in one statement.
