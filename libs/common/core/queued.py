@@ -19,6 +19,7 @@ It relies on the pipeline's and the preparation cache's inner steps, of the psyc
 - :func:`queue_command`: a statement without parameters or rows (``BEGIN``, ``COMMIT``).
 - :func:`queue_write`: a statement whose rows are not read.
 - :func:`read_row`: a statement's first row (None: no row), made by a row maker built from its result.
+- :func:`read_rows`: every row of a statement, each made so.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, LiteralString, NamedTuple, TypeVar
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, ref
 
 from psycopg import Connection, Pipeline, RawCursor
 from psycopg import errors as pgerrors
@@ -68,11 +69,21 @@ class _Statement(NamedTuple):
 _NUMBERED: dict[str, tuple[Numbered, bytes]] = {}
 
 
+#: The connection last asked for and its state (a worker's statements run on one connection in turn): a
+#: reference to it, so as not to keep it alive.
+_last: tuple[Callable[[], Connection[Any] | None], _Connection] = (lambda: None, None)  # type: ignore[assignment]
+
+
 def _state(conn: Connection[Any]) -> _Connection:
-    state = _CONNECTIONS.get(conn)
-    if state is None:
-        state = _CONNECTIONS[conn] = _Connection(conn)
-    return state
+    global _last
+    last, state = _last
+    if last() is conn:
+        return state
+    found = _CONNECTIONS.get(conn)
+    if found is None:
+        found = _CONNECTIONS[conn] = _Connection(conn)
+    _last = (ref(conn), found)
+    return found
 
 
 def _numbered(statement: LiteralString | Numbered) -> tuple[Numbered, bytes]:
@@ -142,22 +153,43 @@ def read_row(
 ) -> R | None:
     """``statement``'s first row with ``params`` (by name), made by ``make_row(result)``'s row maker; None
     when it returns no row. In a pipeline, what was queued before it is sent with it and read first."""
-    state = _state(conn)
-    pipeline = conn._pipeline
-    if pipeline is None:
-        result = _run_now(conn, statement, params)
-    else:
-        slot = _queue(conn, statement, params)
-        assert slot is not None
-        with conn.lock:
-            while slot.result is None:
-                conn.wait(pipeline._fetch_gen(flush=True))
-        result = slot.result
+    result = _read(conn, statement, params)
     if result is None or result.ntuples == 0:
         return None
-    transformer = state.transformer
+    transformer = _state(conn).transformer
     transformer.set_pgresult(result)
     return transformer.load_row(0, make_row(result))
+
+
+def read_rows(
+    conn: Connection[Any],
+    statement: LiteralString | Numbered,
+    params: Mapping[str, Any],
+    make_row: RowMakerFor[R],
+) -> list[R]:
+    """:func:`read_row`, every row."""
+    result = _read(conn, statement, params)
+    if result is None or result.ntuples == 0:
+        return []
+    transformer = _state(conn).transformer
+    transformer.set_pgresult(result)
+    return transformer.load_rows(0, result.ntuples, make_row(result))
+
+
+def _read(
+    conn: Connection[Any], statement: LiteralString | Numbered, params: Mapping[str, Any]
+) -> PGresult | None:
+    """``statement``'s result: queued and read back with what was queued before it, in a pipeline; run at
+    once outside one."""
+    pipeline = conn._pipeline
+    if pipeline is None:
+        return _run_now(conn, statement, params)
+    slot = _queue(conn, statement, params)
+    assert slot is not None
+    with conn.lock:
+        while slot.result is None:
+            conn.wait(pipeline._fetch_gen(flush=True))
+    return slot.result
 
 
 def _queue(

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 import msgspec
 from psycopg import Connection
-from psycopg.rows import class_row
+from psycopg.pq.abc import PGresult
+from psycopg.rows import RowMaker, class_row
 
-from libs.common.core.sql import load_queries
+from libs.common.core.queued import read_rows
+from libs.common.core.sql import load_queries, numbered
 
 QUERIES = load_queries("libs.common.followups", "release_claim.sql")
 
@@ -68,7 +71,15 @@ def due_projects(conn: Connection[Any], now: datetime, *, after: uuid.UUID, proj
     """The projects with a due active enrollment, in turns: those after ``after`` in id order, then from the
     first (wrapping around), at most ``projects`` of them (read without locks)."""
     params = {"now": now, "after": after, "projects": projects}
-    return [row[0] for row in conn.execute(QUERIES["due_projects"], params)]
+    return read_rows(conn, _DUE_PROJECTS, params, _first_column)
+
+
+#: Numbered once: the release batch reads it at every turn (queued into its pipeline, no cursor).
+_DUE_PROJECTS = numbered(QUERIES["due_projects"])
+
+
+def _first_column(result: PGresult) -> RowMaker[Any]:
+    return itemgetter(0)
 
 
 def seconds_until_due(conn: Connection[Any], now: datetime) -> float | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections import OrderedDict
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
@@ -108,23 +107,22 @@ def _typed(cls: type[_Row]) -> BaseRowFactory[_Row]:
 
 class _VersionCache:
     """Parsed definitions by (project, version id): versions are immutable, so an entry never goes
-    stale."""
+    stale. The oldest entry goes first when it is full. A hit takes no lock (a read of a dict is atomic)
+    and hashes the ids' integers (a UUID's own hash is a Python call)."""
 
     def __init__(self, size: int = 4096) -> None:
         self._size = size
-        self._entries: OrderedDict[tuple[uuid.UUID, uuid.UUID], tuple[int, Definition]] = OrderedDict()
+        self._entries: dict[tuple[int, int], tuple[int, Definition]] = {}
         self._lock = threading.Lock()
 
     def get(
         self, conn: Connection[Any], project_id: uuid.UUID, version_id: uuid.UUID
     ) -> tuple[int, Definition]:
         """The version's number and parsed definition."""
-        key = (project_id, version_id)
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-                return found
+        key = (project_id.int, version_id.int)
+        found = self._entries.get(key)
+        if found is not None:
+            return found
         params = {"project_id": project_id, "id": version_id}
         row = conn.execute(QUERIES["version_definition"], params).fetchone()
         if row is None:
@@ -132,8 +130,8 @@ class _VersionCache:
         found = (row[0], msgspec.convert(row[1], Definition))
         with self._lock:
             self._entries[key] = found
-            if len(self._entries) > self._size:
-                self._entries.popitem(last=False)
+            while len(self._entries) > self._size:
+                del self._entries[next(iter(self._entries))]
         return found
 
 

@@ -242,7 +242,11 @@ def with_message(
     if message is None:
         return statement, params
     shared = message.keys() & params.keys()
-    assert all(params[name] == message[name] for name in shared), (shared, params, message)
+    assert all(params[name] is message[name] or params[name] == message[name] for name in shared), (
+        shared,
+        params,
+        message,
+    )
     return queued, message | params
 
 
