@@ -128,3 +128,23 @@ def test_a_chain_whose_connection_is_cut_before_its_last_commit_counts_no_failur
     assert rows(pool, "SELECT count(*) FROM messages") == [(0,)]
     assert release_batch(pool, clock, SETTINGS, limit=10) == 1
     assert released(pool) == {enrollment: ("completed", 0)}
+
+
+def test_steps_committed_before_a_chain_fails_are_counted_in_the_metrics(
+    pool: ConnectionPool, clock: ManualClock, project: Project
+) -> None:
+    due_enrollments(pool, clock, project, 2)
+    clock.advance(timedelta(seconds=1))
+    queued_before = labelled(FOLLOWUP_STEPS, "queue", "sent")._value.get()
+    with pool.connection() as conn:
+        pid = conn.info.backend_pid
+        with pytest.raises(psycopg.OperationalError), Chain(conn, clock, SETTINGS, None) as chain:
+            assert chain.release(project.id) is not None
+            assert chain.release(project.id) is not None  # the first step's COMMIT read back with this claim
+            assert labelled(FOLLOWUP_STEPS, "queue", "sent")._value.get() == queued_before  # not yet added
+            with pool.connection() as other:
+                other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        (committed,) = chain.take_committed()
+        assert committed.action == "queue"
+    # the chain's tally reached the metrics though it ended in an error: the committed step only
+    assert labelled(FOLLOWUP_STEPS, "queue", "sent")._value.get() - queued_before == 1

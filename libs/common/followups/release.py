@@ -1,6 +1,6 @@
 """The release of due enrollments: claim a project's oldest (:mod:`~libs.common.followups.release_claim`),
 release its step (:mod:`~libs.common.followups.release_step`), commit, then count what happened
-(:func:`observe`), one transaction a step. The release service's batch runs its steps as a :class:`Chain`
+(:class:`Tally`), one transaction a step. The release service's batch runs its steps as a :class:`Chain`
 (each COMMIT sent with the next step's claim, or the next walk of the projects with due enrollments);
 :func:`release_one` releases one step; the loop sleeps :func:`seconds_until_next_due` when nothing is
 due."""
@@ -8,12 +8,14 @@ due."""
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import msgspec
+from prometheus_client.metrics import MetricWrapperBase
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
@@ -59,7 +61,7 @@ def release_on(
     project_id: uuid.UUID | None = None,
 ) -> Released | None:
     """:func:`release_one` on a connection the caller holds (idle): one step, in a transaction of its own,
-    committed here (and counted: :func:`observe`)."""
+    committed here (and counted: :class:`Tally`)."""
     if project_id is None:
         first = due_projects(conn, clock, after=FIRST_PROJECT, projects=1)
         if not first:
@@ -85,8 +87,9 @@ class Chain:
     """Steps released on one connection (the release loop's batch), each in a transaction of its own, each
     COMMIT sent with the next step's ``BEGIN`` and claim: a step costs one round trip, where a transaction
     alone costs two (its read, then its writes with its COMMIT). Every step is still one transaction,
-    committed synchronously, with the same statements and locks; a step is counted (:func:`observe`) and
-    handed back (:meth:`take_committed`) once its COMMIT is read back.
+    committed synchronously, with the same statements and locks; a step is counted (:class:`Tally`, added
+    to the metrics at the chain's end) and handed back (:meth:`take_committed`) once its COMMIT is read
+    back.
 
     A step whose COMMIT fails (or whose writes did: the COMMIT then reads nothing) is found at the next
     read; the statements sent after it in the same round trip did not run (PostgreSQL skips them once one
@@ -103,15 +106,19 @@ class Chain:
         self._autocommit = conn.autocommit
         self._pending: _Pending | None = None
         self._committed: list[Released] = []
+        self._tally = Tally()
 
     def __enter__(self) -> Chain:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self._settle()
-        else:
-            self._abort()
+        try:
+            if exc[0] is None:
+                self._settle()
+            else:
+                self._abort()
+        finally:
+            self._tally.flush()
         if not self.conn.closed and self.conn.info.transaction_status == TransactionStatus.IDLE:
             self.conn.autocommit = self._autocommit
 
@@ -215,7 +222,7 @@ class Chain:
         self._commit(record_failure(self.conn, project_id, enrollment_id, exc, now, self.settings))
 
     def _commit(self, released: Released) -> None:
-        observe(released)
+        self._tally.observe(released)
         self._committed.append(released)
 
 
@@ -237,24 +244,45 @@ def seconds_until_next_due(pool: ConnectionPool, clock: Clock) -> float | None:
         return seconds_until_due(conn, clock.now())
 
 
+class Tally:
+    """Committed releases counted: the one place ``whatstig_followup_steps_total``, the release lag and the
+    finished counter are incremented from the release path. The counters' increments are kept here and
+    added at :meth:`flush` (a chain's steps count into the same few children: one increment each at the
+    chain's end, not a locked one per step); the lag is observed at once."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[MetricWrapperBase, str, str]] = Counter()
+
+    def observe(self, released: Released) -> None:
+        """Count a committed release."""
+        if released.action in ("retry", "fail"):
+            outcome = "error"
+        elif released.action == "queue":
+            outcome = _category(released.reason) if released.reason else "sent"
+        else:
+            outcome = _category(released.reason or "none")
+        counts = self._counts
+        counts[FOLLOWUP_STEPS, released.action, outcome] += 1
+        if released.lag_seconds is not None:
+            FOLLOWUP_RELEASE_LAG.observe(released.lag_seconds)
+        if released.finished == "stopped":
+            counts[FOLLOWUP_FINISHED, "stopped", released.reason or "none"] += 1
+        elif released.finished is not None:
+            reason = "error" if released.finished == "failed" else "none"
+            counts[FOLLOWUP_FINISHED, released.finished, reason] += 1
+
+    def flush(self) -> None:
+        """What was counted since the last flush, added to the metrics."""
+        counts, self._counts = self._counts, Counter()
+        for (metric, *values), count in counts.items():
+            labelled(metric, *values).inc(count)
+
+
 def observe(released: Released) -> None:
-    """Count a committed release: the one place ``whatstig_followup_steps_total``, the release lag and the
-    finished counter are incremented from the release path."""
-    if released.action in ("retry", "fail"):
-        outcome = "error"
-    elif released.action == "queue":
-        outcome = _category(released.reason) if released.reason else "sent"
-    else:
-        outcome = _category(released.reason or "none")
-    labelled(FOLLOWUP_STEPS, released.action, outcome).inc()
-    if released.lag_seconds is not None:
-        FOLLOWUP_RELEASE_LAG.observe(released.lag_seconds)
-    if released.finished == "stopped":
-        labelled(FOLLOWUP_FINISHED, "stopped", released.reason or "none").inc()
-    elif released.finished is not None:
-        labelled(
-            FOLLOWUP_FINISHED, released.finished, "error" if released.finished == "failed" else "none"
-        ).inc()
+    """Count one committed release (outside a chain: the AI step's second pass)."""
+    tally = Tally()
+    tally.observe(released)
+    tally.flush()
 
 
 def _category(reason: str) -> str:
