@@ -425,7 +425,10 @@ def main() -> None:
     parser.add_argument("--claim-large", type=int, default=1_000_000)
     parser.add_argument("--claim-small", type=int, default=10_000)
     parser.add_argument(
-        "--rounds", type=int, default=3, help="rounds of the compared runs in turn (release/pgbench, 10k/1m)"
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of the compared runs in turn (release/pgbench, 10k/1m, the backlogs)",
     )
     parser.add_argument(
         "--scale-due", type=int, default=2_000, help="due enrollments beside the not-due ones (claim, RSS)"
@@ -501,7 +504,7 @@ def main() -> None:
 
     if args.backlog_only:
         with bench_database(args.database) as url:
-            backlog = run_backlogs(url, args.backlog_small, args.backlog_large, args.workers)
+            backlog = run_backlogs(url, args.backlog_small, args.backlog_large, args.workers, args.rounds)
         print(f"release: {_backlog_keys(args.backlog_small, args.backlog_large, *backlog)}")
         return
 
@@ -553,7 +556,7 @@ def main() -> None:
         )
         steady = run_steady(url, args.steady_rate, args.steady_seconds, args.workers)
         print(f"  steady {args.steady_rate}/s for {args.steady_seconds} s: lag p99 {steady:.0f} ms")
-        backlog = run_backlogs(url, args.backlog_small, args.backlog_large, args.workers)
+        backlog = run_backlogs(url, args.backlog_small, args.backlog_large, args.workers, args.rounds)
         fair = _fairness(url, args)
         single = backlog[1]
         if args.fair_big != args.backlog_large:
@@ -667,13 +670,18 @@ def _fairness(url: str, args: argparse.Namespace) -> tuple[float, float]:
     return small_lag_p99, big_rate
 
 
-def run_backlogs(url: str, small: int, large: int, workers: int) -> tuple[float, float, float]:
-    """Steps/s draining ``small`` then ``large`` enrollments due at once: (small, large, large / small)."""
-    small_rate = run_release(url, small, workers)[0]
-    print(f"  backlog of {small}: {small_rate:.0f} steps/s")
-    large_rate = run_release(url, large, workers)[0]
-    print(f"  backlog of {large}: {large_rate:.0f} steps/s")
-    return small_rate, large_rate, large_rate / small_rate
+def run_backlogs(url: str, small: int, large: int, workers: int, rounds: int) -> tuple[float, float, float]:
+    """Steps/s draining ``small`` then ``large`` enrollments due at once, in turn for ``rounds`` rounds:
+    (the medians of small and of large, the median of the rounds' large / small)."""
+    pairs = [
+        (run_release(url, small, workers)[0], run_release(url, large, workers)[0]) for _ in range(rounds)
+    ]
+    small_rate, large_rate = (statistics.median(pair[i] for pair in pairs) for i in (0, 1))
+    print(
+        f"  backlog of {small}: {small_rate:.0f} steps/s, of {large}: {large_rate:.0f} steps/s"
+        f" (runs in turn: {' '.join(f'{s:.0f}/{b:.0f}' for s, b in pairs)})"
+    )
+    return small_rate, large_rate, _scale_ratio(pairs)
 
 
 def _backlog_keys(small: int, large: int, small_rate: float, large_rate: float, ratio: float) -> str:

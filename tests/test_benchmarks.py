@@ -46,11 +46,13 @@ def test_the_release_benchmarks_backlog_part_drains_both_backlogs_and_prints_its
         server_url,
         "release",
         "followups_bench_smoke",
-        *("--backlog-only", "--backlog-small", "1000", "--backlog-large", "2000"),
+        *("--backlog-only", "--backlog-small", "1000", "--backlog-large", "2000", "--rounds", "2"),
     )
     assert re.fullmatch(
         r"release: steps_per_s_1k=\d+ steps_per_s_2k=\d+ backlog_ratio_2k_1k=\d+\.\d\d", last_line(output)
     ), output
+    # the two backlogs drained in turn, round after round
+    assert re.search(r"\(runs in turn: \d+/\d+ \d+/\d+\)", output), output
 
 
 def test_the_release_benchmarks_ratio_runs_the_release_its_pgbench_ceiling_and_psycopg_alone_in_turn(
