@@ -16,8 +16,9 @@
 
 The release (:mod:`~libs.common.followups.release`) claims (``FOR UPDATE SKIP LOCKED``) and calls
 :func:`release_claimed`; the AI step's second pass (:mod:`~libs.common.followups.release_ai`) calls it too,
-under its own lock. Each returns a :class:`Released`, which the caller counts with
-:func:`~libs.common.followups.release.observe` once its transaction committed. An unexpected error rolls
+under its own lock. Each returns a :class:`Released`, which the caller counts once its transaction
+committed (the chain's :class:`~libs.common.followups.release.Tally`, or
+:func:`~libs.common.followups.release.observe` for one step). An unexpected error rolls
 the transaction back; :func:`record_failure` then backs the enrollment off exponentially and fails it
 after FOLLOWUP_MAX_FAILURES, so a poison row cannot hot-loop.
 """
