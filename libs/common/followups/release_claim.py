@@ -67,6 +67,10 @@ class LeasedStep(msgspec.Struct, kw_only=True, frozen=True):
     variables: dict[str, Any]
 
 
+#: Numbered once: the release batch reads it at every turn (queued into its pipeline, no cursor).
+_DUE_PROJECTS = numbered(QUERIES["due_projects"])
+
+
 def due_projects(conn: Connection[Any], now: datetime, *, after: uuid.UUID, projects: int) -> list[uuid.UUID]:
     """The projects with a due active enrollment, in turns: those after ``after`` in id order, then from the
     first (wrapping around), at most ``projects`` of them (read without locks)."""
@@ -74,11 +78,8 @@ def due_projects(conn: Connection[Any], now: datetime, *, after: uuid.UUID, proj
     return read_rows(conn, _DUE_PROJECTS, params, _first_column)
 
 
-#: Numbered once: the release batch reads it at every turn (queued into its pipeline, no cursor).
-_DUE_PROJECTS = numbered(QUERIES["due_projects"])
-
-
 def _first_column(result: PGresult) -> RowMaker[Any]:
+    """Rows as their first column's value."""
     return itemgetter(0)
 
 
