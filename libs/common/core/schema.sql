@@ -1127,18 +1127,6 @@ CREATE INDEX leads_contact_idx ON public.leads USING btree (contact_id);
 
 CREATE INDEX message_status_events_message_idx ON public.message_status_events USING btree (message_id);
 
--- Name: messages_contact_idx; Type: INDEX
-
-CREATE INDEX messages_contact_idx ON public.messages USING btree (contact_id, created_at);
-
--- Name: messages_conversation_idx; Type: INDEX
-
-CREATE INDEX messages_conversation_idx ON public.messages USING btree (conversation_id, created_at);
-
--- Name: messages_enrollment_idx; Type: INDEX
-
-CREATE INDEX messages_enrollment_idx ON public.messages USING btree (followup_enrollment_id) WHERE (followup_enrollment_id IS NOT NULL);
-
 -- Name: messages_project_campaign_idx; Type: INDEX
 
 CREATE INDEX messages_project_campaign_idx ON public.messages USING btree (project_id, campaign_id, created_at DESC, id DESC) WHERE (campaign_id IS NOT NULL);
@@ -1457,11 +1445,6 @@ ALTER TABLE ONLY public.messages
 
 ALTER TABLE ONLY public.messages
     ADD CONSTRAINT messages_number_id_fkey FOREIGN KEY (project_id, number_id) REFERENCES public.numbers(project_id, id) ON DELETE SET NULL (number_id);
-
--- Name: messages messages_project_id_fkey; Type: FK CONSTRAINT
-
-ALTER TABLE ONLY public.messages
-    ADD CONSTRAINT messages_project_id_fkey FOREIGN KEY (project_id) REFERENCES public.projects(id) ON DELETE CASCADE;
 
 -- Name: numbers numbers_portfolio_fkey; Type: FK CONSTRAINT
 
