@@ -21,11 +21,12 @@ def _message(
     names = ", ".join(["project_id", "contact_id", "direction", "status", "source", *columns])
     values = ", ".join(["%s"] * (5 + len(columns)))
     row = conn.execute(
-        f"INSERT INTO messages ({names}) VALUES ({values}) RETURNING id",  # type: ignore[arg-type]
+        f"INSERT INTO messages ({names}) VALUES ({values}) RETURNING id",
         (project_id, contact_id, "outbound", "QUEUED", "api", *columns.values()),
     ).fetchone()
     assert row is not None
-    return row[0]
+    made: uuid.UUID = row[0]
+    return made
 
 
 def _messages(conn: Connection[Any], project_id: uuid.UUID) -> list[tuple[Any, ...]]:
