@@ -36,6 +36,7 @@ from psycopg import Connection
 from psycopg.rows import class_row
 
 from libs.common.contracts.events import Event, StepQueued, StepSkipped
+from libs.common.core.ids import time_ordered_id
 from libs.common.core.jobs import Backoff
 from libs.common.core.reasons import stored
 from libs.common.core.settings import FollowupSettings
@@ -477,7 +478,7 @@ def step_message(
     """The step's message to queue (:func:`~libs.common.platform.messages.queue_contact_message`, or its
     writes in the caller's statement), and its ``followup.step_queued`` event (with ``reason``), for the
     caller to write with its own events."""
-    message_id = uuid.uuid4()
+    message_id = time_ordered_id()  # the message table's key grows at its end (core.ids)
     # the step enters the contact's timeline (a followup_sent activity, the event's data) with its message
     event = StepQueued(
         enrollment_id=of.enrollment_id,
