@@ -10,6 +10,7 @@ from psycopg_pool import ConnectionPool
 
 from libs.common.core.clock import ManualClock
 from libs.common.core.ids import time_ordered_id
+from libs.common.platform.messages import OutboundMessage
 from tests.conftest import Project
 from tests.factories import make_contact, make_enrollment, make_sequence
 from tests.helpers import rows
@@ -51,3 +52,11 @@ def test_a_follow_ups_message_takes_a_time_ordered_id(
     assert released.message_id == message_id
     assert message_id.version == 7
     assert before <= message_id.int >> 80 <= time.time_ns() // 1_000_000
+
+
+def test_every_queued_outbound_message_takes_a_time_ordered_id_unless_its_sender_names_one() -> None:
+    made = OutboundMessage(project_id=uuid.uuid4(), contact_id=uuid.uuid4(), body="hi", source="rule")
+    assert made.id.version == 7
+    named = uuid.uuid4()
+    sent = OutboundMessage(uuid.uuid4(), uuid.uuid4(), body="hi", source="api", id=named)
+    assert sent.id == named

@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from libs.common.contracts.events import MessageFailed, MessageHuman, MessageQueued, MessageReceived
 from libs.common.core.errors import Busy, InvalidInput, NotFound
+from libs.common.core.ids import time_ordered_id
 from libs.common.core.outbox import write_events
 from libs.common.core.sql import OverIds, load_queries
 from libs.common.platform.conversations import Conversation, create_conversation, get_conversation
@@ -76,7 +77,8 @@ class OutboundMessage(msgspec.Struct, frozen=True):
     activity: Activity | None = None
     #: The message's id, made here (a sender that names the message in its activity makes it first), so
     #: nothing waits for the insert's result: under a pipeline the writes that follow travel with it.
-    id: uuid.UUID = msgspec.field(default_factory=uuid.uuid4)
+    #: Time-ordered (:mod:`~libs.common.core.ids`): the table's key grows at its end.
+    id: uuid.UUID = msgspec.field(default_factory=time_ordered_id)
 
 
 class LockedConversation(msgspec.Struct, frozen=True):
