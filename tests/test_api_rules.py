@@ -813,7 +813,7 @@ def test_the_rule_cache_sees_every_change_made_through_the_api_at_once(
     assert str(active.id) == rule["id"]
     assert active.event == "contact.created"
     assert active.conditions == Group("all", (Leaf("contact.name", "equal_to", "Ana"),))
-    assert active.params == ["Ana"]
+    assert "'Ana'" in active.traced.column and active.traced.nodes == 2  # its values written in
     assert [a.__struct_config__.tag for a in active.actions] == ["add_label"]
     assert active.execution_delay_minutes == 5
     assert [str(a.id) for a in cached(pool, project, "contact.updated")] == [other["id"]]
@@ -851,7 +851,8 @@ def test_the_rule_cache_sees_every_change_made_through_the_api_at_once(
         ),
     )
     assert active.conditions.to_json() == new_conditions
-    assert "Ana" not in active.params and "vip" in active.params
+    assert "Ana" not in active.traced.column and "'vip'" in active.traced.column
+    assert active.traced.conditions == new_conditions and active.traced.nodes == 3
     assert [a.__struct_config__.tag for a in active.actions] == ["snooze_until"]
     assert active.execution_delay_minutes is None
 

@@ -50,9 +50,20 @@ from libs.common.platform.conditions import (
     parse_conditions,
 )
 from libs.common.rules import matching
+from libs.common.rules import trace as trace_module
 from libs.common.rules.dry_run import DryRunRequest, EventData, dry_run
-from libs.common.rules.matching import CONTEXT, inline, match
-from libs.common.rules.trace import ConditionResult, GroupResult, Recorded, expand, record, record_all, trace
+from libs.common.rules.matching import CONTEXT, inline, match, send_match
+from libs.common.rules.trace import (
+    TRACED_NODES,
+    ConditionResult,
+    GroupResult,
+    Recorded,
+    expand,
+    record,
+    record_all,
+    trace,
+    traced_match,
+)
 from libs.common.rules.triggers import insert_trigger
 from tests.condition_helpers import (
     CHANGE_VALUES,
@@ -883,4 +894,27 @@ def test_the_dry_run_agrees_with_match_and_the_documented_semantics(
         assert record_all(conn, project.id, wanted) == alone
         with patch.object(matching, "MAX_STATEMENT_CHARS", 1):
             assert record_all(conn, project.id, wanted) == alone
+        # the triggers service's match, which traces as it matches (every tree in one statement, or one
+        # each): NULL where a tree does not hold, else the trace that record keeps (a tree of more than
+        # TRACED_NODES nodes: an empty array, its trace read apart; every tree carries its own under a
+        # bound none reaches)
+        both = [trigger_id, twin]
+        expected = [record(conn, project.id, node, both) for node in nodes]
+        for bound, chars in [(TRACED_NODES, matching.MAX_STATEMENT_CHARS), (10**6, 1), (10**6, 10**6)]:
+            with patch.object(trace_module, "TRACED_NODES", bound):
+                columns = [traced_match(conn, node) for node in nodes]
+                with patch.object(matching, "MAX_STATEMENT_CHARS", chars):
+                    found = matching.matched(
+                        both, send_match(conn, project.id, both, [c.column for c in columns])
+                    )
+                for recorded_by, column, k in zip(expected, columns, range(len(nodes)), strict=True):
+                    assert column.carries_trace is (column.nodes <= bound)
+                    for one in both:
+                        value = found[one][k]
+                        if not recorded_by[one].holds:
+                            assert value is None
+                        elif column.carries_trace:
+                            assert value is not None and column.recorded(value) == recorded_by[one]
+                        else:
+                            assert (value, column.recorded(value)) == ([], None)
     assert not wrong, "\n".join([f"{len(wrong)} disagreements:", *wrong[:20]])

@@ -12,10 +12,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
 from litestar.testing import TestClient
 
 from libs.common.core.runtime import Runtime
 from libs.common.retention.cleanup import run_retention
+from libs.common.rules import trace
 from services.release.release import release_batch
 from tests.bulk_helpers import as_project
 from tests.conftest import Project
@@ -71,8 +73,17 @@ def compared(node: dict[str, Any]) -> dict[str, tuple[Any, bool]]:
     return found
 
 
+@pytest.fixture(params=["in its matching", "read apart"])
+def traced_where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where the triggers service reads a rule's trace: in the rule's matching column (a rule of at most
+    ``TRACED_NODES`` nodes), or apart (a bigger rule: every rule here, under a bound of 0)."""
+    if request.param == "read apart":
+        monkeypatch.setattr(trace, "TRACED_NODES", 0)
+    return str(request.param)
+
+
 def test_an_immediate_run_keeps_which_conditions_held_with_the_values_compared(
-    client: TestClient[Any], runtime: Runtime
+    client: TestClient[Any], runtime: Runtime, traced_where: str
 ) -> None:
     # Given a rule "vip, and gold or demo" and a vip contact on the gold plan
     rule = create_rule(client, "contact.tag_added", [add_tag("nurtured")], VIP_GOLD_OR_DEMO)
@@ -136,7 +147,7 @@ def test_a_rejected_run_keeps_its_trace_and_its_reason(client: TestClient[Any], 
 
 
 def test_a_delayed_run_keeps_its_episode_and_its_execution_the_conditions_rechecked_when_due(
-    client: TestClient[Any], runtime: Runtime
+    client: TestClient[Any], runtime: Runtime, traced_where: str
 ) -> None:
     # Given the 4-hour "stuck in pending" rule and a conversation that went pending at 10:00
     rule = stuck_in_pending_rule(client)

@@ -1,7 +1,7 @@
 """Matching: a rule's compiled conditions (:func:`~libs.common.platform.conditions.compile_conditions`)
 written into SQL text with their values (:func:`inline`), and those predicates evaluated over triggers
-(:func:`match`), as the triggers service and the delayed-rule sweep do, or node by node with the values
-they compare (:func:`evaluate`), as a trace does.
+(:func:`match`; the triggers service's columns also carry the trace of each rule that holds), or node by
+node with the values they compare (:func:`evaluate`), as a trace read apart does (a dry run's, the sweep's).
 
 A statement binds only the project and its triggers' ids, whatever the number of leaves (PostgreSQL binds at
 most 65,535 parameters); its text stays the same while the rules do, so it is prepared once per connection.
@@ -50,11 +50,13 @@ _CONTEXT = CONTEXT.as_string()
 MAX_STATEMENT_CHARS = 256 * 1024
 
 
-def matching_statement(predicates: list[str]) -> str:
-    """The statement that evaluates ``predicates`` over a project's triggers (``$1``: the project, ``$2``:
-    the triggers' ids)."""
-    columns = ", ".join(predicates)
-    return f"SELECT t.id, ARRAY[{columns}] FROM {_CONTEXT} WHERE t.project_id = $1 AND t.id = ANY($2)"
+def matching_statement(columns: list[str]) -> str:
+    """The statement that evaluates ``columns`` (the rules' predicates, or their traced columns:
+    :class:`~libs.common.rules.trace.TracedMatch`) over a project's triggers (``$1``: the project, ``$2``:
+    the triggers' ids), as an array."""
+    return (
+        f"SELECT t.id, ARRAY[{', '.join(columns)}] FROM {_CONTEXT} WHERE t.project_id = $1 AND t.id = ANY($2)"
+    )
 
 
 #: How many matching statements a process keeps written out (each a project's rules for one event, up to
@@ -65,41 +67,45 @@ KEPT_STATEMENTS = 256
 
 
 @functools.lru_cache(maxsize=KEPT_STATEMENTS)
-def _matching_bytes(predicates: tuple[str, ...]) -> bytes:
-    """:func:`matching_statement` of ``predicates``, encoded, kept for the next batch of the same rules (the
-    predicates are the cached rules' own strings: the key hashes and compares by them)."""
-    return matching_statement(list(predicates)).encode()
+def _matching_bytes(columns: tuple[str, ...]) -> bytes:
+    """:func:`matching_statement` of ``columns``, encoded, kept for the next batch of the same rules (the
+    columns are the cached rules' own strings: the key hashes and compares by them)."""
+    return matching_statement(list(columns)).encode()
 
 
 def match(
     conn: Connection[Any], project_id: uuid.UUID, ids: list[int], predicates: list[str]
 ) -> dict[int, list[bool]]:
-    """Each predicate (a rule's conditions with their values written in: :attr:`ActiveRule.literal`) over
-    each trigger of ``ids`` (of the project, and one event), in order; a trigger whose contact is gone is
-    left out. A statement binds only the project and the triggers' ids, whatever the number of leaves
+    """Each predicate (a rule's conditions with their values written in: :func:`inline`) over each trigger
+    of ``ids`` (of the project, and one event), in order; a trigger whose contact is gone is left out. The
+    triggers service matches with traced columns instead (:class:`~libs.common.rules.trace.TracedMatch`).
+    A statement binds only the project and the triggers' ids, whatever the number of leaves
     (PostgreSQL binds at most 65,535 parameters), and its text stays the same while the rules do, so it is
     prepared once per connection instead of parsed and planned on every batch."""
     return matched(ids, send_match(conn, project_id, ids, predicates))
 
 
 def send_match(
-    conn: Connection[Any], project_id: uuid.UUID, ids: list[int], predicates: list[str]
+    conn: Connection[Any], project_id: uuid.UUID, ids: list[int], columns: list[str]
 ) -> list[RawCursor[Any]]:
     """:func:`match`'s statements sent, each on a cursor of its own: in pipeline mode they are queued with
-    the caller's statements (one round trip for all); :func:`matched` reads them."""
+    the caller's statements (one round trip for all); :func:`matched` reads them. ``columns``: the rules'
+    predicates, or their traced columns (the triggers service's,
+    :class:`~libs.common.rules.trace.TracedMatch`: NULL where a rule does not hold)."""
     cursors = []
-    for chunk in _chunks([(p, len(p)) for p in predicates]) if predicates else []:
+    for chunk in _chunks([(c, len(c)) for c in columns]) if columns else []:
         cur = RawCursor(conn)
         cur.execute(_matching_bytes(tuple(p for p, _ in chunk)), [project_id, ids], prepare=True)
         cursors.append(cur)
     return cursors
 
 
-def matched(ids: list[int], cursors: list[RawCursor[Any]]) -> dict[int, list[bool]]:
-    """What the statements :func:`send_match` sent for ``ids`` found (see :func:`match`); closes them."""
+def matched(ids: list[int], cursors: list[RawCursor[Any]]) -> dict[int, list[Any]]:
+    """What the statements :func:`send_match` sent for ``ids`` found, each column's value by trigger (see
+    :func:`match`); closes them."""
     if not cursors:
         return {}
-    results: dict[int, list[bool]] = {i: [] for i in ids}
+    results: dict[int, list[Any]] = {i: [] for i in ids}
     for cur in cursors:
         with cur:
             found = dict(cur.fetchall())

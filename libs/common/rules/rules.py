@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import msgspec
 import psycopg
-from psycopg import Connection, sql
+from psycopg import Connection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -41,11 +41,10 @@ from libs.common.platform.conditions import (
     Event,
     Node,
     check_event_fields,
-    compile_conditions,
     parse_conditions,
 )
 from libs.common.rules.actions import Action, check_action_count, validate_actions
-from libs.common.rules.matching import inline
+from libs.common.rules.trace import TracedMatch, traced_match
 
 log = logging.getLogger(__name__)
 
@@ -289,12 +288,9 @@ class ActiveRule:
     id: uuid.UUID
     event: str
     conditions: Node
-    #: The compiled predicate over ``matching.CONTEXT`` and its parameters.
-    predicate: sql.Composable
-    params: list[Any]
-    #: The same predicate with its parameters written in (:func:`~libs.common.rules.matching.inline`):
-    #: what the triggers service matches with.
-    literal: str
+    #: Its column in the triggers service's matching statement: its verdict over a trigger, and the trace
+    #: of one it holds for (its conditions compiled over ``matching.CONTEXT``, their values written in).
+    traced: TracedMatch
     actions: list[Action]
     execution_delay_minutes: int | None
     delay_in_business_hours: bool
@@ -306,14 +302,11 @@ def compile_rule(conn: Connection[Any], rule: Rule) -> ActiveRule:
     """A rule as the triggers service runs it: its conditions parsed and compiled (a dry run of an inactive
     rule too)."""
     node = parse_conditions(rule.conditions, stored=True)
-    predicate, params = compile_conditions(node)
     return ActiveRule(
         rule.id,
         rule.event,
         node,
-        predicate,
-        params,
-        inline(conn, predicate, params),
+        traced_match(conn, node),
         rule.actions,
         rule.execution_delay_minutes,
         rule.delay_in_business_hours,

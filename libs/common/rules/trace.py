@@ -27,6 +27,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -131,6 +132,56 @@ def record_all(
         for (conditions, _, _), by_trigger in zip(texts, found, strict=True)
     )
     return [next(recorded) if ids else {} for _, ids in wanted]
+
+
+#: Most nodes a rule may have for its matching column to carry its trace (:class:`TracedMatch`). The
+#: executor sets up a statement's every expression at each run, whether or not it is evaluated: a big rule's
+#: trace (its every node and value) would cost every batch of its project, though few hold; it is read
+#: apart, over the triggers it held for.
+TRACED_NODES = 16
+
+
+@dataclass(frozen=True)
+class TracedMatch:
+    """A rule's column in a statement that traces as it matches (the triggers service's matching: one
+    statement, prepared once per connection, reads each trigger's context once for the verdict and the
+    trace of every rule): NULL over a trigger the rule does not hold for, else the rest of its trace, a JSON
+    array of each node's result after the root's (which holds), then each leaf's value. A trace read apart
+    (:func:`record_all`) is a statement of its own, parsed and planned at each batch: it cost a batch more
+    than its matching. A rule of more than :data:`TRACED_NODES` nodes carries none (an empty array where it
+    holds): its trace is read apart."""
+
+    #: The column's SQL text.
+    column: str
+    #: The tree as stored, for :class:`Recorded`.
+    conditions: Any
+    #: How many nodes the tree has.
+    nodes: int
+
+    @property
+    def carries_trace(self) -> bool:
+        return self.nodes <= TRACED_NODES
+
+    def recorded(self, found: list[Any]) -> Recorded | None:
+        """The trace a column read back (not NULL: the rule holds) stands for; None when it carries none."""
+        if not self.carries_trace:
+            return None
+        rest = self.nodes - 1
+        return Recorded(conditions=self.conditions, results=[True, *found[:rest]], actuals=found[rest:])
+
+
+def traced_match(conn: Connection[Any], root: Node) -> TracedMatch:
+    """``root``'s column in a matching statement that traces (:class:`TracedMatch`): the root's predicate (the
+    rule's, as :func:`~libs.common.rules.matching.match` evaluates it) guards the rest of its trace, which is
+    evaluated only over the triggers it holds for."""
+    nodes = sum(1 for _ in walk(root))
+    if nodes > TRACED_NODES:  # only its predicate, compiled now: its trace's texts when it first holds
+        column = f"CASE WHEN {inline(conn, *compile_conditions(root))} THEN '[]'::jsonb END"
+        return TracedMatch(column=column, conditions=root.to_json(), nodes=nodes)
+    conditions, predicates, values = _STATEMENTS.texts(conn, root)
+    rest = [f"to_jsonb({predicate})" for predicate in predicates[1:]] + values
+    column = f"CASE WHEN {predicates[0]} THEN to_jsonb(ARRAY[{', '.join(rest)}]::jsonb[]) END"
+    return TracedMatch(column=column, conditions=conditions, nodes=nodes)
 
 
 class _Statements:

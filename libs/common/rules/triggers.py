@@ -34,7 +34,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import msgspec
 import psycopg
@@ -82,6 +82,12 @@ log = logging.getLogger(__name__)
 QUERIES = load_queries("libs.common.rules", "triggers.sql")
 #: A trigger marked processed as it runs (the claim's settle marks many): planned once per connection.
 MARK_ONE_PROCESSED = of_one(QUERIES["mark_processed"])
+#: A group's statements (taken before its matching) run on the plans their prepared statements keep, not
+#: planned again at each batch: a project's matching statements are long (every rule's predicate and
+#: trace, up to 256 KB a statement), and PostgreSQL plans a prepared statement anew at each run while it
+#: finds that cheaper than its generic plan, which for these it mostly did (each key looked up the same
+#: way, whatever the values). Until the claim's transaction ends (or the group's savepoint is rolled back).
+GENERIC_PLANS: LiteralString = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 #: How a trigger whose rule keeps failing is retried: 30 s, doubling, at most an hour; given up after the
 #: fifth attempt.
@@ -202,7 +208,7 @@ def process_triggers(
 
 
 #: A leased trigger, the rules it runs, and each one's trace (by rule) as matched.
-_ToRun = tuple[_Claimed, list[ActiveRule], dict[uuid.UUID, Recorded]]
+_ToRun = tuple[_Claimed, list[ActiveRule], dict[uuid.UUID, Recorded | None]]
 
 
 class _Batch(OwnTransactions[_ToRun]):
@@ -302,18 +308,21 @@ def _settle_group(
         return None  # compiled in the background meanwhile: the group waits for a later batch, due as it was
     ids = [t.id for t in group]
     with buffered_pipeline(conn):
+        conn.execute(GENERIC_PLANS)
         done_before = conn.execute(QUERIES["already_run"], {"project_id": project_id, "ids": ids})
-        matching = send_match(conn, project_id, ids, [rule.literal for rule in rules])
+        matching = send_match(conn, project_id, ids, [rule.traced.column for rule in rules])
     already = {(t, r) for t, r in done_before.fetchall()}
     matches = matched(ids, matching)
     chosen: list[tuple[_Claimed, list[ActiveRule]]] = []
     delayed: list[ToSchedule] = []
+    traces: dict[int, dict[uuid.UUID, Recorded | None]] = {}
     for trigger in group:
-        now_run = _to_run(trigger, rules, matches, already, delayed, outcomes)
+        traced = traces[trigger.id] = {}
+        now_run = _to_run(trigger, rules, matches, already, delayed, outcomes, traced)
         if now_run:
             chosen.append((trigger, now_run))
-    traces = _traces(conn, project_id, chosen, delayed)
-    to_run = [(trigger, now_run, traces.get(trigger.id, {})) for trigger, now_run in chosen]
+    _traces_apart(conn, project_id, rules, traces)
+    to_run = [(trigger, now_run, traces[trigger.id]) for trigger, now_run in chosen]
     runs: list[dict[str, Any]] = []
     if delayed:
         runs = [
@@ -339,49 +348,55 @@ def _settle_group(
     return to_run
 
 
-def _traces(
+def _traces_apart(
     conn: Connection[Any],
     project_id: uuid.UUID,
-    chosen: list[tuple[_Claimed, list[ActiveRule]]],
-    delayed: list[ToSchedule],
-) -> dict[int, dict[uuid.UUID, Recorded]]:
-    """The trace of each rule a trigger runs or schedules (:mod:`~libs.common.rules.trace`), by trigger and
-    rule: the rules that matched, each over the triggers it matched, in one statement (the rules that did not
-    match cost nothing)."""
-    by_rule: dict[uuid.UUID, tuple[ActiveRule, list[int]]] = {}
-    pairs = [(trigger.id, rule) for trigger, rules in chosen for rule in rules]
-    for trigger_id, rule in pairs + [(item.subject.trigger_id, item.rule) for item in delayed]:
-        by_rule.setdefault(rule.id, (rule, []))[1].append(trigger_id)
-    traces: dict[int, dict[uuid.UUID, Recorded]] = {}
-    rules = list(by_rule.values())
-    found = record_all(conn, project_id, [(rule.conditions, trigger_ids) for rule, trigger_ids in rules])
-    for (rule, _), by_trigger in zip(rules, found, strict=True):
+    rules: list[ActiveRule],
+    traces: dict[int, dict[uuid.UUID, Recorded | None]],
+) -> None:
+    """The traces of the big rules that held (their matching columns carry none:
+    :class:`~libs.common.rules.trace.TracedMatch`), each over the triggers it held for, read in one statement
+    into ``traces`` (a trigger whose contact is gone meanwhile keeps none)."""
+    apart = [
+        (rule, [trigger_id for trigger_id, by_rule in traces.items() if rule.id in by_rule])
+        for rule in rules
+        if not rule.traced.carries_trace
+    ]
+    apart = [(rule, trigger_ids) for rule, trigger_ids in apart if trigger_ids]
+    if not apart:
+        return
+    found = record_all(conn, project_id, [(rule.conditions, trigger_ids) for rule, trigger_ids in apart])
+    for (rule, _), by_trigger in zip(apart, found, strict=True):
         for trigger_id, recorded in by_trigger.items():
-            traces.setdefault(trigger_id, {})[rule.id] = recorded
-    return traces
+            traces[trigger_id][rule.id] = recorded
 
 
 def _to_run(
     trigger: _Claimed,
     rules: list[ActiveRule],
-    matched: dict[int, list[bool]],
+    matched: dict[int, list[Any]],
     already: set[tuple[int, uuid.UUID]],
     delayed: list[ToSchedule],
     outcomes: Counter[tuple[str, str]],
+    traced: dict[uuid.UUID, Recorded | None],
 ) -> list[ActiveRule]:
     """The rules whose actions the trigger runs now: those that match and have not run for it yet; the
-    delayed ones that match go to ``delayed`` (a pending execution each)."""
+    delayed ones that match go to ``delayed`` (a pending execution each). The trace of each, as matched
+    (:class:`~libs.common.rules.trace.TracedMatch`: None for a big rule's, read apart), goes to ``traced``,
+    by rule."""
     results = matched.get(trigger.id)
     if not rules or results is None:  # no active rule any more, or the contact is gone
         outcomes[(trigger.type, "no_rule")] += 1
         return []
     chosen = []
-    for rule, holds in zip(rules, results, strict=True):
+    for rule, found in zip(rules, results, strict=True):
         if (trigger.id, rule.id) in already:
             continue
-        if not holds:
+        if found is None:  # the rule does not hold
             outcomes[(trigger.type, "not_matched")] += 1
-        elif rule.execution_delay_minutes is not None:
+            continue
+        traced[rule.id] = rule.traced.recorded(found)
+        if rule.execution_delay_minutes is not None:
             # a delayed rule waits for its time and re-checks its conditions then
             delayed.append(ToSchedule(rule=rule, subject=_subject(trigger)))
             outcomes[(trigger.type, "delayed")] += 1
@@ -417,7 +432,7 @@ def _run(
     conn: Connection[Any],
     trigger: _Claimed,
     rules: list[ActiveRule],
-    traces: dict[uuid.UUID, Recorded],
+    traces: dict[uuid.UUID, Recorded | None],
     until: datetime,
     processed: Processed,
     now: datetime,
@@ -514,7 +529,7 @@ def _run_each(
     return ran, None
 
 
-def _row(trigger: _Claimed, item: _RuleRan, traces: dict[uuid.UUID, Recorded]) -> dict[str, Any]:
+def _row(trigger: _Claimed, item: _RuleRan, traces: dict[uuid.UUID, Recorded | None]) -> dict[str, Any]:
     """A rule's run for ``trigger`` as its row of ``rule_runs``, with its trace as matched."""
     run = {"trigger_id": trigger.id, "rule_id": str(item.rule.id)}
     trace = traces.get(item.rule.id)
