@@ -178,6 +178,8 @@ def test_two_workers_and_one_killed_mid_chunk_enroll_every_contact_exactly_once(
         )
         # and a replacement is started
         running.append(start_worker("triggers", env))
+        # (up before the job may end: a worker stopped while it starts has no handler for SIGTERM yet)
+        running[-1].wait_for("services started")
 
         # Then the workers left carry the job to its end
         wait_until(lambda: job_row()[0] == "completed", timeout=180, interval=0.2, what="the job completed")
