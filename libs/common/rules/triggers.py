@@ -82,11 +82,12 @@ log = logging.getLogger(__name__)
 QUERIES = load_queries("libs.common.rules", "triggers.sql")
 #: A trigger marked processed as it runs (the claim's settle marks many): planned once per connection.
 MARK_ONE_PROCESSED = of_one(QUERIES["mark_processed"])
-#: A group's statements (taken before its matching) run on the plans their prepared statements keep, not
-#: planned again at each batch: a project's matching statements are long (every rule's predicate and
-#: trace, up to 256 KB a statement), and PostgreSQL plans a prepared statement anew at each run while it
-#: finds that cheaper than its generic plan, which for these it mostly did (each key looked up the same
-#: way, whatever the values). Until the claim's transaction ends (or the group's savepoint is rolled back).
+#: Sent first with a group's statements: they run on the generic plans their prepared statements keep,
+#: not planned again at each batch. A project's matching statements are long (its rules' predicates and
+#: traces, up to 256 KB a statement), and PostgreSQL plans a prepared statement anew at each run while it
+#: estimates that cheaper than its generic plan, as it mostly did for these; each of them finds its rows
+#: by the project's key and the triggers' ids, whatever the values. It holds until the claim's transaction
+#: ends (or the group's savepoint is rolled back).
 GENERIC_PLANS: LiteralString = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 #: How a trigger whose rule keeps failing is retried: 30 s, doubling, at most an hour; given up after the
