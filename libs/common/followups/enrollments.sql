@@ -15,7 +15,13 @@ SELECT r.n, c.id IS NOT NULL AS found, c.opted_out_at IS NOT NULL AS opted_out,
        EXISTS (SELECT 1 FROM conversations v
                WHERE v.project_id = %(project_id)s AND v.id = r.conversation_id AND v.contact_id = c.id)
            AS conversation_found,
-       e.enrolled_before, e.live,
+       EXISTS (SELECT 1 FROM followup_enrollments e
+               WHERE e.project_id = %(project_id)s AND e.contact_id = c.id AND e.sequence_id = s.id)
+           AS enrolled_before,
+       EXISTS (SELECT 1 FROM followup_enrollments e
+               WHERE e.project_id = %(project_id)s AND e.sequence_id = s.id AND e.contact_id = c.id
+                 AND e.status IN ('active', 'paused'))
+           AS live,
        p.max_active_enrollments,
        -- the project's live enrollments, for a plan limit only: the sum of its counter's shards (migration
        -- 0027), read after lock_project (in a statement of its own before this one) held the lock
@@ -33,14 +39,6 @@ LEFT JOIN LATERAL (
     WHERE c.project_id = %(project_id)s AND c.id = r.contact_id AND c.erased_at IS NULL
     LIMIT 1
 ) c ON true
--- and its enrollments in the sequence by their key, in one look-up (as EXISTS sub-plans, two, which the
--- planner hashed over every enrollment of the project for a chunk of a project of a few thousand)
-CROSS JOIN LATERAL (
-    SELECT count(*) > 0 AS enrolled_before, coalesce(bool_or(e.status IN ('active', 'paused')), false) AS live
-    FROM followup_enrollments e
-    WHERE e.project_id = %(project_id)s AND e.contact_id = c.id AND e.sequence_id = s.id
-    OFFSET 0
-) e
 WHERE p.id = %(project_id)s
 ORDER BY r.n
 
