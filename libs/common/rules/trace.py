@@ -157,10 +157,8 @@ class TracedMatch:
     conditions: Any
     #: How many nodes the tree has.
     nodes: int
-
-    @property
-    def carries_trace(self) -> bool:
-        return self.nodes <= TRACED_NODES
+    #: Whether the column carries the trace (the tree has at most :data:`TRACED_NODES` nodes).
+    carries_trace: bool
 
     def recorded(self, found: list[Any]) -> Recorded | None:
         """The trace a column read back (not NULL: the rule holds) stands for; None when it carries none."""
@@ -177,11 +175,11 @@ def traced_match(conn: Connection[Any], root: Node) -> TracedMatch:
     nodes = sum(1 for _ in walk(root))
     if nodes > TRACED_NODES:  # only its predicate, compiled now: its trace's texts when it first holds
         column = f"CASE WHEN {inline(conn, *compile_conditions(root))} THEN '[]'::jsonb END"
-        return TracedMatch(column=column, conditions=root.to_json(), nodes=nodes)
+        return TracedMatch(column=column, conditions=root.to_json(), nodes=nodes, carries_trace=False)
     conditions, predicates, values = _STATEMENTS.texts(conn, root)
     rest = [f"to_jsonb({predicate})" for predicate in predicates[1:]] + values
     column = f"CASE WHEN {predicates[0]} THEN to_jsonb(ARRAY[{', '.join(rest)}]::jsonb[]) END"
-    return TracedMatch(column=column, conditions=conditions, nodes=nodes)
+    return TracedMatch(column=column, conditions=conditions, nodes=nodes, carries_trace=True)
 
 
 class _Statements:
