@@ -19,14 +19,14 @@ from libs.common.core.outbox import write_events
 from libs.common.core.reasons import ProviderAction
 from libs.common.core.sql import load_queries
 from libs.common.followups.graph import sending_step
-from libs.common.followups.release_step import (
+from libs.common.followups.sequences import version_definition
+from libs.common.followups.step_messages import (
     TEMPLATE_REASON,
     StepContent,
     StepOf,
     step_message,
     template_parameters,
 )
-from libs.common.followups.sequences import version_definition
 from libs.common.followups.templates import RenderContext
 from libs.common.platform.messages import queue_contact_message
 

@@ -29,14 +29,13 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 import msgspec
 from psycopg import Connection
 from psycopg.rows import class_row
 
-from libs.common.contracts.events import Event, StepQueued, StepSkipped
-from libs.common.core.ids import time_ordered_id
+from libs.common.contracts.events import Event, StepSkipped
 from libs.common.core.jobs import Backoff
 from libs.common.core.reasons import stored
 from libs.common.core.settings import FollowupSettings
@@ -60,14 +59,19 @@ from libs.common.followups.project_settings import DEFAULTS
 from libs.common.followups.release_claim import ClaimedEnrollment
 from libs.common.followups.release_route import RouteReason, route
 from libs.common.followups.release_state import ReadWithClaim, ReleaseState, read_state
-from libs.common.followups.sequences import version_definition, version_number
-from libs.common.followups.templates import RenderContext, TemplateSkip, render, render_message
+from libs.common.followups.sequences import version_definition
+from libs.common.followups.step_messages import (
+    TEMPLATE_REASON,
+    StepContent,
+    StepOf,
+    step_message,
+    template_parameters,
+)
+from libs.common.followups.templates import RenderContext, TemplateSkip, render_message
 from libs.common.followups.transitions import FinalStatus, StepOutcome
 from libs.common.platform.messages import (
-    Activity,
     ConversationBusy,
     LockedConversation,
-    OutboundMessage,
     message_to_queue,
 )
 
@@ -336,18 +340,6 @@ def _replied_since(state: ReleaseState, moment: datetime | None) -> bool:
     return state.replied_at is not None and (moment is None or state.replied_at > moment)
 
 
-class StepContent(msgspec.Struct, frozen=True):
-    """What a step sends: a free-form text, or an approved WhatsApp template with its parameters."""
-
-    body: str | None
-    template: WhatsAppTemplate | None = None
-    parameters: list[str] | None = None
-
-
-#: Why a step went out as its approved template (the step run's reason).
-TEMPLATE_REASON: Final = "service_window_template"
-
-
 def _render(
     claim: _Claim, template: WhatsAppTemplate | None, draft: AiDraft | None = None
 ) -> tuple[StepContent | None, StepRunReason | None, str | None]:
@@ -377,19 +369,6 @@ def _render(
     if fallen_back is not None:
         return StepContent(rendered.text), "ai_fallback", fallen_back
     return StepContent(rendered.text), None, None
-
-
-def template_parameters(
-    template: WhatsAppTemplate, context: RenderContext
-) -> tuple[list[str] | None, TemplateSkip | None, str | None]:
-    """A template's parameters rendered for ``context``, or None with the skip reason and its detail."""
-    parameters = []
-    for source in template.parameters:
-        rendered = render(source, context)
-        if rendered.text is None:
-            return None, rendered.skip_reason, rendered.skip_detail
-        parameters.append(rendered.text)
-    return parameters, None, None
 
 
 def _render_context(claim: _Claim) -> RenderContext:
@@ -452,65 +431,6 @@ def _queue(
         conn, claim, run, queued.message_id, [queued.event, event], queued.conversation_id, message=writes
     )
     return Released(claim.id, "queue", recorded, queued.message_id, lag_seconds=lag, finished=finished)
-
-
-class StepOf(msgspec.Struct, frozen=True):
-    """The enrollment's step a follow-up message is for."""
-
-    project_id: uuid.UUID
-    contact_id: uuid.UUID
-    enrollment_id: uuid.UUID
-    step_index: int
-    sequence_id: uuid.UUID | None
-    version_id: uuid.UUID
-    campaign_id: uuid.UUID | None
-    conversation_id: uuid.UUID | None
-
-
-def step_message(
-    conn: Connection[Any],
-    of: StepOf,
-    content: StepContent,
-    number_id: uuid.UUID | None,
-    reason: str | None,
-    media: MessageStep | None,
-) -> tuple[OutboundMessage, StepQueued]:
-    """The step's message to queue (:func:`~libs.common.platform.messages.queue_contact_message`, or its
-    writes in the caller's statement), and its ``followup.step_queued`` event (with ``reason``), for the
-    caller to write with its own events."""
-    message_id = time_ordered_id()  # the message table's key grows at its end (core.ids)
-    # the step enters the contact's timeline (a followup_sent activity, the event's data) with its message
-    event = StepQueued(
-        enrollment_id=of.enrollment_id,
-        sequence_id=of.sequence_id,
-        contact_id=of.contact_id,
-        step_index=of.step_index,
-        message_id=message_id,
-        reason=reason,
-    )
-    message = OutboundMessage(
-        project_id=of.project_id,
-        contact_id=of.contact_id,
-        body=content.body,
-        source="followup",
-        media_url=media.media_url if media else None,
-        media_kind=media.media_kind if media else None,
-        number_id=number_id,
-        conversation_id=of.conversation_id,
-        followup_enrollment_id=of.enrollment_id,
-        followup_step_index=of.step_index,
-        sequence_id=of.sequence_id,
-        sequence_version=(
-            version_number(conn, of.project_id, of.version_id) if of.sequence_id is not None else None
-        ),
-        campaign_id=of.campaign_id,
-        template_name=content.template.name if content.template else None,
-        template_language=content.template.language if content.template else None,
-        template_parameters=content.parameters,
-        activity=Activity("followup_sent", event),
-        id=message_id,
-    )
-    return message, event
 
 
 def _skip(
